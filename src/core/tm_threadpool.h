@@ -1,0 +1,25 @@
+/* tm_threadpool.h -- a fixed pthread pool running one parallel-for at a time. */
+#ifndef TM_THREADPOOL_H
+#define TM_THREADPOOL_H
+
+#include "tm_core.h"
+
+typedef struct tm_threadpool tm_threadpool;
+
+/* fn(arg, ith, nth): called once per thread ith in [0, nth); the caller thread is ith = 0. */
+typedef void (*tm_task_fn)(void *arg, int ith, int nth);
+
+tm_status tm_threadpool_create(int n_threads, tm_threadpool **out, tm_error *err);
+void tm_threadpool_free(tm_threadpool *tp);
+int tm_threadpool_size(const tm_threadpool *tp);
+/* Run fn on every thread and wait for all of them. tp may be NULL (runs fn(arg, 0, 1)). */
+void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg);
+
+/* Split [0, n) into nth near-equal parts; returns the part of thread ith as [*lo, *hi). */
+static inline void tm_split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    int64_t per = n / nth, rem = n % nth;
+    *lo = ith * per + (ith < rem ? ith : rem);
+    *hi = *lo + per + (ith < rem ? 1 : 0);
+}
+
+#endif /* TM_THREADPOOL_H */
