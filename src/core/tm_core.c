@@ -47,7 +47,14 @@ tm_status tm_err_prefix(tm_error *err, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    size_t np = strlen(prefix);
+    if (np > sizeof err->msg - 3) np = sizeof err->msg - 3;
+    memcpy(err->msg, prefix, np);
+    memcpy(err->msg + np, ": ", 2);
+    size_t room = sizeof err->msg - np - 3, no = strnlen(old, sizeof old - 1);
+    if (no > room) no = room;
+    memcpy(err->msg + np + 2, old, no);
+    err->msg[np + 2 + no] = '\0';
     return err->code;
 }
 
