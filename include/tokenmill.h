@@ -30,6 +30,105 @@ typedef struct tm_error {
 
 const char *tm_status_name(tm_status s);
 
+/* ---- models and contexts --------------------------------------------------------------------- */
+
+/* A loaded model plus everything needed to run it (backend, KV cache, workspace). Not thread-safe:
+ * use one tm_ctx per thread. */
+typedef struct tm_ctx tm_ctx;
+
+typedef struct tm_load_params {
+    const char *model;          /* GGUF path, or "dummy:NAME[:TYPE]" */
+    int32_t n_threads;          /* 0: all cores */
+    int32_t n_ctx;              /* max tokens per sequence; 0: min(model's, 4096) */
+    int32_t max_batch_tokens;   /* tokens per forward pass; 0: 512 */
+    int32_t block_size;         /* KV cache block size in tokens; 0: 16 */
+} tm_load_params;
+
+tm_load_params tm_load_params_default(void);
+tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err);
+void tm_free(tm_ctx *ctx);
+
+typedef struct tm_model_info {
+    const char *name;           /* general.name or the spec */
+    const char *arch;           /* "llama", "qwen2" */
+    int32_t n_vocab, n_ctx, n_ctx_train, n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim;
+    uint64_t weight_bytes;      /* bytes read per forward pass for weights */
+    int32_t bos, eos;           /* -1 when absent */
+} tm_model_info;
+tm_model_info tm_get_model_info(const tm_ctx *ctx);
+
+/* ---- text ------------------------------------------------------------------------------------ */
+
+/* Encode text; *ids is malloc'ed (free with tm_free_buf). add_bos follows the model when true.
+ * parse_special lets control tokens written in the text (e.g. "<|im_start|>") become single ids. */
+tm_status tm_tokenize(tm_ctx *ctx, const char *text, size_t len, bool add_bos, bool parse_special, int32_t **ids,
+                      size_t *n_ids, tm_error *err);
+/* Decode ids to a NUL-terminated malloc'ed string (free with tm_free_buf); special: render control tokens. */
+tm_status tm_detokenize(tm_ctx *ctx, const int32_t *ids, size_t n_ids, bool special, char **text, tm_error *err);
+void tm_free_buf(void *p);
+
+typedef struct tm_chat_message {
+    const char *role;           /* "system", "user", "assistant" */
+    const char *content;
+} tm_chat_message;
+/* Render a conversation with the model's chat template (or the named one: chatml, llama3, llama2,
+ * mistral, gemma). *out is malloc'ed. */
+tm_status tm_apply_chat_template(tm_ctx *ctx, const char *template_name, const tm_chat_message *msgs, size_t n_msgs,
+                                 bool add_generation_prompt, char **out, tm_error *err);
+
+/* ---- generation ------------------------------------------------------------------------------ */
+
+typedef struct tm_generate_params {
+    int32_t max_tokens;         /* tokens to generate (default 128) */
+    float temperature;          /* 0 = greedy (default 0.8) */
+    int32_t top_k;              /* <= 0 off (default 40) */
+    float top_p;                /* 1 off (default 0.95) */
+    float min_p;                /* 0 off (default 0.05) */
+    float repeat_penalty;       /* 1 off (default 1) */
+    float presence_penalty;     /* 0 off */
+    float frequency_penalty;    /* 0 off */
+    uint64_t seed;              /* same seed, same output */
+    int32_t n_logprobs;         /* top-N logprobs per token, 0..20 */
+    bool ignore_eos;
+    const char *const *stop;    /* (n_stop) stop strings; output ends before the first match */
+    size_t n_stop;
+} tm_generate_params;
+tm_generate_params tm_generate_params_default(void);
+
+typedef struct tm_token_logprob {
+    int32_t id;
+    float logprob;
+} tm_token_logprob;
+
+typedef struct tm_token_event {
+    int32_t token;              /* -1 for a final flush of held-back text */
+    const char *text;           /* text released with this token, text_len bytes, complete UTF-8 */
+    size_t text_len;
+    float logprob;              /* of the chosen token, when n_logprobs > 0 */
+    const tm_token_logprob *top; /* (n_top) most likely tokens */
+    int32_t n_top;
+} tm_token_event;
+/* Return false to stop generation early. */
+typedef bool (*tm_token_cb)(void *user, const tm_token_event *ev);
+
+typedef struct tm_generate_result {
+    int32_t prompt_tokens, tokens;
+    double ttft_ms;             /* start -> first token */
+    double prefill_tok_s;       /* prompt tokens / prompt time */
+    double decode_tok_s;        /* (tokens - 1) / time after the first token */
+    const char *finish_reason;  /* "stop", "length", "abort" (static string) */
+} tm_generate_result;
+
+/* Generate a continuation of prompt ids, streaming text through cb (may be NULL). */
+tm_status tm_generate(tm_ctx *ctx, const int32_t *prompt, size_t n_prompt, const tm_generate_params *p, tm_token_cb cb,
+                      void *user, tm_generate_result *res, tm_error *err);
+
+/* Run a prompt and copy the logits of its last token (n_vocab floats) to out (parity tests, scoring). */
+tm_status tm_prompt_logits(tm_ctx *ctx, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err);
+
+/* Print a GGUF file's metadata and tensor table (validating it first). */
+tm_status tm_inspect(const char *path, bool show_tensors, void *file /* FILE* */, tm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,18 +1,31 @@
-/* tm_threadpool.c -- fixed pthread pool; one parallel-for at a time, caller participates as thread 0. */
+/* tm_threadpool.c -- fixed pthread pool; one parallel-for at a time, caller participates as thread 0.
+ * Workers spin briefly on a generation counter (an op dispatch costs well under a microsecond while
+ * the pool is hot) and fall back to a condition variable when idle. */
 #include "tm_threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TM_CPU_RELAX() _mm_pause()
+#else
+#define TM_CPU_RELAX() ((void)0)
+#endif
+
+enum { TM_SPIN_ITERS = 1 << 17 }; /* ~ a millisecond of pause instructions before sleeping */
+
 struct tm_threadpool {
-    int n;                      /* threads including the caller */
-    pthread_t *threads;         /* (n - 1) workers */
+    int n;                         /* threads including the caller */
+    pthread_t *threads;            /* (n - 1) workers */
     pthread_mutex_t mu;
-    pthread_cond_t cv_work, cv_done;
-    uint64_t generation;        /* bumped per run */
-    int pending;                /* workers still running the current task */
-    bool stop;
+    pthread_cond_t cv_work;
+    atomic_uint_fast64_t generation; /* bumped per run; workers wait for it to change */
+    atomic_int pending;            /* workers still running the current task */
+    atomic_int n_sleeping;         /* workers blocked (or about to block) on cv_work */
+    atomic_bool stop;
     tm_task_fn fn;
     void *arg;
 };
@@ -23,63 +36,71 @@ static void *worker_main(void *p) {
     worker_arg wa = *(worker_arg *)p;
     free(p);
     tm_threadpool *tp = wa.tp;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&tp->mu);
+    uint_fast64_t seen = 0;
     for (;;) {
-        while (!tp->stop && tp->generation == seen) pthread_cond_wait(&tp->cv_work, &tp->mu);
-        if (tp->stop) break;
-        seen = tp->generation;
-        tm_task_fn fn = tp->fn;
-        void *arg = tp->arg;
-        pthread_mutex_unlock(&tp->mu);
-        fn(arg, wa.ith, tp->n);
-        pthread_mutex_lock(&tp->mu);
-        if (--tp->pending == 0) pthread_cond_signal(&tp->cv_done);
+        uint_fast64_t g = atomic_load(&tp->generation);
+        for (int i = 0; g == seen && i < TM_SPIN_ITERS; i++) {
+            TM_CPU_RELAX();
+            g = atomic_load(&tp->generation);
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&tp->mu);
+            atomic_fetch_add(&tp->n_sleeping, 1);
+            while ((g = atomic_load(&tp->generation)) == seen && !atomic_load(&tp->stop))
+                pthread_cond_wait(&tp->cv_work, &tp->mu);
+            atomic_fetch_sub(&tp->n_sleeping, 1);
+            pthread_mutex_unlock(&tp->mu);
+        }
+        if (atomic_load(&tp->stop)) break;
+        seen = g;
+        tp->fn(tp->arg, wa.ith, tp->n);
+        atomic_fetch_sub(&tp->pending, 1);
     }
-    pthread_mutex_unlock(&tp->mu);
     return NULL;
 }
 
 tm_status tm_threadpool_create(int n_threads, tm_threadpool **out, tm_error *err) {
     *out = NULL;
-    if (n_threads < 1 || n_threads > 1024) return tm_err(err, TM_ERR_INVALID, "thread count %d out of range 1..1024", n_threads);
+    if (n_threads < 1 || n_threads > 1024)
+        return tm_err(err, TM_ERR_INVALID, "thread count %d out of range 1..1024", n_threads);
     tm_threadpool *tp = calloc(1, sizeof *tp);
     if (!tp) return tm_err(err, TM_ERR_NOMEM, "out of memory creating thread pool");
-    tp->n = n_threads;
+    tp->n = 1;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->cv_work, NULL);
-    pthread_cond_init(&tp->cv_done, NULL);
+    atomic_init(&tp->generation, 0);
+    atomic_init(&tp->pending, 0);
+    atomic_init(&tp->n_sleeping, 0);
+    atomic_init(&tp->stop, false);
     tp->threads = calloc((size_t)n_threads, sizeof(pthread_t));
-    if (!tp->threads) goto nomem;
+    if (!tp->threads) {
+        tm_threadpool_free(tp);
+        return tm_err(err, TM_ERR_NOMEM, "out of memory creating thread pool");
+    }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
-        if (!wa) { tp->n = i; goto nomem; }
-        wa->tp = tp;
-        wa->ith = i;
-        if (pthread_create(&tp->threads[i - 1], NULL, worker_main, wa) != 0) {
+        if (!wa || (wa->tp = tp, wa->ith = i, pthread_create(&tp->threads[i - 1], NULL, worker_main, wa) != 0)) {
             free(wa);
-            tp->n = i;
             tm_threadpool_free(tp);
-            return tm_err(err, TM_ERR_IO, "cannot start thread %d", i);
+            return tm_err(err, TM_ERR_IO, "cannot start worker thread %d", i);
         }
+        tp->n = i + 1;
     }
+    tp->n = n_threads;
     *out = tp;
     return TM_OK;
-nomem:
-    tm_threadpool_free(tp);
-    return tm_err(err, TM_ERR_NOMEM, "out of memory creating thread pool");
 }
 
 void tm_threadpool_free(tm_threadpool *tp) {
     if (!tp) return;
     pthread_mutex_lock(&tp->mu);
-    tp->stop = true;
+    atomic_store(&tp->stop, true);
+    atomic_fetch_add(&tp->generation, 1);
     pthread_cond_broadcast(&tp->cv_work);
     pthread_mutex_unlock(&tp->mu);
     for (int i = 1; i < tp->n; i++) pthread_join(tp->threads[i - 1], NULL);
     pthread_mutex_destroy(&tp->mu);
     pthread_cond_destroy(&tp->cv_work);
-    pthread_cond_destroy(&tp->cv_done);
     free(tp->threads);
     free(tp);
 }
@@ -91,15 +112,18 @@ void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg) {
         fn(arg, 0, 1);
         return;
     }
-    pthread_mutex_lock(&tp->mu);
     tp->fn = fn;
     tp->arg = arg;
-    tp->pending = tp->n - 1;
-    tp->generation++;
-    pthread_cond_broadcast(&tp->cv_work);
-    pthread_mutex_unlock(&tp->mu);
+    atomic_store(&tp->pending, tp->n - 1);
+    atomic_fetch_add(&tp->generation, 1); /* publishes fn/arg (seq_cst) */
+    if (atomic_load(&tp->n_sleeping) > 0) {
+        pthread_mutex_lock(&tp->mu);
+        pthread_cond_broadcast(&tp->cv_work);
+        pthread_mutex_unlock(&tp->mu);
+    }
     fn(arg, 0, tp->n);
-    pthread_mutex_lock(&tp->mu);
-    while (tp->pending > 0) pthread_cond_wait(&tp->cv_done, &tp->mu);
-    pthread_mutex_unlock(&tp->mu);
+    for (int i = 0; atomic_load(&tp->pending) > 0; i++) {
+        if (i < TM_SPIN_ITERS) TM_CPU_RELAX();
+        else sched_yield();
+    }
 }

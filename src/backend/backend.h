@@ -1,0 +1,97 @@
+/* backend.h -- the op table between the model's forward pass and a compute backend (cpu, cuda). */
+#ifndef TM_BACKEND_H
+#define TM_BACKEND_H
+
+#include "core/tm_core.h"
+#include "core/tm_dtype.h"
+
+/* A weight matrix (rows, cols) of `type`, row-major, rows of tm_dtype_row_bytes(type, cols) bytes.
+ * 1-D weights (norms, biases) have rows = 1. data is backend memory (host memory for cpu). */
+typedef struct tm_weight {
+    const void *data;   /* (rows, cols) of type */
+    tm_dtype type;
+    int64_t rows, cols;
+} tm_weight;
+
+/* One engine step's batch: flat and ragged. Token i belongs to sequence seq_index[i]; the tokens of
+ * sequence s are query_start[s] .. query_start[s+1]-1, contiguous and in order. context_len[s] counts
+ * the sequence's cache entries *including* this step's tokens, so token i sits at cache index
+ * context_len[s] - (query_start[s+1] - i) and attends (causally) to cache entries 0 .. that index.
+ * positions[] are the RoPE positions (equal to the cache index unless entries were evicted). */
+typedef struct tm_batch {
+    int32_t n_tokens;
+    const int32_t *token_ids;    /* (n_tokens) */
+    const int32_t *positions;    /* (n_tokens) */
+    const int32_t *seq_index;    /* (n_tokens) */
+    int32_t n_seqs;
+    const int32_t *query_start;  /* (n_seqs + 1) */
+    const int32_t *context_len;  /* (n_seqs) */
+    int32_t max_blocks;          /* row stride of block_table */
+    const int32_t *block_table;  /* (n_seqs, max_blocks) physical block ids */
+    const int64_t *slot_mapping; /* (n_tokens) cache slot = block * block_size + offset for each new token */
+    int32_t n_logits;
+    const int32_t *logits_index; /* (n_logits) rows of the batch that need logits, ascending */
+} tm_batch;
+
+/* Attention geometry and RoPE parameters, fixed per model. */
+typedef struct tm_attn_cfg {
+    int32_t n_heads, n_kv_heads, head_dim;
+    int32_t rope_dim;            /* rotated dims per head (<= head_dim) */
+    bool rope_neox;              /* false: rotate adjacent pairs (llama); true: halves (qwen2/neox) */
+    const float *rope_inv_freq;  /* (rope_dim / 2) inverse frequencies, scaling already applied */
+    float attn_scale;            /* 1/sqrt(head_dim) */
+} tm_attn_cfg;
+
+/* KV cache geometry: one pool, per layer K and V of (n_blocks, n_kv_heads, block_size, head_dim). */
+typedef struct tm_kv_cfg {
+    int32_t n_layers, n_kv_heads, head_dim;
+    int32_t block_size, n_blocks;
+    tm_dtype dtype;              /* element type of the cache (cpu: f32 or f16) */
+} tm_kv_cfg;
+
+typedef struct tm_backend tm_backend;
+
+/* Activations are backend buffers of `act` elements (cpu: f32), row-major (n_tokens, width). */
+typedef struct tm_backend_ops {
+    const char *name;
+    void (*free)(tm_backend *be);
+    /* activation buffer of n elements; NULL on failure */
+    void *(*alloc)(tm_backend *be, size_t n_elems);
+    void (*release)(tm_backend *be, void *buf);
+    /* KV cache pool (replaces any previous one) */
+    tm_status (*kv_init)(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err);
+
+    /* x[i,:] = dequant(table[ids[i], :]) ; x (n, table->cols) */
+    void (*embed)(tm_backend *be, const tm_weight *table, const int32_t *ids, int32_t n, void *x);
+    /* out[i,:] = rmsnorm(x[i,:]) * w */
+    void (*rmsnorm)(tm_backend *be, const void *x, const tm_weight *w, float eps, int32_t n, void *out);
+    /* residual += x, then out = rmsnorm(residual) * w   (fused: one pass) */
+    void (*add_rmsnorm)(tm_backend *be, void *residual, const void *x, const tm_weight *w, float eps, int32_t n,
+                        void *out);
+    /* out (n, w->rows) = x (n, w->cols) · wᵀ (+ bias (w->rows)) ; bias may be NULL */
+    void (*matmul)(tm_backend *be, const tm_weight *w, const tm_weight *bias, const void *x, int32_t n, void *out);
+    /* RoPE on q (n, n_heads*head_dim) and k (n, n_kv_heads*head_dim), then write k and v (n, kv width)
+     * to the cache slots of layer `layer` */
+    void (*rope_kv_write)(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, void *q, void *k,
+                          const void *v);
+    /* out (n, n_heads*head_dim) = causal attention of q over the paged cache of layer `layer` */
+    void (*attention)(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, const void *q,
+                      void *out);
+    /* out (n, ffn) = silu(gate) * up */
+    void (*swiglu)(tm_backend *be, const void *gate, const void *up, int32_t n, int32_t ffn, void *out);
+    /* out (n_idx, width) = x[idx[j], :] */
+    void (*get_rows)(tm_backend *be, const void *x, const int32_t *idx, int32_t n_idx, int32_t width, void *out);
+    /* copy n elements of an activation buffer to host f32 */
+    void (*to_host)(tm_backend *be, const void *x, size_t n, float *dst);
+    /* copy n host f32 elements into an activation buffer (tests) */
+    void (*from_host)(tm_backend *be, const float *src, size_t n, void *x);
+} tm_backend_ops;
+
+struct tm_backend {
+    const tm_backend_ops *ops;
+};
+
+/* CPU backend with its own thread pool of n_threads (>= 1). */
+tm_status tm_backend_cpu_create(int n_threads, tm_backend **out, tm_error *err);
+
+#endif /* TM_BACKEND_H */

@@ -1,0 +1,349 @@
+/* tm_cpu_backend.c -- the CPU backend: backend.h ops over host memory with a thread pool. */
+#include "backend/backend.h"
+#include "backend/cpu/tm_cpu_kernels.h"
+#include "backend/cpu/tm_quant.h"
+#include "core/tm_threadpool.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+typedef struct tm_cpu_backend {
+    tm_backend base;
+    tm_threadpool *tp;
+    uint8_t *scratch;        /* (scratch_bytes) quantized activation rows for matmul */
+    size_t scratch_bytes;
+    tm_kv_cfg kv;
+    float *kv_k;             /* (n_layers, n_blocks, n_kv_heads, block_size, head_dim) */
+    float *kv_v;             /* same */
+    float *rope_cs;          /* (rope_cs_cap) floats: per token rope_dim interleaved cos, sin */
+    size_t rope_cs_cap;
+    float *att_tmp;          /* (n_threads, att_tmp_per) softmax scratch per thread */
+    size_t att_tmp_per;
+} tm_cpu_backend;
+
+static tm_cpu_backend *cpu(tm_backend *be) { return (tm_cpu_backend *)be; }
+
+/* ---- buffers ----------------------------------------------------------------------------------- */
+
+static void *cpu_alloc(tm_backend *be, size_t n) {
+    tm_cpu_backend *c = cpu(be);
+    /* any activation row quantizes to at most 4.6 bytes per element (f32 rows + block headers) */
+    size_t need = n * sizeof(float) + 4096;
+    if (need > c->scratch_bytes) {
+        uint8_t *s = tm_aligned_alloc(64, need);
+        if (!s) return NULL;
+        tm_aligned_free(c->scratch);
+        c->scratch = s;
+        c->scratch_bytes = need;
+    }
+    /* rope tables need (tokens, rope_dim) <= any (tokens, dim) activation */
+    if (n > c->rope_cs_cap) {
+        float *cs = tm_aligned_alloc(64, n * sizeof(float));
+        if (!cs) return NULL;
+        tm_aligned_free(c->rope_cs);
+        c->rope_cs = cs;
+        c->rope_cs_cap = n;
+    }
+    return tm_aligned_alloc(64, n * sizeof(float));
+}
+
+static void cpu_release(tm_backend *be, void *buf) {
+    (void)be;
+    tm_aligned_free(buf);
+}
+
+static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err) {
+    tm_cpu_backend *c = cpu(be);
+    if (cfg->dtype != TM_DT_F32)
+        return tm_err(err, TM_ERR_UNSUPPORTED, "cpu KV cache supports f32, not %s", tm_dtype_name(cfg->dtype));
+    if (cfg->n_layers < 1 || cfg->n_kv_heads < 1 || cfg->head_dim < 1 || cfg->block_size < 1 || cfg->n_blocks < 1)
+        return tm_err(err, TM_ERR_INVALID, "bad KV cache geometry");
+    uint64_t per_layer = (uint64_t)cfg->n_blocks * (uint64_t)cfg->n_kv_heads * (uint64_t)cfg->block_size *
+                         (uint64_t)cfg->head_dim;
+    uint64_t total = per_layer * (uint64_t)cfg->n_layers;
+    tm_aligned_free(c->kv_k);
+    tm_aligned_free(c->kv_v);
+    c->kv_k = tm_aligned_alloc(64, total * sizeof(float));
+    c->kv_v = tm_aligned_alloc(64, total * sizeof(float));
+    size_t att_per = (size_t)cfg->block_size + 16; /* one block of scores */
+    float *att = tm_aligned_alloc(64, (size_t)tm_threadpool_size(c->tp) * att_per * sizeof(float));
+    if (!c->kv_k || !c->kv_v || !att) {
+        tm_aligned_free(c->kv_k);
+        tm_aligned_free(c->kv_v);
+        tm_aligned_free(att);
+        c->kv_k = c->kv_v = NULL;
+        return tm_err(err, TM_ERR_NOMEM, "cannot allocate %.1f MiB of KV cache",
+                      (double)(2 * total * sizeof(float)) / (1024.0 * 1024.0));
+    }
+    tm_aligned_free(c->att_tmp);
+    c->att_tmp = att;
+    c->att_tmp_per = att_per;
+    c->kv = *cfg;
+    return TM_OK;
+}
+
+/* ---- embed ------------------------------------------------------------------------------------- */
+
+typedef struct { const tm_weight *w; const int32_t *ids; int32_t n; float *x; } embed_task;
+
+static void embed_fn(void *p, int ith, int nth) {
+    embed_task *t = p;
+    int64_t lo, hi;
+    tm_split_range(t->n, ith, nth, &lo, &hi);
+    uint64_t rb = tm_dtype_row_bytes(t->w->type, (uint64_t)t->w->cols);
+    for (int64_t i = lo; i < hi; i++)
+        tm_dequant_row(t->w->type, (const uint8_t *)t->w->data + (uint64_t)t->ids[i] * rb, t->x + i * t->w->cols,
+                       t->w->cols);
+}
+
+static void cpu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids, int32_t n, void *x) {
+    embed_task t = {table, ids, n, x};
+    tm_threadpool_run(cpu(be)->tp, embed_fn, &t);
+}
+
+/* ---- norms ------------------------------------------------------------------------------------- */
+
+typedef struct { float *res; const float *x; const float *w; float eps; int32_t n, dim; float *out; } norm_task;
+
+static void norm_fn(void *p, int ith, int nth) {
+    norm_task *t = p;
+    int64_t lo, hi;
+    tm_split_range(t->n, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const float *xi = t->x + i * t->dim;
+        float *oi = t->out + i * t->dim;
+        if (t->res) {
+            float *ri = t->res + i * t->dim;
+            tm_cpu_add_rmsnorm_row(ri, xi, t->w, t->eps, t->dim, oi);
+        } else {
+            tm_cpu_rmsnorm_row(xi, t->w, t->eps, t->dim, oi);
+        }
+    }
+}
+
+static void cpu_rmsnorm(tm_backend *be, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
+    norm_task t = {NULL, x, w->data, eps, n, (int32_t)w->cols, out};
+    tm_threadpool_run(cpu(be)->tp, norm_fn, &t);
+}
+
+static void cpu_add_rmsnorm(tm_backend *be, void *residual, const void *x, const tm_weight *w, float eps, int32_t n,
+                            void *out) {
+    norm_task t = {residual, x, w->data, eps, n, (int32_t)w->cols, out};
+    tm_threadpool_run(cpu(be)->tp, norm_fn, &t);
+}
+
+/* ---- matmul ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const tm_quant_ops *qo;
+    const tm_weight *w;
+    const float *bias;       /* (rows) or NULL */
+    const float *x;          /* (n, cols) */
+    uint8_t *xq;             /* (n, arb) quantized activations (or x itself for f32 dots) */
+    size_t arb;              /* activation row bytes */
+    int32_t n;
+    float *out;              /* (n, rows) */
+} matmul_task;
+
+static void quant_act_fn(void *p, int ith, int nth) {
+    matmul_task *t = p;
+    int64_t lo, hi;
+    tm_split_range(t->n, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) t->qo->from_float(t->x + i * t->w->cols, t->xq + (size_t)i * t->arb, t->w->cols);
+}
+
+static void matmul_fn(void *p, int ith, int nth) {
+    matmul_task *t = p;
+    const int64_t rows = t->w->rows, cols = t->w->cols;
+    const uint64_t rb = tm_dtype_row_bytes(t->w->type, (uint64_t)cols);
+    const uint8_t *wbase = t->w->data;
+    /* Split rows in blocks of 16 so the threads' shares stay cache-line friendly. */
+    int64_t nblk = (rows + 15) / 16, blo, bhi;
+    tm_split_range(nblk, ith, nth, &blo, &bhi);
+    int64_t lo = blo * 16, hi = bhi * 16 < rows ? bhi * 16 : rows;
+    for (int64_t r = lo; r < hi; r++) {
+        const uint8_t *wr = wbase + (uint64_t)r * rb;
+        float b = t->bias ? t->bias[r] : 0.0f;
+        for (int32_t i = 0; i < t->n; i++)
+            t->out[(int64_t)i * rows + r] = t->qo->vec_dot(cols, wr, t->xq + (size_t)i * t->arb) + b;
+    }
+}
+
+static void cpu_matmul(tm_backend *be, const tm_weight *w, const tm_weight *bias, const void *x, int32_t n, void *out) {
+    tm_cpu_backend *c = cpu(be);
+    matmul_task t = {0};
+    t.qo = tm_quant_ops_get(w->type);
+    t.w = w;
+    t.bias = bias ? bias->data : NULL;
+    t.x = x;
+    t.n = n;
+    t.out = out;
+    if (t.qo->act_type == TM_DT_F32) {
+        t.xq = (uint8_t *)x;
+        t.arb = (size_t)w->cols * sizeof(float);
+    } else {
+        t.arb = (size_t)tm_dtype_row_bytes(t.qo->act_type, (uint64_t)w->cols);
+        t.xq = c->scratch;
+        tm_threadpool_run(c->tp, quant_act_fn, &t);
+    }
+    tm_threadpool_run(c->tp, matmul_fn, &t);
+}
+
+/* ---- rope + kv write --------------------------------------------------------------------------- */
+
+static inline float *kv_slot(const tm_cpu_backend *c, float *base, int32_t layer, int64_t block, int32_t kvh,
+                             int64_t off) {
+    const tm_kv_cfg *k = &c->kv;
+    size_t hd = (size_t)k->head_dim, bs = (size_t)k->block_size, nkv = (size_t)k->n_kv_heads;
+    size_t idx = ((((size_t)layer * (size_t)k->n_blocks + (size_t)block) * nkv + (size_t)kvh) * bs + (size_t)off) * hd;
+    return base + idx;
+}
+
+typedef struct { tm_cpu_backend *c; const tm_attn_cfg *a; int32_t layer; const tm_batch *b; float *q, *k; const float *v; } rope_task;
+
+static void rope_fn(void *p, int ith, int nth) {
+    rope_task *t = p;
+    const tm_attn_cfg *a = t->a;
+    int64_t lo, hi;
+    tm_split_range(t->b->n_tokens, ith, nth, &lo, &hi);
+    int32_t hd = a->head_dim, half = a->rope_dim / 2;
+    int32_t qw = a->n_heads * hd, kw = a->n_kv_heads * hd;
+    for (int64_t i = lo; i < hi; i++) {
+        float *cs = t->c->rope_cs + (size_t)i * (size_t)a->rope_dim;
+        float pos = (float)t->b->positions[i];
+        for (int32_t j = 0; j < half; j++) {
+            float th = pos * a->rope_inv_freq[j];
+            cs[2 * j] = cosf(th);
+            cs[2 * j + 1] = sinf(th);
+        }
+        for (int32_t h = 0; h < a->n_heads; h++) tm_cpu_rope_head(t->q + i * qw + h * hd, cs, half, a->rope_neox);
+        for (int32_t h = 0; h < a->n_kv_heads; h++) tm_cpu_rope_head(t->k + i * kw + h * hd, cs, half, a->rope_neox);
+        int64_t slot = t->b->slot_mapping[i];
+        int64_t blk = slot / t->c->kv.block_size, off = slot % t->c->kv.block_size;
+        for (int32_t h = 0; h < a->n_kv_heads; h++) {
+            memcpy(kv_slot(t->c, t->c->kv_k, t->layer, blk, h, off), t->k + i * kw + h * hd, (size_t)hd * sizeof(float));
+            memcpy(kv_slot(t->c, t->c->kv_v, t->layer, blk, h, off), t->v + i * kw + h * hd, (size_t)hd * sizeof(float));
+        }
+    }
+}
+
+static void cpu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, void *q, void *k,
+                              const void *v) {
+    tm_cpu_backend *c = cpu(be);
+    rope_task t = {c, a, layer, b, q, k, v};
+    tm_threadpool_run(c->tp, rope_fn, &t);
+}
+
+/* ---- attention --------------------------------------------------------------------------------- */
+
+typedef struct { tm_cpu_backend *c; const tm_attn_cfg *a; int32_t layer; const tm_batch *b; const float *q; float *out; } attn_task;
+
+static void attn_fn(void *p, int ith, int nth) {
+    attn_task *t = p;
+    const tm_attn_cfg *a = t->a;
+    const tm_batch *b = t->b;
+    const tm_cpu_backend *c = t->c;
+    int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads, bs = c->kv.block_size;
+    int64_t n_items = (int64_t)b->n_tokens * a->n_heads;
+    float *scores = t->c->att_tmp + (size_t)ith * c->att_tmp_per; /* (block_size) */
+    for (int64_t item = ith; item < n_items; item += nth) {
+        int32_t i = (int32_t)(item / a->n_heads), h = (int32_t)(item % a->n_heads), kvh = h / group;
+        int32_t s = b->seq_index[i];
+        int32_t cidx = b->context_len[s] - (b->query_start[s + 1] - i); /* this token's cache index */
+        const int32_t *bt = b->block_table + (size_t)s * (size_t)b->max_blocks;
+        const float *qi = t->q + ((size_t)i * (size_t)a->n_heads + (size_t)h) * (size_t)hd;
+        float *o = t->out + ((size_t)i * (size_t)a->n_heads + (size_t)h) * (size_t)hd;
+        tm_cpu_attn_state st;
+        tm_cpu_attn_begin(&st, o, hd);
+        for (int32_t j0 = 0; j0 <= cidx; j0 += bs) {
+            int32_t blk = bt[j0 / bs], cnt = cidx - j0 + 1 < bs ? cidx - j0 + 1 : bs;
+            const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
+            const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
+            tm_cpu_attn_block(&st, qi, kb, vb, cnt, hd, a->attn_scale, scores);
+        }
+        tm_cpu_attn_end(&st);
+    }
+}
+
+static void cpu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, const void *q,
+                          void *out) {
+    attn_task t = {cpu(be), a, layer, b, q, out};
+    tm_threadpool_run(cpu(be)->tp, attn_fn, &t);
+}
+
+/* ---- swiglu, rows, copies ---------------------------------------------------------------------- */
+
+typedef struct { const float *g, *u; float *out; int64_t n; } swiglu_task;
+
+static void swiglu_fn(void *p, int ith, int nth) {
+    swiglu_task *t = p;
+    int64_t lo, hi;
+    tm_split_range(t->n, ith, nth, &lo, &hi);
+    tm_cpu_swiglu(t->g + lo, t->u + lo, t->out + lo, hi - lo);
+}
+
+static void cpu_swiglu(tm_backend *be, const void *gate, const void *up, int32_t n, int32_t ffn, void *out) {
+    swiglu_task t = {gate, up, out, (int64_t)n * ffn};
+    tm_threadpool_run(cpu(be)->tp, swiglu_fn, &t);
+}
+
+static void cpu_get_rows(tm_backend *be, const void *x, const int32_t *idx, int32_t n_idx, int32_t width, void *out) {
+    (void)be;
+    for (int32_t j = 0; j < n_idx; j++)
+        memmove((float *)out + (size_t)j * (size_t)width, (const float *)x + (size_t)idx[j] * (size_t)width,
+                (size_t)width * sizeof(float));
+}
+
+static void cpu_to_host(tm_backend *be, const void *x, size_t n, float *dst) {
+    (void)be;
+    if (dst != x) memcpy(dst, x, n * sizeof(float));
+}
+
+static void cpu_from_host(tm_backend *be, const float *src, size_t n, void *x) {
+    (void)be;
+    if (src != x) memcpy(x, src, n * sizeof(float));
+}
+
+static void cpu_free(tm_backend *be) {
+    tm_cpu_backend *c = cpu(be);
+    if (!c) return;
+    tm_threadpool_free(c->tp);
+    tm_aligned_free(c->scratch);
+    tm_aligned_free(c->kv_k);
+    tm_aligned_free(c->kv_v);
+    tm_aligned_free(c->rope_cs);
+    tm_aligned_free(c->att_tmp);
+    free(c);
+}
+
+static const tm_backend_ops k_cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .kv_init = cpu_kv_init,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope_kv_write = cpu_rope_kv_write,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .get_rows = cpu_get_rows,
+    .to_host = cpu_to_host,
+    .from_host = cpu_from_host,
+};
+
+tm_status tm_backend_cpu_create(int n_threads, tm_backend **out, tm_error *err) {
+    *out = NULL;
+    tm_cpu_backend *c = tm_calloc(1, sizeof *c);
+    if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    c->base.ops = &k_cpu_ops;
+    tm_status s = tm_threadpool_create(n_threads, &c->tp, err);
+    if (s != TM_OK) {
+        free(c);
+        return s;
+    }
+    *out = &c->base;
+    return TM_OK;
+}

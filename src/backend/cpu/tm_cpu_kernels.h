@@ -1,0 +1,29 @@
+/* tm_cpu_kernels.h -- row kernels of the CPU backend: norms, RoPE, online-softmax attention, SwiGLU. */
+#ifndef TM_CPU_KERNELS_H
+#define TM_CPU_KERNELS_H
+
+#include "core/tm_core.h"
+
+/* out = x / rms(x) * w ; x, w, out (dim) */
+void tm_cpu_rmsnorm_row(const float *x, const float *w, float eps, int32_t dim, float *out);
+/* res += x ; out = res / rms(res) * w   (one pass over res) */
+void tm_cpu_add_rmsnorm_row(float *res, const float *x, const float *w, float eps, int32_t dim, float *out);
+/* rotate one head in place; cs = (half) interleaved cos, sin. neox: pairs (i, i+half), else (2i, 2i+1) */
+void tm_cpu_rope_head(float *x, const float *cs, int32_t half, bool neox);
+/* out[i] = silu(g[i]) * u[i]  (out may alias g) */
+void tm_cpu_swiglu(const float *g, const float *u, float *out, int64_t n);
+
+/* Online softmax over key/value blocks (FlashAttention's recurrence, exact). */
+typedef struct tm_cpu_attn_state {
+    float m;      /* running max of scores */
+    float l;      /* running sum of exp(score - m) */
+    float *acc;   /* (head_dim) running sum of exp(score - m) * v, the output buffer */
+    int32_t hd;
+} tm_cpu_attn_state;
+void tm_cpu_attn_begin(tm_cpu_attn_state *st, float *out, int32_t hd);
+/* keys/values: (cnt, hd) contiguous; scores: scratch of cnt floats */
+void tm_cpu_attn_block(tm_cpu_attn_state *st, const float *q, const float *k, const float *v, int32_t cnt, int32_t hd,
+                       float scale, float *scores);
+void tm_cpu_attn_end(tm_cpu_attn_state *st);
+
+#endif /* TM_CPU_KERNELS_H */

@@ -1,0 +1,426 @@
+/* tm_quant_avx2.c -- AVX2/FMA/F16C dot kernels and activation quantizers (reached only after tm_cpu_use_avx2()). */
+#include "backend/cpu/tm_quant.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <immintrin.h>
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------------------------------- */
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* horizontal sums of four vectors -> one __m128 {sum(a), sum(b), sum(c), sum(d)} */
+static inline __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_hadd_ps(a, b); /* a01 a23 b01 b23 | a45 a67 b45 b67 */
+    __m256 cd = _mm256_hadd_ps(c, d);
+    __m256 abcd = _mm256_hadd_ps(ab, cd); /* a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7 */
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31) */
+static inline __m256i nibbles32(const uint8_t *p) {
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+}
+
+/* sum of adjacent int16 pairs -> 8 int32 as float */
+static inline __m256 pairs_f(__m256i p16) { return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1))); }
+
+/* signed x signed int8 dot in 8 int32 lanes, as float (|x| <= 128, y > -128) */
+static inline __m256 dot_ss(__m256i x, __m256i y) {
+    return pairs_f(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
+}
+
+/* unsigned (<= 15) x signed int8 dot as float */
+static inline __m256 dot_us(__m256i x, __m256i y) { return pairs_f(_mm256_maddubs_epi16(x, y)); }
+
+/* (x - 8) . y for unsigned nibbles x, given y8 = maddubs(8, y) */
+static inline __m256 dot_u8off(__m256i x, __m256i y, __m256i y8) {
+    return pairs_f(_mm256_sub_epi16(_mm256_maddubs_epi16(x, y), y8));
+}
+
+static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+#define PW(base, stride, r) ((const uint8_t *)(base) + (size_t)(r) * (stride))
+
+/* ---- activation quantizers (bit-identical to tm_quant_act_* in tm_quant.c) ----------------------- */
+
+static inline float amax32(const float *x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8)));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 16)));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 24)));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* quantize 32 floats by id (round half to even) into 32 int8; returns the 8 int32 partial sums */
+static inline __m256i q8_32(const float *x, float id, int8_t *out) {
+    const __m256 m = _mm256_set1_ps(id);
+    const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), m), mode));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8), m), mode));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16), m), mode));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 24), m), mode));
+    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    /* packs work per 128-bit lane: fix the order with a dword permute */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out, p);
+    return sum;
+}
+
+static void act_q8_0(const float *x, void *vy, int64_t n) {
+    tm_block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / TM_QK8_0; i++, x += TM_QK8_0) {
+        const float amax = amax32(x);
+        y[i].d = tm_f32_to_f16(amax / 127.0f);
+        (void)q8_32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[i].qs);
+    }
+}
+
+static void act_q8_1(const float *x, void *vy, int64_t n) {
+    tm_block_q8_1 *y = vy;
+    for (int64_t i = 0; i < n / TM_QK8_1; i++, x += TM_QK8_1) {
+        const float amax = amax32(x);
+        const float d = amax / 127.0f;
+        const __m256i s8 = q8_32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[i].qs);
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+        y[i].d = tm_f32_to_f16(d);
+        y[i].s = tm_f32_to_f16(d * (float)_mm_cvtsi128_si32(s));
+    }
+}
+
+static void act_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * sizeof(float)); }
+
+/* ---- float weights ------------------------------------------------------------------------------- */
+
+static inline __m256 ld_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 ld_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+#define FLOAT_DOT(name, T, LOAD, SCALAR)                                                                    \
+    static float name(int64_t n, const void *vw, const void *va) {                                          \
+        const T *w = vw;                                                                                     \
+        const float *a = va;                                                                                 \
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                          \
+        int64_t i = 0;                                                                                       \
+        for (; i + 32 <= n; i += 32) {                                                                       \
+            s0 = _mm256_fmadd_ps(LOAD(w + i), _mm256_loadu_ps(a + i), s0);                                   \
+            s1 = _mm256_fmadd_ps(LOAD(w + i + 8), _mm256_loadu_ps(a + i + 8), s1);                           \
+            s2 = _mm256_fmadd_ps(LOAD(w + i + 16), _mm256_loadu_ps(a + i + 16), s2);                         \
+            s3 = _mm256_fmadd_ps(LOAD(w + i + 24), _mm256_loadu_ps(a + i + 24), s3);                         \
+        }                                                                                                    \
+        for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(LOAD(w + i), _mm256_loadu_ps(a + i), s0);            \
+        float s = hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));                         \
+        for (; i < n; i++) s += SCALAR(w[i]) * a[i];                                                         \
+        return s;                                                                                            \
+    }
+
+static inline float id_f32(float v) { return v; }
+FLOAT_DOT(dot_f32, float, _mm256_loadu_ps, id_f32)
+FLOAT_DOT(dot_f16, uint16_t, ld_f16, f16)
+FLOAT_DOT(dot_bf16, uint16_t, ld_bf16, tm_bf16_to_f32)
+
+/* ---- 32-element block types: four blocks per step --------------------------------------------------
+ * Per group of four blocks the fp16 scales are packed in general-purpose registers (idle ALUs) and
+ * converted with one vcvtph2ps; the four blocks' int32 partial sums are folded by a hadd tree into one
+ * vector [b0 b1 b2 b3 | b0 b1 b2 b3] that takes a single FMA with the matching scale vector. */
+
+static inline int ld16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline int ld32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* four fp16 scales (stride bytes apart) -> __m128 */
+static inline __m128 scales4(const void *vp, size_t stride) {
+    const uint8_t *p = vp;
+    __m128i v = _mm_cvtsi32_si128(ld16(p));
+    v = _mm_insert_epi16(v, ld16(p + stride), 1);
+    v = _mm_insert_epi16(v, ld16(p + 2 * stride), 2);
+    v = _mm_insert_epi16(v, ld16(p + 3 * stride), 3);
+    return _mm_cvtph_ps(v);
+}
+
+/* four pairs of fp16 (d and m, or d and s; stride bytes apart) -> [d0 m0 d1 m1 d2 m2 d3 m3] */
+static inline __m256 pairs4(const void *vp, size_t stride) {
+    const uint8_t *p = vp;
+    __m128i v = _mm_cvtsi32_si128(ld32(p));
+    v = _mm_insert_epi32(v, ld32(p + stride), 1);
+    v = _mm_insert_epi32(v, ld32(p + 2 * stride), 2);
+    v = _mm_insert_epi32(v, ld32(p + 3 * stride), 3);
+    return _mm256_cvtph_ps(v);
+}
+
+/* [x0 x1 x2 x3 | x0 x1 x2 x3] */
+static inline __m256 dup128(__m128 v) { return _mm256_insertf128_ps(_mm256_castps128_ps256(v), v, 1); }
+
+/* 8 int32 lanes each of four blocks -> [b0 b1 b2 b3 | b0 b1 b2 b3] partial sums (halves add up to the block sum) */
+static inline __m256 fold4(__m256i s0, __m256i s1, __m256i s2, __m256i s3) {
+    return _mm256_cvtepi32_ps(_mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3)));
+}
+
+/* the same from int16 pair sums whose groups of four cannot overflow int16 (|pair| <= 8191) */
+static inline __m256 fold4_16(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(h, _mm256_set1_epi16(1)));
+}
+
+static inline __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
+
+/* int32 partial sums of one block pair: signed x signed */
+static inline __m256i isum_ss(__m256i x, __m256i y) {
+    return madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
+}
+
+/* ---- Q8_0 x Q8_0 --------------------------------------------------------------------------------- */
+
+static float dot_q8_0(int64_t n, const void *vw, const void *va) {
+    const tm_block_q8_0 *x = vw, *y = va;
+    const int64_t nb = n / TM_QK8_0;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m128 d = _mm_mul_ps(scales4(&x[i].d, sizeof *x), scales4(&y[i].d, sizeof *y));
+        const __m256 h = fold4(isum_ss(loadu(x[i].qs), loadu(y[i].qs)), isum_ss(loadu(x[i + 1].qs), loadu(y[i + 1].qs)),
+                               isum_ss(loadu(x[i + 2].qs), loadu(y[i + 2].qs)), isum_ss(loadu(x[i + 3].qs), loadu(y[i + 3].qs)));
+        acc = _mm256_fmadd_ps(dup128(d), h, acc);
+    }
+    for (; i < nb; i++)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), dot_ss(loadu(x[i].qs), loadu(y[i].qs)), acc);
+    return hsum8(acc);
+}
+
+/* ---- Q4_0 x Q8_0 --------------------------------------------------------------------------------- */
+
+/* (x - 8) . y int16 pair sums for unsigned nibbles x (|pair| <= 2032) */
+static inline __m256i p16_q4_0(const uint8_t *qs, const int8_t *qy) {
+    const __m256i y = loadu(qy);
+    return _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles32(qs), y), _mm256_maddubs_epi16(_mm256_set1_epi8(8), y));
+}
+
+static inline __m256i isum_q4_0(const uint8_t *qs, const int8_t *qy) { return madd1(p16_q4_0(qs, qy)); }
+
+static float dot_q4_0(int64_t n, const void *vw, const void *va) {
+    const tm_block_q4_0 *x = vw;
+    const tm_block_q8_0 *y = va;
+    const int64_t nb = n / TM_QK4_0;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m128 d = _mm_mul_ps(scales4(&x[i].d, sizeof *x), scales4(&y[i].d, sizeof *y));
+        const __m256 h = fold4_16(p16_q4_0(x[i].qs, y[i].qs), p16_q4_0(x[i + 1].qs, y[i + 1].qs),
+                                  p16_q4_0(x[i + 2].qs, y[i + 2].qs), p16_q4_0(x[i + 3].qs, y[i + 3].qs));
+        acc = _mm256_fmadd_ps(dup128(d), h, acc);
+    }
+    for (; i < nb; i++)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)),
+                              _mm256_cvtepi32_ps(isum_q4_0(x[i].qs, y[i].qs)), acc);
+    return hsum8(acc);
+}
+
+/* ---- Q4_1 x Q8_1 --------------------------------------------------------------------------------- */
+
+static inline __m256i p16_q4_1(const uint8_t *qs, const int8_t *qy) {
+    return _mm256_maddubs_epi16(nibbles32(qs), loadu(qy));
+}
+
+static inline __m256i isum_q4_1(const uint8_t *qs, const int8_t *qy) {
+    return madd1(_mm256_maddubs_epi16(nibbles32(qs), loadu(qy)));
+}
+
+static float dot_q4_1(int64_t n, const void *vw, const void *va) {
+    const tm_block_q4_1 *x = vw;
+    const tm_block_q8_1 *y = va;
+    const int64_t nb = n / TM_QK4_1;
+    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        /* [d0 m0 d1 m1 d2 m2 d3 m3] * [D0 S0 D1 S1 ...]: even lanes scale the int sums, odd lanes are m*s */
+        const __m256 p = _mm256_mul_ps(pairs4(&x[i], sizeof *x), pairs4(&y[i], sizeof *y));
+        accm = _mm256_add_ps(accm, p);
+        const __m256 h = fold4_16(p16_q4_1(x[i].qs, y[i].qs), p16_q4_1(x[i + 1].qs, y[i + 1].qs),
+                                  p16_q4_1(x[i + 2].qs, y[i + 2].qs), p16_q4_1(x[i + 3].qs, y[i + 3].qs));
+        acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(p, even), h, acc);
+    }
+    float m = 0.0f;
+    for (; i < nb; i++) {
+        m += f16(x[i].m) * f16(y[i].s);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), _mm256_cvtepi32_ps(isum_q4_1(x[i].qs, y[i].qs)),
+                              acc);
+    }
+    /* odd lanes of accm */
+    accm = _mm256_blend_ps(accm, _mm256_setzero_ps(), 0x55);
+    return hsum8(acc) + (hsum8(accm) + m);
+}
+
+/* ---- Q4_K x Q8_K --------------------------------------------------------------------------------- */
+
+/* 12 packed bytes -> 16 int16: six-bit scales sc0..sc7 then mins m0..m7 */
+static inline __m256i q4k_scales_mins(const uint8_t *s) {
+    uint32_t w[3];
+    memcpy(&w[0], s, 4);
+    memcpy(&w[1], s + 4, 4);
+    memcpy(&w[2], s + 8, 4);
+    const uint32_t k6 = 0x3f3f3f3fu, k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
+    const uint32_t sc_lo = w[0] & k6, mn_lo = w[1] & k6;
+    const uint32_t sc_hi = (w[2] & k4) | (((w[0] >> 6) & k2) << 4);
+    const uint32_t mn_hi = ((w[2] >> 4) & k4) | (((w[1] >> 6) & k2) << 4);
+    return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi));
+}
+
+/* Sum q4 x q8 over one super-block. The eight sub-blocks' int16 pair sums are folded by a hadd tree (16
+ * products of at most 15 * 128 fit in int16) into [s0 .. s7 | s0 .. s7] halves, and one madd applies the
+ * six-bit scales. Returns 8 int32 lanes whose total is sum_j sc_j * (q . q8 over sub-block j). */
+static inline __m256i q4k_pair(const uint8_t *qs, const int8_t *q8, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i q = loadu(qs);
+    *hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), loadu(q8 + 32));
+    return _mm256_maddubs_epi16(_mm256_and_si256(q, m4), loadu(q8));
+}
+
+static inline __m256i q4k_block_isum(const uint8_t *qs, const int8_t *q8, __m256i sc16x2) {
+    __m256i p1, p3, p5, p7;
+    const __m256i p0 = q4k_pair(qs, q8, &p1), p2 = q4k_pair(qs + 32, q8 + 64, &p3);
+    const __m256i p4 = q4k_pair(qs + 64, q8 + 128, &p5), p6 = q4k_pair(qs + 96, q8 + 192, &p7);
+    const __m256i h01 = _mm256_hadd_epi16(p0, p1), h23 = _mm256_hadd_epi16(p2, p3);
+    const __m256i h45 = _mm256_hadd_epi16(p4, p5), h67 = _mm256_hadd_epi16(p6, p7);
+    const __m256i g = _mm256_hadd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_hadd_epi16(h45, h67));
+    return _mm256_madd_epi16(g, sc16x2);
+}
+
+static float dot_q4_K(int64_t n, const void *vw, const void *va) {
+    const tm_block_q4_K *x = vw;
+    const tm_block_q8_K *y = va;
+    const int64_t nb = n / TM_QK_K;
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = y[i].d * f16(x[i].d), dmin = -y[i].d * f16(x[i].dmin);
+        const __m256i sm = q4k_scales_mins(x[i].scales);
+        /* mins: sum_j m_j * (bsums[2j] + bsums[2j+1]) */
+        const __m256i bs = loadu(y[i].bsums);
+        const __m128i bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs8);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm);
+        const __m256i sc = _mm256_permute4x64_epi64(sm, 0x44); /* scales in both halves */
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q4k_block_isum(x[i].qs, y[i].qs, sc)), acc);
+    }
+    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+    return hsum8(acc) + _mm_cvtss_f32(accm);
+}
+
+/* ---- Q6_K x Q8_K --------------------------------------------------------------------------------- */
+
+static float dot_q6_K(int64_t n, const void *vw, const void *va) {
+    const tm_block_q6_K *x = vw;
+    const tm_block_q8_K *y = va;
+    const int64_t nb = n / TM_QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = y[i].d * f16(x[i].d);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales)); /* sc0..15 */
+        /* the -32 offset: 32 * sum_j sc_j * bsums_j */
+        const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu(y[i].bsums)), 5);
+        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), off);
+        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
+        const int8_t *q8 = y[i].qs;
+        for (int h = 0; h < 2; h++) {
+            /* scales of this half (8 int16) in both 128-bit lanes */
+            const __m128i sh = h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16);
+            const __m256i s = _mm256_inserti128_si256(_mm256_castsi128_si256(sh), sh, 1);
+            const __m256i l0 = loadu(ql), l1 = loadu(ql + 32), hb = loadu(qh);
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+            /* chunk k (32 elements) uses scales 2k (low lane) and 2k+1 (high lane) */
+            const __m256i c0 = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+                                                2, 3, 2, 3, 2, 3);
+            const __m256i step = _mm256_set1_epi8(4);
+            const __m256i c1 = _mm256_add_epi8(c0, step), c2 = _mm256_add_epi8(c1, step), c3 = _mm256_add_epi8(c2, step);
+            const __m256i p0 = _mm256_madd_epi16(_mm256_shuffle_epi8(s, c0), _mm256_maddubs_epi16(q0, loadu(q8)));
+            const __m256i p1 = _mm256_madd_epi16(_mm256_shuffle_epi8(s, c1), _mm256_maddubs_epi16(q1, loadu(q8 + 32)));
+            const __m256i p2 = _mm256_madd_epi16(_mm256_shuffle_epi8(s, c2), _mm256_maddubs_epi16(q2, loadu(q8 + 64)));
+            const __m256i p3 = _mm256_madd_epi16(_mm256_shuffle_epi8(s, c3), _mm256_maddubs_epi16(q3, loadu(q8 + 96)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+            ql += 64;
+            qh += 32;
+            q8 += 128;
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+/* ---- many dots: generic loop (types without a tiled kernel) -------------------------------------- */
+
+#define GENERIC_MAT_DOT(name, dot)                                                                             \
+    static void name(int64_t n, int64_t nr, const void *w, size_t w_stride, int64_t nc, const void *a,         \
+                     size_t a_stride, float *out, size_t out_stride) {                                        \
+        for (int64_t c = 0; c < nc; c++)                                                                       \
+            for (int64_t r = 0; r < nr; r++)                                                                   \
+                out[(size_t)c * out_stride + (size_t)r] = dot(n, PW(w, w_stride, r), PW(a, a_stride, c));      \
+    }
+
+GENERIC_MAT_DOT(mat_f32, dot_f32)
+GENERIC_MAT_DOT(mat_f16, dot_f16)
+GENERIC_MAT_DOT(mat_bf16, dot_bf16)
+GENERIC_MAT_DOT(mat_q8_0, dot_q8_0)
+GENERIC_MAT_DOT(mat_q4_0, dot_q4_0)
+GENERIC_MAT_DOT(mat_q4_1, dot_q4_1)
+GENERIC_MAT_DOT(mat_q4_K, dot_q4_K)
+GENERIC_MAT_DOT(mat_q6_K, dot_q6_K)
+
+/* ---- table --------------------------------------------------------------------------------------- */
+
+static const tm_quant_ops k_avx2[] = {
+    {TM_DT_F32, TM_DT_F32, act_f32, dot_f32, mat_f32},
+    {TM_DT_F16, TM_DT_F32, act_f32, dot_f16, mat_f16},
+    {TM_DT_BF16, TM_DT_F32, act_f32, dot_bf16, mat_bf16},
+    {TM_DT_Q8_0, TM_DT_Q8_0, act_q8_0, dot_q8_0, mat_q8_0},
+    {TM_DT_Q4_0, TM_DT_Q8_0, act_q8_0, dot_q4_0, mat_q4_0},
+    {TM_DT_Q4_1, TM_DT_Q8_1, act_q8_1, dot_q4_1, mat_q4_1},
+    {TM_DT_Q4_K, TM_DT_Q8_K, tm_quant_act_q8_K, dot_q4_K, mat_q4_K},
+    {TM_DT_Q6_K, TM_DT_Q8_K, tm_quant_act_q8_K, dot_q6_K, mat_q6_K},
+};
+
+const tm_quant_ops *tm_quant_ops_avx2(tm_dtype t) {
+    for (size_t i = 0; i < sizeof k_avx2 / sizeof k_avx2[0]; i++)
+        if (k_avx2[i].wtype == t) return &k_avx2[i];
+    return NULL;
+}
+
+#else /* not built with AVX2/FMA/F16C */
+
+const tm_quant_ops *tm_quant_ops_avx2(tm_dtype t) {
+    (void)t;
+    return NULL;
+}
+
+#endif

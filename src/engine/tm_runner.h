@@ -1,0 +1,78 @@
+/* tm_runner.h -- runs the model over sequences: owns backend, workspace and the KV pool; generation with
+ * sampling, stop strings and streaming. (The continuous-batching scheduler builds on this.) */
+#ifndef TM_RUNNER_H
+#define TM_RUNNER_H
+
+#include "backend/backend.h"
+#include "engine/tm_sampler.h"
+#include "kv/tm_kv.h"
+#include "model/tm_model.h"
+
+typedef struct tm_runner_cfg {
+    int32_t n_threads;          /* cpu threads (default: all cores) */
+    int32_t n_ctx;              /* max tokens per sequence (default: min(model's, 4096)) */
+    int32_t max_batch_tokens;   /* tokens per forward pass (prefill chunk), default 512 */
+    int32_t block_size;         /* KV block size, default 16 */
+    int32_t n_seqs;             /* sequences the KV pool is sized for, default 1 */
+} tm_runner_cfg;
+
+typedef struct tm_runner {
+    const tm_model *model;      /* borrowed */
+    tm_backend *be;             /* owned */
+    tm_workspace ws;
+    tm_kv_pool pool;
+    tm_runner_cfg cfg;
+    float *logits;              /* (max_batch_tokens, n_vocab) host logits of the last pass */
+    /* batch staging, (max_batch_tokens) each unless noted */
+    int32_t *b_ids, *b_pos, *b_seq, *b_logits_idx;
+    int64_t *b_slots;
+    int32_t *b_qstart;          /* (max_seqs + 1) */
+    int32_t *b_ctx;             /* (max_seqs) */
+    int32_t *b_btab;            /* (max_seqs, max_blocks) */
+    int32_t max_seqs, max_blocks;
+} tm_runner;
+
+tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg, tm_runner **out, tm_error *err);
+void tm_runner_free(tm_runner *r);
+
+/* One forward pass for several sequences: seq k appends new_ids[k][0..n_new[k]) to its cache
+ * (whose blocks must already be reserved), and if want_logits[k] the logits of its last new token go
+ * to r->logits row k' where k' counts sequences with want_logits before k. Positions = cache index. */
+tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
+                         const bool *want_logits, int32_t n_seqs, tm_error *err);
+
+typedef struct tm_gen_params {
+    tm_sampling_params sampling;
+    int32_t max_tokens;         /* generated tokens (>= 0) */
+    bool ignore_eos;
+    const char *const *stop;    /* (n_stop) stop strings; the output ends before the first match */
+    size_t n_stop;
+} tm_gen_params;
+
+typedef struct tm_gen_event {
+    int32_t token;
+    const char *text;           /* text released by this token (may be empty: held back for UTF-8 or a stop prefix) */
+    size_t text_len;
+    tm_logprob chosen;          /* when sampling.n_logprobs > 0 */
+    const tm_logprob *top;      /* (n_top) */
+    int32_t n_top;
+} tm_gen_event;
+
+/* Return false to stop generating (finish reason "abort"). */
+typedef bool (*tm_gen_cb)(void *user, const tm_gen_event *ev);
+
+typedef struct tm_gen_stats {
+    int32_t prompt_tokens, gen_tokens;
+    double ttft_s;              /* submit -> first token sampled */
+    double prefill_s, decode_s; /* time in prompt passes, time in decode passes */
+    const char *finish_reason;  /* "stop", "length", "abort" */
+} tm_gen_stats;
+
+/* Generate from a prompt of ids. The text of the output (stop string excluded) is streamed to cb. */
+tm_status tm_runner_generate(tm_runner *r, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp, tm_gen_cb cb,
+                             void *user, tm_gen_stats *stats, tm_error *err);
+
+/* Logits of the prompt's last token only (for parity tests): writes n_vocab floats. */
+tm_status tm_runner_prompt_logits(tm_runner *r, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err);
+
+#endif /* TM_RUNNER_H */

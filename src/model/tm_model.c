@@ -1,0 +1,422 @@
+/* tm_model.c -- model loading: hyper-parameters from GGUF keys, weight binding and checks, dummy models. */
+#include "tm_model.h"
+
+#include "backend/cpu/tm_quant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- dummy shapes ------------------------------------------------------------------------------ */
+
+typedef struct dummy_shape {
+    const char *name;
+    int32_t n_vocab, dim, n_layers, n_heads, n_kv_heads, ffn_dim, n_ctx;
+    float rope_theta;
+    bool tied;
+    float l3_factor; /* Llama-3.1 style rope scaling factor (0 = none); low 1, high 4, original 8192 */
+} dummy_shape;
+
+static const dummy_shape k_dummy[] = {
+    {"smollm2-135m", 49152, 576, 30, 9, 3, 1536, 8192, 100000.0f, true, 0.0f},
+    {"llama3.2-1b", 128256, 2048, 16, 32, 8, 8192, 131072, 500000.0f, true, 32.0f},
+    {"llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8192, 500000.0f, false, 0.0f},
+    {"llama2-7b", 32000, 4096, 32, 32, 32, 11008, 4096, 10000.0f, false, 0.0f},
+};
+static const char *const k_dummy_names[] = {"smollm2-135m", "llama3.2-1b", "llama3-8b", "llama2-7b", NULL};
+
+const char *const *tm_model_dummy_names(void) { return k_dummy_names; }
+
+/* ---- helpers ----------------------------------------------------------------------------------- */
+
+static tm_status compute_rope(tm_model *m, const float *freq_factors, tm_error *err) {
+    int32_t half = m->hp.rope_dim / 2;
+    m->rope_inv_freq = tm_malloc_array((size_t)half, sizeof(float));
+    if (!m->rope_inv_freq) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < half; i++) {
+        double f = 1.0 / pow((double)m->hp.rope_theta, (double)(2 * i) / (double)m->hp.rope_dim);
+        if (freq_factors) f /= (double)freq_factors[i];
+        f /= (double)m->hp.rope_scale_linear;
+        m->rope_inv_freq[i] = (float)f;
+    }
+    return TM_OK;
+}
+
+/* Llama 3.1 frequency factors (as the GGUF converter computes them into rope_freqs.weight). */
+static void llama3_freq_factors(float *ff, int32_t half, int32_t rope_dim, float theta, float factor) {
+    const double low = 1.0, high = 4.0, orig = 8192.0;
+    double low_wavelen = orig / low, high_wavelen = orig / high;
+    for (int32_t i = 0; i < half; i++) {
+        double freq = 1.0 / pow((double)theta, (double)(2 * i) / (double)rope_dim);
+        double wavelen = 2.0 * M_PI / freq;
+        if (wavelen < high_wavelen) ff[i] = 1.0f;
+        else if (wavelen > low_wavelen) ff[i] = factor;
+        else {
+            double smooth = (orig / wavelen - low) / (high - low);
+            ff[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+        }
+    }
+}
+
+static uint64_t weight_bytes(const tm_weight *w) {
+    if (!w->data) return 0;
+    return tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows;
+}
+
+static void sum_weight_bytes(tm_model *m) {
+    uint64_t b = weight_bytes(&m->tok_embd) + weight_bytes(&m->output_norm);
+    if (!m->hp.tied_embeddings) b += weight_bytes(&m->output);
+    for (int32_t l = 0; l < m->hp.n_layers; l++) {
+        const tm_layer *L = &m->layers[l];
+        const tm_weight *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv,
+                                 &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) b += weight_bytes(ws[i]);
+    }
+    m->weight_bytes = b;
+}
+
+static tm_status check_hparams(const tm_hparams *hp, tm_error *err) {
+    if (hp->n_vocab < 1 || hp->dim < 1 || hp->n_layers < 1 || hp->n_heads < 1 || hp->n_kv_heads < 1 ||
+        hp->ffn_dim < 1 || hp->head_dim < 2)
+        return tm_err(err, TM_ERR_FORMAT, "bad hyper-parameters (vocab %d, dim %d, layers %d, heads %d/%d, ffn %d)",
+                      hp->n_vocab, hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim);
+    if (hp->n_heads % hp->n_kv_heads)
+        return tm_err(err, TM_ERR_FORMAT, "head_count %d is not a multiple of head_count_kv %d", hp->n_heads,
+                      hp->n_kv_heads);
+    if (hp->head_dim > 512 || hp->n_heads > 1024 || hp->dim > 65536 || hp->n_layers > 1024 || hp->ffn_dim > 1 << 20)
+        return tm_err(err, TM_ERR_UNSUPPORTED, "model dimensions too large (head_dim %d, heads %d, dim %d)",
+                      hp->head_dim, hp->n_heads, hp->dim);
+    if (hp->rope_dim < 2 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
+        return tm_err(err, TM_ERR_FORMAT, "rope dimension %d invalid for head_dim %d", hp->rope_dim, hp->head_dim);
+    if (!(hp->norm_eps > 0.0f) || !(hp->rope_theta > 0.0f) || !(hp->rope_scale_linear > 0.0f))
+        return tm_err(err, TM_ERR_FORMAT, "bad rms eps %g / rope theta %g / rope scale %g", (double)hp->norm_eps,
+                      (double)hp->rope_theta, (double)hp->rope_scale_linear);
+    return TM_OK;
+}
+
+/* ---- GGUF models ------------------------------------------------------------------------------- */
+
+/* Bind a tensor: must exist (unless optional), have a supported type and dims (cols, rows). */
+static tm_status bind(const tm_gguf *g, const char *name, int64_t cols, int64_t rows, bool optional, tm_weight *w,
+                      tm_error *err) {
+    memset(w, 0, sizeof *w);
+    const tm_gguf_tensor *t = tm_gguf_tensor_find(g, name);
+    if (!t) return optional ? TM_OK : tm_err(err, TM_ERR_FORMAT, "tensor '%s' is missing", name);
+    if (!tm_dtype_supported(t->type))
+        return tm_err(err, TM_ERR_UNSUPPORTED, "tensor '%s' has type %s, which tokenmill cannot compute with", name,
+                      tm_dtype_name(t->type));
+    bool ok = (int64_t)t->ne[0] == cols && (int64_t)t->ne[1] == rows && t->ne[2] == 1 && t->ne[3] == 1;
+    if (!ok)
+        return tm_err(err, TM_ERR_FORMAT, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]", name,
+                      (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                      (unsigned long long)t->ne[3], (long long)cols, (long long)rows);
+    if (rows > 1 && tm_dtype_row_bytes(t->type, (uint64_t)cols) == 0)
+        return tm_err(err, TM_ERR_FORMAT, "tensor '%s': row of %lld is not a multiple of the %s block", name,
+                      (long long)cols, tm_dtype_name(t->type));
+    if ((rows == 1) && t->type != TM_DT_F32)
+        return tm_err(err, TM_ERR_UNSUPPORTED, "vector tensor '%s' must be f32, is %s", name, tm_dtype_name(t->type));
+    w->data = t->data;
+    w->type = t->type;
+    w->cols = cols;
+    w->rows = rows;
+    return TM_OK;
+}
+
+static tm_status get_i32_key(const tm_gguf *g, const char *arch, const char *suffix, int32_t def, bool required,
+                             int32_t *out, tm_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    const tm_gguf_kv *kv = tm_gguf_find(g, key);
+    if (!kv) {
+        if (required) return tm_err(err, TM_ERR_FORMAT, "metadata key '%s' is missing", key);
+        *out = def;
+        return TM_OK;
+    }
+    uint32_t v;
+    tm_status s = tm_gguf_get_u32(g, key, &v, err);
+    if (s != TM_OK) return s;
+    if (v > INT32_MAX) return tm_err(err, TM_ERR_FORMAT, "metadata key '%s' = %u is too large", key, v);
+    *out = (int32_t)v;
+    return TM_OK;
+}
+
+static tm_status get_f32_key(const tm_gguf *g, const char *arch, const char *suffix, float def, float *out,
+                             tm_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (!tm_gguf_find(g, key)) {
+        *out = def;
+        return TM_OK;
+    }
+    return tm_gguf_get_f32(g, key, out, err);
+}
+
+static tm_status load_gguf(const char *path, tm_model *m, tm_error *err) {
+    tm_status s = tm_gguf_open(path, &m->gguf, err);
+    if (s != TM_OK) return s;
+    const tm_gguf *g = m->gguf;
+    tm_str arch_s;
+    if ((s = tm_gguf_get_str(g, "general.architecture", &arch_s, err)) != TM_OK) return s;
+    char arch[64];
+    if (arch_s.len >= sizeof arch) return tm_err(err, TM_ERR_FORMAT, "general.architecture is too long");
+    memcpy(arch, arch_s.ptr, arch_s.len);
+    arch[arch_s.len] = '\0';
+    tm_hparams *hp = &m->hp;
+    if (!strcmp(arch, "llama")) hp->arch = TM_ARCH_LLAMA;
+    else if (!strcmp(arch, "qwen2")) hp->arch = TM_ARCH_QWEN2;
+    else return tm_err(err, TM_ERR_UNSUPPORTED, "architecture '%s' is not supported (supported: llama, qwen2)", arch);
+    hp->rope_neox = hp->arch == TM_ARCH_QWEN2;
+    hp->qkv_bias = hp->arch == TM_ARCH_QWEN2;
+
+    if ((s = get_i32_key(g, arch, "block_count", 0, true, &hp->n_layers, err)) ||
+        (s = get_i32_key(g, arch, "embedding_length", 0, true, &hp->dim, err)) ||
+        (s = get_i32_key(g, arch, "feed_forward_length", 0, true, &hp->ffn_dim, err)) ||
+        (s = get_i32_key(g, arch, "attention.head_count", 0, true, &hp->n_heads, err)) ||
+        (s = get_i32_key(g, arch, "attention.head_count_kv", hp->n_heads, false, &hp->n_kv_heads, err)) ||
+        (s = get_i32_key(g, arch, "context_length", 2048, false, &hp->n_ctx_train, err)) ||
+        (s = get_f32_key(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps, err)) ||
+        (s = get_f32_key(g, arch, "rope.freq_base", 10000.0f, &hp->rope_theta, err)))
+        return s;
+    if (hp->n_heads < 1) return tm_err(err, TM_ERR_FORMAT, "attention.head_count must be positive");
+    int32_t hd_default = hp->dim / hp->n_heads;
+    if ((s = get_i32_key(g, arch, "attention.key_length", hd_default, false, &hp->head_dim, err)) ||
+        (s = get_i32_key(g, arch, "rope.dimension_count", hp->head_dim, false, &hp->rope_dim, err)))
+        return s;
+    hp->rope_scale_linear = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    tm_str st;
+    if (tm_gguf_find(g, key)) {
+        if ((s = tm_gguf_get_str(g, key, &st, err)) != TM_OK) return s;
+        if (tm_str_eq(st, "linear")) {
+            if ((s = get_f32_key(g, arch, "rope.scaling.factor", 1.0f, &hp->rope_scale_linear, err))) return s;
+        } else if (!tm_str_eq(st, "none") && !tm_str_eq(st, "llama3")) {
+            return tm_err(err, TM_ERR_UNSUPPORTED, "rope scaling type '%.*s' is not supported", (int)st.len, st.ptr);
+        }
+    }
+    const tm_gguf_tensor *te = tm_gguf_tensor_find(g, "token_embd.weight");
+    if (!te) return tm_err(err, TM_ERR_FORMAT, "tensor 'token_embd.weight' is missing");
+    if (te->ne[1] > INT32_MAX) return tm_err(err, TM_ERR_FORMAT, "vocabulary too large");
+    hp->n_vocab = (int32_t)te->ne[1];
+    if ((s = check_hparams(hp, err)) != TM_OK) return s;
+
+    int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
+    if ((s = bind(g, "token_embd.weight", dim, hp->n_vocab, false, &m->tok_embd, err)) ||
+        (s = bind(g, "output_norm.weight", dim, 1, false, &m->output_norm, err)) ||
+        (s = bind(g, "output.weight", dim, hp->n_vocab, true, &m->output, err)))
+        return s;
+    hp->tied_embeddings = m->output.data == NULL;
+    if (hp->tied_embeddings) m->output = m->tok_embd;
+    m->layers = tm_calloc((size_t)hp->n_layers, sizeof(tm_layer));
+    if (!m->layers) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    for (int32_t l = 0; l < hp->n_layers; l++) {
+        tm_layer *L = &m->layers[l];
+        char n[12][64];
+        const char *sfx[12] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                               "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.weight",
+                               "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+        for (int i = 0; i < 12; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", l, sfx[i]);
+        bool bias_opt = !hp->qkv_bias;
+        if ((s = bind(g, n[0], dim, 1, false, &L->attn_norm, err)) || (s = bind(g, n[1], dim, qd, false, &L->wq, err)) ||
+            (s = bind(g, n[2], dim, kvd, false, &L->wk, err)) || (s = bind(g, n[3], dim, kvd, false, &L->wv, err)) ||
+            (s = bind(g, n[4], qd, 1, bias_opt, &L->bq, err)) || (s = bind(g, n[5], kvd, 1, bias_opt, &L->bk, err)) ||
+            (s = bind(g, n[6], kvd, 1, bias_opt, &L->bv, err)) || (s = bind(g, n[7], qd, dim, false, &L->wo, err)) ||
+            (s = bind(g, n[8], dim, 1, false, &L->ffn_norm, err)) ||
+            (s = bind(g, n[9], dim, hp->ffn_dim, false, &L->w_gate, err)) ||
+            (s = bind(g, n[10], dim, hp->ffn_dim, false, &L->w_up, err)) ||
+            (s = bind(g, n[11], hp->ffn_dim, dim, false, &L->w_down, err)))
+            return s;
+    }
+    /* Llama 3.1+ stores its rope scaling as per-frequency factors. */
+    tm_weight ff = {0};
+    if ((s = bind(g, "rope_freqs.weight", hp->rope_dim / 2, 1, true, &ff, err)) != TM_OK) return s;
+    if ((s = compute_rope(m, ff.data, err)) != TM_OK) return s;
+
+    if ((s = tm_tok_load_gguf(g, &m->tok, err)) != TM_OK) return tm_err_prefix(err, "tokenizer");
+    if (tm_tok_n_vocab(m->tok) > hp->n_vocab)
+        return tm_err(err, TM_ERR_FORMAT, "tokenizer has %d tokens but the embedding only %d rows", tm_tok_n_vocab(m->tok),
+                      hp->n_vocab);
+    if (tm_gguf_find(g, "tokenizer.chat_template")) {
+        tm_str ct;
+        if ((s = tm_gguf_get_str(g, "tokenizer.chat_template", &ct, err)) != TM_OK) return s;
+        m->chat_template = tm_strndup(ct.ptr, (size_t)ct.len);
+        if (!m->chat_template) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    }
+    tm_str name;
+    if (tm_gguf_find(g, "general.name") && tm_gguf_get_str(g, "general.name", &name, NULL) == TM_OK)
+        m->name = tm_strndup(name.ptr, (size_t)name.len);
+    else
+        m->name = tm_strndup(path, strlen(path));
+    if (!m->name) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    return TM_OK;
+}
+
+/* ---- dummy models ------------------------------------------------------------------------------ */
+
+/* splitmix64 -> uniform in [-1, 1) */
+static inline float rnd_uniform(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+typedef struct dummy_alloc {
+    uint8_t *base; /* (cap) */
+    uint64_t used, cap;
+    uint64_t seed;
+    float *row;    /* (max_cols) scratch */
+} dummy_alloc;
+
+static tm_weight dummy_weight(dummy_alloc *da, tm_dtype type, int64_t rows, int64_t cols, float scale, float constant) {
+    tm_weight w = {0};
+    uint64_t rb = tm_dtype_row_bytes(type, (uint64_t)cols);
+    w.data = da->base + da->used;
+    w.type = type;
+    w.rows = rows;
+    w.cols = cols;
+    uint8_t *dst = da->base + da->used;
+    for (int64_t r = 0; r < rows; r++) {
+        uint64_t st = da->seed ^ (da->used + (uint64_t)r * 0x9e3779b97f4a7c15ull);
+        for (int64_t c = 0; c < cols; c++) da->row[c] = constant != 0.0f ? constant : scale * rnd_uniform(&st);
+        tm_quant_row(type, da->row, dst + (uint64_t)r * rb, cols);
+    }
+    da->used += (rb * (uint64_t)rows + 63) & ~(uint64_t)63;
+    return w;
+}
+
+static tm_status load_dummy(const char *spec, tm_model *m, tm_error *err) {
+    const char *name = spec + 6;
+    const char *colon = strchr(name, ':');
+    size_t nlen = colon ? (size_t)(colon - name) : strlen(name);
+    const dummy_shape *sh = NULL;
+    for (size_t i = 0; i < sizeof k_dummy / sizeof k_dummy[0]; i++)
+        if (strlen(k_dummy[i].name) == nlen && !strncmp(k_dummy[i].name, name, nlen)) sh = &k_dummy[i];
+    if (!sh)
+        return tm_err(err, TM_ERR_INVALID,
+                      "unknown dummy model '%.*s' (known: smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b)", (int)nlen,
+                      name);
+    tm_dtype wt = TM_DT_F16;
+    if (colon) {
+        const char *tn = colon + 1;
+        const tm_dtype cand[] = {TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1};
+        bool found = false;
+        for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
+            if (!strcmp(tm_dtype_name(cand[i]), tn)) { wt = cand[i]; found = true; }
+        if (!found)
+            return tm_err(err, TM_ERR_INVALID, "unknown dummy weight type '%s' (known: f32, f16, bf16, q8_0, q4_0, q4_1)", tn);
+    }
+    tm_hparams *hp = &m->hp;
+    hp->arch = TM_ARCH_LLAMA;
+    hp->n_vocab = sh->n_vocab;
+    hp->dim = sh->dim;
+    hp->n_layers = sh->n_layers;
+    hp->n_heads = sh->n_heads;
+    hp->n_kv_heads = sh->n_kv_heads;
+    hp->head_dim = sh->dim / sh->n_heads;
+    hp->ffn_dim = sh->ffn_dim;
+    hp->n_ctx_train = sh->n_ctx;
+    hp->norm_eps = 1e-5f;
+    hp->rope_theta = sh->rope_theta;
+    hp->rope_dim = hp->head_dim;
+    hp->rope_scale_linear = 1.0f;
+    hp->tied_embeddings = sh->tied;
+    tm_status s = check_hparams(hp, err);
+    if (s != TM_OK) return s;
+
+    int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
+    uint64_t rb_dim = tm_dtype_row_bytes(wt, (uint64_t)dim), rb_ffn = tm_dtype_row_bytes(wt, (uint64_t)hp->ffn_dim);
+    uint64_t per_layer = 2 * (uint64_t)dim * 4 + ((uint64_t)qd + 2 * (uint64_t)kvd + 2 * (uint64_t)hp->ffn_dim) * rb_dim +
+                         (uint64_t)dim * tm_dtype_row_bytes(wt, (uint64_t)qd) + (uint64_t)dim * rb_ffn + 10 * 64;
+    uint64_t total = (uint64_t)hp->n_layers * per_layer + (uint64_t)hp->n_vocab * rb_dim * (sh->tied ? 1 : 2) +
+                     (uint64_t)dim * 4 + 256;
+    dummy_alloc da = {0};
+    da.cap = total;
+    da.seed = 0x746f6b656e6d696cull;
+    da.base = tm_aligned_alloc(64, total);
+    da.row = tm_malloc_array((size_t)(hp->ffn_dim > dim ? hp->ffn_dim : dim) + 64, sizeof(float));
+    if (!da.base || !da.row) {
+        tm_aligned_free(da.base);
+        free(da.row);
+        return tm_err(err, TM_ERR_NOMEM, "cannot allocate %.2f GB of dummy weights", (double)total / 1e9);
+    }
+    m->dummy_mem = da.base;
+    m->dummy_bytes = total;
+    float sc = 0.04f; /* uniform(-0.04, 0.04): std ~ 0.023, like an initialised transformer */
+    m->tok_embd = dummy_weight(&da, wt, hp->n_vocab, dim, 1.0f, 0.0f);
+    m->output_norm = dummy_weight(&da, TM_DT_F32, 1, dim, 0.0f, 1.0f);
+    m->output = sh->tied ? m->tok_embd : dummy_weight(&da, wt, hp->n_vocab, dim, sc, 0.0f);
+    m->layers = tm_calloc((size_t)hp->n_layers, sizeof(tm_layer));
+    if (!m->layers) {
+        free(da.row);
+        return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    }
+    for (int32_t l = 0; l < hp->n_layers; l++) {
+        tm_layer *L = &m->layers[l];
+        L->attn_norm = dummy_weight(&da, TM_DT_F32, 1, dim, 0.0f, 1.0f);
+        L->wq = dummy_weight(&da, wt, qd, dim, sc, 0.0f);
+        L->wk = dummy_weight(&da, wt, kvd, dim, sc, 0.0f);
+        L->wv = dummy_weight(&da, wt, kvd, dim, sc, 0.0f);
+        L->wo = dummy_weight(&da, wt, dim, qd, sc, 0.0f);
+        L->ffn_norm = dummy_weight(&da, TM_DT_F32, 1, dim, 0.0f, 1.0f);
+        L->w_gate = dummy_weight(&da, wt, hp->ffn_dim, dim, sc, 0.0f);
+        L->w_up = dummy_weight(&da, wt, hp->ffn_dim, dim, sc, 0.0f);
+        L->w_down = dummy_weight(&da, wt, dim, hp->ffn_dim, sc, 0.0f);
+    }
+    free(da.row);
+    if (da.used > da.cap) return tm_err(err, TM_ERR_INTERNAL, "dummy weight arena overflow");
+    float *ff = NULL;
+    if (sh->l3_factor > 0.0f) {
+        ff = tm_malloc_array((size_t)hp->rope_dim / 2, sizeof(float));
+        if (!ff) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+        llama3_freq_factors(ff, hp->rope_dim / 2, hp->rope_dim, hp->rope_theta, sh->l3_factor);
+    }
+    s = compute_rope(m, ff, err);
+    free(ff);
+    if (s != TM_OK) return s;
+    if ((s = tm_tok_create_bytes(hp->n_vocab, &m->tok, err)) != TM_OK) return s;
+    m->name = tm_strndup(spec, strlen(spec));
+    if (!m->name) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    return TM_OK;
+}
+
+tm_status tm_model_load(const char *spec, tm_model **out, tm_error *err) {
+    *out = NULL;
+    if (!spec || !*spec) return tm_err(err, TM_ERR_INVALID, "no model given");
+    tm_model *m = tm_calloc(1, sizeof *m);
+    if (!m) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    tm_status s = !strncmp(spec, "dummy:", 6) ? load_dummy(spec, m, err) : load_gguf(spec, m, err);
+    if (s != TM_OK) {
+        tm_model_free(m);
+        return s;
+    }
+    sum_weight_bytes(m);
+    *out = m;
+    return TM_OK;
+}
+
+void tm_model_free(tm_model *m) {
+    if (!m) return;
+    tm_tok_free(m->tok);
+    free(m->layers);
+    free(m->rope_inv_freq);
+    free(m->chat_template);
+    free(m->name);
+    tm_aligned_free(m->dummy_mem);
+    tm_gguf_close(m->gguf);
+    free(m);
+}
+
+tm_attn_cfg tm_model_attn_cfg(const tm_model *m) {
+    tm_attn_cfg a = {
+        .n_heads = m->hp.n_heads,
+        .n_kv_heads = m->hp.n_kv_heads,
+        .head_dim = m->hp.head_dim,
+        .rope_dim = m->hp.rope_dim,
+        .rope_neox = m->hp.rope_neox,
+        .rope_inv_freq = m->rope_inv_freq,
+        .attn_scale = 1.0f / sqrtf((float)m->hp.head_dim),
+    };
+    return a;
+}
