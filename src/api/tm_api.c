@@ -85,24 +85,30 @@ void tm_free_buf(void *p) { free(p); }
 tm_status tm_apply_chat_template(tm_ctx *c, const char *template_name, const tm_chat_message *msgs, size_t n_msgs,
                                  bool add_generation_prompt, char **out, tm_error *err) {
     *out = NULL;
-    tm_chat_kind kind;
-    tm_status s;
+    tm_chat_template tmpl = {0};
+    tm_status s = TM_OK;
     if (template_name) {
-        s = tm_chat_from_name(template_name, &kind, err);
+        tm_chat_kind kind;
+        if ((s = tm_chat_from_name(template_name, &kind, err)) != TM_OK) return s;
+        tm_chat_template_init(&tmpl, kind);
     } else if (c->model->chat_template) {
-        s = tm_chat_detect(c->model->chat_template, strlen(c->model->chat_template), &kind, err);
+        s = tm_chat_template_detect(c->model->chat_template, strlen(c->model->chat_template), &tmpl, err);
     } else {
         s = tm_err(err, TM_ERR_UNSUPPORTED, "the model has no chat template; pass one by name (--chat-template)");
     }
     if (s != TM_OK) return s;
     tm_chat_msg *m = tm_malloc_array(n_msgs, sizeof *m);
-    if (!m) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    if (!m) {
+        tm_chat_template_free(&tmpl);
+        return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    }
     for (size_t i = 0; i < n_msgs; i++) {
         m[i].role = msgs[i].role;
         m[i].content = msgs[i].content;
     }
-    s = tm_chat_apply(kind, m, n_msgs, add_generation_prompt, out, err);
+    s = tm_chat_template_apply(&tmpl, m, n_msgs, add_generation_prompt, out, err);
     free(m);
+    tm_chat_template_free(&tmpl);
     return s;
 }
 

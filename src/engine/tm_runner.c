@@ -151,7 +151,8 @@ typedef struct out_text {
     size_t emitted;     /* bytes already released to the caller */
 } out_text;
 
-static tm_status out_append(out_text *o, const char *s, size_t n, tm_error *err) {
+/* Make room for n more bytes plus a NUL. */
+static tm_status out_reserve(out_text *o, size_t n, tm_error *err) {
     if (o->len + n + 1 > o->cap) {
         size_t cap = o->cap ? o->cap : 256;
         while (cap < o->len + n + 1) cap *= 2;
@@ -160,7 +161,17 @@ static tm_status out_append(out_text *o, const char *s, size_t n, tm_error *err)
         o->buf = nb;
         o->cap = cap;
     }
-    memcpy(o->buf + o->len, s, n);
+    return TM_OK;
+}
+
+/* Append the text of token id (complete UTF-8 only) or, for id < 0, flush a held-back partial sequence. */
+static tm_status out_push(out_text *o, const tm_tokenizer *tok, tm_detok *dt, int32_t id, tm_error *err) {
+    size_t need = id >= 0 ? tm_detok_bound(tok, dt, id, false) : 3;
+    tm_status s = out_reserve(o, need, err);
+    if (s != TM_OK) return s;
+    size_t n = id >= 0 ? tm_detok_push(tok, dt, id, false, o->buf + o->len, o->cap - o->len - 1)
+                       : tm_detok_finish(dt, o->buf + o->len, o->cap - o->len - 1);
+    if (n == TM_DETOK_TOO_SMALL) return tm_err(err, TM_ERR_INTERNAL, "detokenizer bound too small");
     o->len += n;
     o->buf[o->len] = '\0';
     return TM_OK;
@@ -224,7 +235,6 @@ tm_status tm_runner_generate(tm_runner *r, const int32_t *prompt, size_t n_promp
     stats->prefill_s = t_prefill - t0;
     stats->finish_reason = "length";
     tm_detok dt = {0};
-    char piece[512];
     bool stopped_by_string = false;
     for (int32_t g = 0; g < gp->max_tokens; g++) {
         tm_logprob chosen = {0};
@@ -236,8 +246,7 @@ tm_status tm_runner_generate(tm_runner *r, const int32_t *prompt, size_t n_promp
         }
         hist[g] = tok;
         stats->gen_tokens = g + 1;
-        size_t np = tm_detok_push(m->tok, &dt, tok, false, piece, sizeof piece);
-        if ((s = out_append(&ot, piece, np, err)) != TM_OK) goto done;
+        if ((s = out_push(&ot, m->tok, &dt, tok, err)) != TM_OK) goto done;
         size_t stop_at, hold;
         bool stop = find_stop(&ot, gp, &stop_at, &hold);
         size_t release_to = stop ? stop_at : ot.len - hold;
@@ -265,8 +274,7 @@ tm_status tm_runner_generate(tm_runner *r, const int32_t *prompt, size_t n_promp
     }
     /* release held-back text (a partial stop-string prefix or a partial UTF-8 sequence) */
     if (!stopped_by_string) {
-        size_t nf = tm_detok_finish(&dt, piece, sizeof piece);
-        if ((s = out_append(&ot, piece, nf, err)) != TM_OK) goto done;
+        if ((s = out_push(&ot, m->tok, &dt, -1, err)) != TM_OK) goto done;
         size_t stop_at, hold;
         bool stop = gp->n_stop && find_stop(&ot, gp, &stop_at, &hold);
         size_t end = stop ? stop_at : ot.len;

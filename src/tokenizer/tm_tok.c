@@ -519,7 +519,8 @@ static void derive_special(tm_tokenizer *t, bool eot_given, bool eom_given) {
 }
 
 /* The piece of a token with special = true (llama.cpp's token_to_piece cache). */
-static tm_status piece_of(const tm_tokenizer *t, int32_t id, char **buf, size_t *cap, size_t *n, tm_error *err) {
+static tm_status piece_of(const tm_tokenizer *t, const int16_t *inv, int32_t id, char **buf, size_t *cap, size_t *n,
+                          tm_error *err) {
     const char *s = tok_str(t, id);
     size_t len = t->str_len[id];
     uint16_t a = t->attr[id];
@@ -555,22 +556,8 @@ static tm_status piece_of(const tm_tokenizer *t, int32_t id, char **buf, size_t 
             size_t i = 0;
             size_t cap_left = *cap;
             while (i < len) {
-                size_t at = i;
                 uint32_t cp = utf8_next_lenient((const uint8_t *)s, len, &i);
-                int byte = -1;
-                if (cp < 0x21 || cp > 0x143) byte = -1;
-                else if ((cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF))
-                    byte = (int)cp;
-                else if (cp >= 0x100) {
-                    int k = (int)cp - 256;
-                    for (int b = 0; b < 256; b++) {
-                        if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) continue;
-                        if (k-- == 0) {
-                            byte = b;
-                            break;
-                        }
-                    }
-                }
+                int byte = cp < 0x144 ? inv[cp] : -1;
                 if (byte >= 0) {
                     o[(*n)++] = (char)byte;
                     continue;
@@ -586,7 +573,6 @@ static tm_status piece_of(const tm_tokenizer *t, int32_t id, char **buf, size_t 
                     o = nb;
                     *cap = cap_left = nc;
                 }
-                (void)at;
                 memcpy(o + *n, "[UNK_BYTE_0x", 12);
                 *n += 12;
                 for (size_t k = 0; k < un; k++) *n += (size_t)snprintf(o + *n, 3, "%02x", u[k]);
@@ -614,12 +600,15 @@ static tm_status build_pieces(tm_tokenizer *t, tm_error *err) {
     t->poff = tm_malloc_array((size_t)t->n_vocab, sizeof *t->poff);
     t->plen = tm_malloc_array((size_t)t->n_vocab, sizeof *t->plen);
     if (!t->poff || !t->plen) return tm_err(err, TM_ERR_NOMEM, "out of memory for pieces");
+    int16_t inv[0x144]; /* GPT-2 code point -> byte, -1 if none */
+    for (int c = 0; c < 0x144; c++) inv[c] = -1;
+    for (int b = 0; b < 256; b++) inv[gpt2_byte_to_cp(b)] = (int16_t)b;
     char *buf = NULL;
     size_t cap = 0, pcap = 0;
     tm_status st = TM_OK;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         size_t n = 0;
-        if ((st = piece_of(t, id, &buf, &cap, &n, err)) != TM_OK) break;
+        if ((st = piece_of(t, inv, id, &buf, &cap, &n, err)) != TM_OK) break;
         if (pcap - t->ppool_len < n + 1) {
             size_t nc = pcap ? pcap : 65536;
             while (nc - t->ppool_len < n + 1) nc *= 2;
@@ -1478,16 +1467,11 @@ tm_status tm_tok_decode(const tm_tokenizer *t, const int32_t *ids, size_t n, boo
     return TM_OK;
 }
 
-size_t tm_detok_bound(const tm_tokenizer *t, const tm_detok *st, int32_t id, bool special) {
-    size_t pl;
-    tm_tok_piece(t, id, special, &pl);
-    return 3 * (pl + st->n_pending);
-}
-
 static const uint8_t REPL[3] = {0xEF, 0xBF, 0xBD};
 
 /* Emit the valid UTF-8 of the concatenation a[0..na) b[0..nb) (a: held-back bytes, b: the new piece) with
- * U+FFFD for each maximal invalid subpart; an incomplete tail is kept in st. */
+ * U+FFFD for each maximal invalid subpart; an incomplete tail is kept in st. With o == NULL only the
+ * number of bytes is returned and st is left alone. */
 static size_t detok_run(tm_detok *st, const uint8_t *a, size_t na, const uint8_t *b, size_t nb, uint8_t *o) {
 #define AT(k) ((k) < na ? a[(k)] : b[(k) - na])
     const size_t n = na + nb;
@@ -1496,7 +1480,8 @@ static size_t detok_run(tm_detok *st, const uint8_t *a, size_t na, const uint8_t
     while (i < n) {
         uint8_t c = AT(i);
         if (c < 0x80) {
-            o[w++] = c;
+            if (o) o[w] = c;
+            w++;
             i++;
             continue;
         }
@@ -1510,7 +1495,7 @@ static size_t detok_run(tm_detok *st, const uint8_t *a, size_t na, const uint8_t
         else if (c >= 0xF1 && c <= 0xF3) need = 3;
         else if (c == 0xF4) need = 3, hi = 0x8F;
         else {
-            memcpy(o + w, REPL, 3);
+            if (o) memcpy(o + w, REPL, 3);
             w += 3;
             i++;
             continue;
@@ -1525,7 +1510,7 @@ static size_t detok_run(tm_detok *st, const uint8_t *a, size_t na, const uint8_t
             }
         }
         if (bad) { /* the maximal subpart [i, i+k) can never complete */
-            memcpy(o + w, REPL, 3);
+            if (o) memcpy(o + w, REPL, 3);
             w += 3;
             i += k;
             continue;
@@ -1535,13 +1520,26 @@ static size_t detok_run(tm_detok *st, const uint8_t *a, size_t na, const uint8_t
             for (size_t j = 0; j < keep; j++) tail[j] = AT(i + j);
             break;
         }
-        for (size_t j = 0; j <= need; j++) o[w++] = AT(i + j);
+        if (o)
+            for (size_t j = 0; j <= need; j++) o[w + j] = AT(i + j);
+        w += need + 1;
         i += need + 1;
     }
 #undef AT
-    memcpy(st->pending, tail, keep);
-    st->n_pending = keep;
+    if (o) {
+        memcpy(st->pending, tail, keep);
+        st->n_pending = keep;
+    }
     return w;
+}
+
+size_t tm_detok_bound(const tm_tokenizer *t, const tm_detok *st, int32_t id, bool special) {
+    if (id < 0 || id >= t->n_vocab) return 0;
+    size_t pl;
+    const char *p = tm_tok_piece(t, id, special, &pl);
+    if (pl == 0) return 0;
+    size_t np = st->n_pending > 3 ? 3 : st->n_pending;
+    return detok_run(NULL, st->pending, np, (const uint8_t *)p, pl, NULL);
 }
 
 size_t tm_detok_push(const tm_tokenizer *t, tm_detok *st, int32_t id, bool special, char *out, size_t cap) {
@@ -1550,9 +1548,9 @@ size_t tm_detok_push(const tm_tokenizer *t, tm_detok *st, int32_t id, bool speci
     const char *p = tm_tok_piece(t, id, special, &pl);
     if (pl == 0) return 0;
     size_t np = st->n_pending > 3 ? 3 : st->n_pending;
-    if (cap < 3 * (pl + np)) return TM_DETOK_TOO_SMALL;
     uint8_t held[4];
     memcpy(held, st->pending, np);
+    if (cap < 3 * (pl + np) && cap < detok_run(st, held, np, (const uint8_t *)p, pl, NULL)) return TM_DETOK_TOO_SMALL;
     return detok_run(st, held, np, (const uint8_t *)p, pl, (uint8_t *)out);
 }
 

@@ -57,7 +57,8 @@ int32_t tm_tok_n_vocab(const tm_tokenizer *t);
 int32_t tm_tok_bos(const tm_tokenizer *t);   /* -1 if none */
 int32_t tm_tok_eos(const tm_tokenizer *t);   /* -1 if none */
 int32_t tm_tok_eot(const tm_tokenizer *t);   /* -1 if none */
-bool tm_tok_add_bos(const tm_tokenizer *t);  /* tokenizer.ggml.add_bos_token (default: SPM yes, gpt2 no) */
+/* tokenizer.ggml.add_bos_token (default: SPM yes, gpt2 no; llama3 pre types yes), and the model has a BOS */
+bool tm_tok_add_bos(const tm_tokenizer *t);
 /* End of generation: eos, eot, eom and other end-of-turn ids found in the vocabulary. */
 bool tm_tok_is_eog(const tm_tokenizer *t, int32_t id);
 /* Control or unknown token (decodes to "" unless special is requested). */
@@ -96,11 +97,12 @@ typedef struct tm_detok {
     size_t n_pending;
 } tm_detok;
 #define TM_DETOK_TOO_SMALL ((size_t)-1)
-/* Bytes that pushing id may write at most (3 * (piece length + held-back bytes)). */
+/* The exact number of bytes tm_detok_push(t, st, id, special, ...) would write now (never more than
+ * 3 * (piece length + 3)). */
 size_t tm_detok_bound(const tm_tokenizer *t, const tm_detok *st, int32_t id, bool special);
 /* Appends the text of id to out (cap bytes) and returns the number of bytes written. When cap is below
- * tm_detok_bound(), nothing is written, the state is unchanged and TM_DETOK_TOO_SMALL is returned; an id
- * out of range writes nothing and returns 0. */
+ * tm_detok_bound(), nothing is written, the state is unchanged and TM_DETOK_TOO_SMALL is returned (callers
+ * with a fixed buffer must check for it); an id out of range writes nothing and returns 0. */
 size_t tm_detok_push(const tm_tokenizer *t, tm_detok *st, int32_t id, bool special, char *out, size_t cap);
 /* Flushes a held-back partial sequence as U+FFFD (3 bytes; needs cap >= 3, else TM_DETOK_TOO_SMALL) and
  * resets the state. */

@@ -30,7 +30,9 @@
  */
 
 /* llama.cpp's White_Space set (unicode_set_whitespace), for use inside a class. */
-#define WS "\\t\\n\\x0B\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define WS                                                                                                 \
+    "\\t\\n\\x0B\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}" \
+    "\\x{3000}"
 /* \p{L} plus the letters added in Unicode 15.0/15.1. */
 #define LX                                                                                                 \
     "\\p{L}\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}"              \

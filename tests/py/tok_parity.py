@@ -25,17 +25,16 @@ import sys
 # Why HF's GGUF tokenizer differs from llama.cpp where it does (checked by hand on the diffs this script
 # prints; kept here so the reasons travel with the goldens).
 KNOWN_HF_DIFFS = """
-SmolLM2 (gpt2 BPE, pre 'smollm'): transformers builds the tokenizer from GGUF with the plain GPT-2
-ByteLevel pre-tokenizer; it does not know llama.cpp's 'smollm' pre type, which first isolates every
-digit (\\p{N}) before the GPT-2 regex (as SmolLM2's own tokenizer.json does with Digits(individual)).
-So texts with runs of digits differ: llama.cpp gives one token per digit, HF merges "123".
-HF's Rust regex also uses its own Unicode tables for \\p{L}/\\p{N} (differences on very new code points).
-With parse_special off, llama.cpp still matches USER_DEFINED tokens, HF splits all added tokens.
-
-Gemma 3 (SPM, byte fallback): transformers converts the GGUF SPM vocabulary into a tokenizers BPE model
-with merges rebuilt from the scores; llama.cpp merges pairs by the score of the merged token. The two agree
-on ordinary text; they can differ where HF's normalizer/pre-tokenizer handles runs of spaces and
-user-defined whitespace tokens differently, and on added (USER_DEFINED) tokens when parse_special is off.
+SmolLM2 (gpt2 BPE, pre 'smollm'): transformers' GGUF converter gives it the plain GPT-2 ByteLevel
+pre-tokenizer; llama.cpp's 'smollm' type first isolates every \\p{N} character (as SmolLM2's own
+tokenizer.json does with Digits(individual_digits)). SmolLM2's merges never join two digits, so ASCII
+numbers still agree; they differ where a space and a non-ASCII number character have a merge
+(' \u00bd', ' \u0663'): HF keeps the space on the number, llama.cpp splits it off.
+Gemma 3 (SPM, byte fallback): transformers converts it to a tokenizers BPE model whose pre-tokenizer splits
+on ' ' (MergedWithPrevious) after replacing ' ' with U+2581; llama.cpp merges over the whole fragment by
+token score. They differ on long runs of spaces (HF cannot use the whitespace-run tokens across its
+splits) and on a literal U+2581 in the text (HF merges it with the following space).
+With parse_special off, llama.cpp still matches USER_DEFINED tokens (Gemma's newline runs, tags).
 """
 
 CORPUS = [

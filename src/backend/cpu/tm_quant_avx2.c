@@ -137,144 +137,381 @@ FLOAT_DOT(dot_f16, uint16_t, ld_f16, f16)
 FLOAT_DOT(dot_bf16, uint16_t, ld_bf16, tm_bf16_to_f32)
 
 /* ---- 32-element block types: four blocks per step --------------------------------------------------
- * Per group of four blocks the fp16 scales are packed in general-purpose registers (idle ALUs) and
- * converted with one vcvtph2ps; the four blocks' int32 partial sums are folded by a hadd tree into one
- * vector [b0 b1 b2 b3 | b0 b1 b2 b3] that takes a single FMA with the matching scale vector. */
+ * Per group of four blocks the fp16 scales are gathered with one vpinsr chain and converted with one
+ * vcvtph2ps; the four blocks' partial sums are folded by a hadd tree into one vector
+ * [b0 b1 b2 b3 | b0 b1 b2 b3] that takes a single FMA with the matching scale vector. Leftover blocks
+ * (fewer than four) add a broadcast-scaled 8-lane vector to the same accumulator: only the total of all
+ * lanes matters. */
 
-static inline int ld16(const uint8_t *p) {
+#define TM_AI static inline __attribute__((always_inline))
+
+TM_AI int ld16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);
     return v;
 }
 
-static inline int ld32(const uint8_t *p) {
+TM_AI int ld32(const uint8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return v;
 }
 
-/* four fp16 scales (stride bytes apart) -> __m128 */
-static inline __m128 scales4(const void *vp, size_t stride) {
+/* Keep a value in a general-purpose register: scale gathers are cheaper as integer shifts/ors (idle
+ * ALUs) plus one vmovq than as vpinsr chains, which compete with the dot products for vector ports. */
+#define TM_IN_GPR(v) __asm__("" : "+r"(v))
+
+/* four fp16 scales (stride bytes apart) -> [s0 s1 s2 s3 | s0 s1 s2 s3] */
+TM_AI __m256 scales4(const void *vp, size_t stride) {
     const uint8_t *p = vp;
-    __m128i v = _mm_cvtsi32_si128(ld16(p));
-    v = _mm_insert_epi16(v, ld16(p + stride), 1);
-    v = _mm_insert_epi16(v, ld16(p + 2 * stride), 2);
-    v = _mm_insert_epi16(v, ld16(p + 3 * stride), 3);
-    return _mm_cvtph_ps(v);
+    uint64_t a = (uint64_t)ld16(p), b = (uint64_t)ld16(p + stride), c = (uint64_t)ld16(p + 2 * stride),
+             d = (uint64_t)ld16(p + 3 * stride);
+    TM_IN_GPR(a);
+    TM_IN_GPR(b);
+    TM_IN_GPR(c);
+    TM_IN_GPR(d);
+    uint64_t v = a | (b << 16) | (c << 32) | (d << 48);
+    TM_IN_GPR(v);
+    const __m128i h = _mm_cvtsi64_si128((long long)v);
+    return _mm256_cvtph_ps(_mm_unpacklo_epi64(h, h));
 }
 
 /* four pairs of fp16 (d and m, or d and s; stride bytes apart) -> [d0 m0 d1 m1 d2 m2 d3 m3] */
-static inline __m256 pairs4(const void *vp, size_t stride) {
+TM_AI __m256 pairs4(const void *vp, size_t stride) {
     const uint8_t *p = vp;
-    __m128i v = _mm_cvtsi32_si128(ld32(p));
-    v = _mm_insert_epi32(v, ld32(p + stride), 1);
-    v = _mm_insert_epi32(v, ld32(p + 2 * stride), 2);
-    v = _mm_insert_epi32(v, ld32(p + 3 * stride), 3);
-    return _mm256_cvtph_ps(v);
+    uint64_t a = (uint32_t)ld32(p), b = (uint32_t)ld32(p + stride), c = (uint32_t)ld32(p + 2 * stride),
+             d = (uint32_t)ld32(p + 3 * stride);
+    TM_IN_GPR(a);
+    TM_IN_GPR(b);
+    TM_IN_GPR(c);
+    TM_IN_GPR(d);
+    uint64_t lo = a | (b << 32), hi = c | (d << 32);
+    TM_IN_GPR(lo);
+    TM_IN_GPR(hi);
+    return _mm256_cvtph_ps(_mm_insert_epi64(_mm_cvtsi64_si128((long long)lo), (long long)hi, 1));
 }
 
-/* [x0 x1 x2 x3 | x0 x1 x2 x3] */
-static inline __m256 dup128(__m128 v) { return _mm256_insertf128_ps(_mm256_castps128_ps256(v), v, 1); }
+/* two fp16 scales -> [s0 s0 s1 s1] */
+TM_AI __m128 scales2(const void *vp, size_t stride) {
+    const uint8_t *p = vp;
+    const int a = ld16(p), b = ld16(p + stride);
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)((uint64_t)(uint32_t)(a | (a << 16)) | ((uint64_t)(uint32_t)(b | (b << 16)) << 32))));
+}
 
-/* 8 int32 lanes each of four blocks -> [b0 b1 b2 b3 | b0 b1 b2 b3] partial sums (halves add up to the block sum) */
-static inline __m256 fold4(__m256i s0, __m256i s1, __m256i s2, __m256i s3) {
+/* two pairs of fp16 -> [d0 m0 d1 m1] */
+TM_AI __m128 pairs2(const void *vp, size_t stride) {
+    const uint8_t *p = vp;
+    return _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(ld32(p)), ld32(p + stride), 1));
+}
+
+TM_AI __m256 dup128(__m128 v) { return _mm256_insertf128_ps(_mm256_castps128_ps256(v), v, 1); }
+
+TM_AI __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
+
+/* 8 int32 lanes each of four blocks -> [b0 b1 b2 b3 | b0 b1 b2 b3] partial sums (the halves add up) */
+TM_AI __m256 fold4(__m256i s0, __m256i s1, __m256i s2, __m256i s3) {
     return _mm256_cvtepi32_ps(_mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3)));
 }
 
 /* the same from int16 pair sums whose groups of four cannot overflow int16 (|pair| <= 8191) */
-static inline __m256 fold4_16(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
-    const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(h, _mm256_set1_epi16(1)));
+TM_AI __m256 fold4_16(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    return _mm256_cvtepi32_ps(madd1(_mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3))));
 }
 
-static inline __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
-
-/* int32 partial sums of one block pair: signed x signed */
-static inline __m256i isum_ss(__m256i x, __m256i y) {
+/* signed x signed int8 (|x| <= 128, y > -128): int32 partial sums */
+TM_AI __m256i isum_ss(__m256i x, __m256i y) {
     return madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
 }
 
-/* ---- Q8_0 x Q8_0 --------------------------------------------------------------------------------- */
+/* Four unpacked blocks: quants and the scale vector (layout depends on the type). aux: Q8_0 activations
+ * keep maddubs(8, q) for Q4_0's offset. */
+typedef struct {
+    __m256i q[4], aux[4];
+    __m256 s;
+} g4;
 
-static float dot_q8_0(int64_t n, const void *vw, const void *va) {
-    const tm_block_q8_0 *x = vw, *y = va;
-    const int64_t nb = n / TM_QK8_0;
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m128 d = _mm_mul_ps(scales4(&x[i].d, sizeof *x), scales4(&y[i].d, sizeof *y));
-        const __m256 h = fold4(isum_ss(loadu(x[i].qs), loadu(y[i].qs)), isum_ss(loadu(x[i + 1].qs), loadu(y[i + 1].qs)),
-                               isum_ss(loadu(x[i + 2].qs), loadu(y[i + 2].qs)), isum_ss(loadu(x[i + 3].qs), loadu(y[i + 3].qs)));
-        acc = _mm256_fmadd_ps(dup128(d), h, acc);
+/* Q8_0 weights: signed quants, scales4 */
+TM_AI void w4_q8_0(const void *vx, g4 *g) {
+    const tm_block_q8_0 *x = vx;
+    g->q[0] = loadu(x[0].qs);
+    g->q[1] = loadu(x[1].qs);
+    g->q[2] = loadu(x[2].qs);
+    g->q[3] = loadu(x[3].qs);
+    g->s = scales4(&x[0].d, sizeof *x);
+}
+
+/* Q4_0 weights: unsigned nibbles (offset 8 handled with the activation sums), scales4 */
+TM_AI void w4_q4_0(const void *vx, g4 *g) {
+    const tm_block_q4_0 *x = vx;
+    g->q[0] = nibbles32(x[0].qs);
+    g->q[1] = nibbles32(x[1].qs);
+    g->q[2] = nibbles32(x[2].qs);
+    g->q[3] = nibbles32(x[3].qs);
+    g->s = scales4(&x[0].d, sizeof *x);
+}
+
+/* Q4_1 weights: unsigned nibbles, pairs4 [d m ...] */
+TM_AI void w4_q4_1(const void *vx, g4 *g) {
+    const tm_block_q4_1 *x = vx;
+    g->q[0] = nibbles32(x[0].qs);
+    g->q[1] = nibbles32(x[1].qs);
+    g->q[2] = nibbles32(x[2].qs);
+    g->q[3] = nibbles32(x[3].qs);
+    g->s = pairs4(x, sizeof *x);
+}
+
+/* Q8_0 activations (for Q8_0 weights) */
+TM_AI void a4_q8_0(const void *vy, g4 *g) {
+    const tm_block_q8_0 *y = vy;
+    g->q[0] = loadu(y[0].qs);
+    g->q[1] = loadu(y[1].qs);
+    g->q[2] = loadu(y[2].qs);
+    g->q[3] = loadu(y[3].qs);
+    g->s = scales4(&y[0].d, sizeof *y);
+}
+
+/* Q8_0 activations (for Q4_0 weights): also 8 * pair sums */
+TM_AI void a4_q8_0o(const void *vy, g4 *g) {
+    const tm_block_q8_0 *y = vy;
+    const __m256i k8 = _mm256_set1_epi8(8);
+    g->q[0] = loadu(y[0].qs);
+    g->q[1] = loadu(y[1].qs);
+    g->q[2] = loadu(y[2].qs);
+    g->q[3] = loadu(y[3].qs);
+    g->aux[0] = _mm256_maddubs_epi16(k8, g->q[0]);
+    g->aux[1] = _mm256_maddubs_epi16(k8, g->q[1]);
+    g->aux[2] = _mm256_maddubs_epi16(k8, g->q[2]);
+    g->aux[3] = _mm256_maddubs_epi16(k8, g->q[3]);
+    g->s = scales4(&y[0].d, sizeof *y);
+}
+
+/* Q8_1 activations: pairs4 [d s ...] */
+TM_AI void a4_q8_1(const void *vy, g4 *g) {
+    const tm_block_q8_1 *y = vy;
+    g->q[0] = loadu(y[0].qs);
+    g->q[1] = loadu(y[1].qs);
+    g->q[2] = loadu(y[2].qs);
+    g->q[3] = loadu(y[3].qs);
+    g->s = pairs4(y, sizeof *y);
+}
+
+TM_AI void mac_q8_0(const g4 *w, const g4 *a, __m256 *acc, __m256 *accm) {
+    (void)accm;
+    const __m256 h = fold4(isum_ss(w->q[0], a->q[0]), isum_ss(w->q[1], a->q[1]), isum_ss(w->q[2], a->q[2]),
+                           isum_ss(w->q[3], a->q[3]));
+    *acc = _mm256_fmadd_ps(_mm256_mul_ps(w->s, a->s), h, *acc);
+}
+
+TM_AI void mac_q4_0(const g4 *w, const g4 *a, __m256 *acc, __m256 *accm) {
+    (void)accm;
+    /* (q - 8) . y pair sums: |pair| <= 2032 */
+    const __m256i p0 = _mm256_sub_epi16(_mm256_maddubs_epi16(w->q[0], a->q[0]), a->aux[0]);
+    const __m256i p1 = _mm256_sub_epi16(_mm256_maddubs_epi16(w->q[1], a->q[1]), a->aux[1]);
+    const __m256i p2 = _mm256_sub_epi16(_mm256_maddubs_epi16(w->q[2], a->q[2]), a->aux[2]);
+    const __m256i p3 = _mm256_sub_epi16(_mm256_maddubs_epi16(w->q[3], a->q[3]), a->aux[3]);
+    *acc = _mm256_fmadd_ps(_mm256_mul_ps(w->s, a->s), fold4_16(p0, p1, p2, p3), *acc);
+}
+
+TM_AI void mac_q4_1(const g4 *w, const g4 *a, __m256 *acc, __m256 *accm) {
+    /* [d0 m0 d1 m1 ...] * [D0 S0 D1 S1 ...]: even lanes scale the int sums, odd lanes are the m*s terms */
+    const __m256 p = _mm256_mul_ps(w->s, a->s);
+    *accm = _mm256_add_ps(*accm, p);
+    const __m256 h = fold4_16(_mm256_maddubs_epi16(w->q[0], a->q[0]), _mm256_maddubs_epi16(w->q[1], a->q[1]),
+                              _mm256_maddubs_epi16(w->q[2], a->q[2]), _mm256_maddubs_epi16(w->q[3], a->q[3]));
+    *acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(p, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)), h, *acc);
+}
+
+/* single leftover blocks */
+TM_AI void mac1_q8_0(const void *vx, const void *vy, __m256 *acc, __m256 *accm) {
+    const tm_block_q8_0 *x = vx, *y = vy;
+    (void)accm;
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x->d) * f16(y->d)), _mm256_cvtepi32_ps(isum_ss(loadu(x->qs), loadu(y->qs))),
+                           *acc);
+}
+
+TM_AI void mac1_q4_0(const void *vx, const void *vy, __m256 *acc, __m256 *accm) {
+    const tm_block_q4_0 *x = vx;
+    const tm_block_q8_0 *y = vy;
+    (void)accm;
+    const __m256i q = loadu(y->qs);
+    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles32(x->qs), q), _mm256_maddubs_epi16(_mm256_set1_epi8(8), q));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x->d) * f16(y->d)), _mm256_cvtepi32_ps(madd1(p)), *acc);
+}
+
+TM_AI void mac1_q4_1(const void *vx, const void *vy, __m256 *acc, __m256 *accm) {
+    const tm_block_q4_1 *x = vx;
+    const tm_block_q8_1 *y = vy;
+    *accm = _mm256_add_ps(*accm, _mm256_setr_ps(0.0f, f16(x->m) * f16(y->s), 0, 0, 0, 0, 0, 0));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x->d) * f16(y->d)),
+                           _mm256_cvtepi32_ps(madd1(_mm256_maddubs_epi16(nibbles32(x->qs), loadu(y->qs)))), *acc);
+}
+
+/* two leftover blocks: partial sums laid out [b0 b0 b1 b1 | b0 b0 b1 b1] */
+TM_AI void mac2_q8_0(const void *vx, const void *vy, __m256 *acc, __m256 *accm) {
+    const tm_block_q8_0 *x = vx, *y = vy;
+    (void)accm;
+    const __m256i h = _mm256_hadd_epi32(isum_ss(loadu(x[0].qs), loadu(y[0].qs)), isum_ss(loadu(x[1].qs), loadu(y[1].qs)));
+    const __m128 d = _mm_mul_ps(scales2(&x[0].d, sizeof *x), scales2(&y[0].d, sizeof *y));
+    *acc = _mm256_fmadd_ps(dup128(d), _mm256_cvtepi32_ps(h), *acc);
+}
+
+TM_AI void mac2_q4_0(const void *vx, const void *vy, __m256 *acc, __m256 *accm) {
+    const tm_block_q4_0 *x = vx;
+    const tm_block_q8_0 *y = vy;
+    (void)accm;
+    const __m256i k8 = _mm256_set1_epi8(8), y0 = loadu(y[0].qs), y1 = loadu(y[1].qs);
+    const __m256i p0 = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles32(x[0].qs), y0), _mm256_maddubs_epi16(k8, y0));
+    const __m256i p1 = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles32(x[1].qs), y1), _mm256_maddubs_epi16(k8, y1));
+    const __m128 d = _mm_mul_ps(scales2(&x[0].d, sizeof *x), scales2(&y[0].d, sizeof *y));
+    *acc = _mm256_fmadd_ps(dup128(d), _mm256_cvtepi32_ps(madd1(_mm256_hadd_epi16(p0, p1))), *acc);
+}
+
+TM_AI void mac2_q4_1(const void *vx, const void *vy, __m256 *acc, __m256 *accm) {
+    const tm_block_q4_1 *x = vx;
+    const tm_block_q8_1 *y = vy;
+    const __m128 p = _mm_mul_ps(pairs2(x, sizeof *x), pairs2(y, sizeof *y)); /* [dd0 ms0 dd1 ms1] */
+    *accm = _mm256_add_ps(*accm, _mm256_insertf128_ps(_mm256_setzero_ps(), p, 0));
+    const __m256i p0 = _mm256_maddubs_epi16(nibbles32(x[0].qs), loadu(y[0].qs));
+    const __m256i p1 = _mm256_maddubs_epi16(nibbles32(x[1].qs), loadu(y[1].qs));
+    *acc = _mm256_fmadd_ps(dup128(_mm_moveldup_ps(p)), _mm256_cvtepi32_ps(madd1(_mm256_hadd_epi16(p0, p1))), *acc);
+}
+
+/* final sums: odd lanes of accm hold Q4_1's min terms (zero for the other types) */
+TM_AI float fin1(__m256 acc, __m256 accm) { return hsum8(acc) + hsum8(_mm256_blend_ps(accm, _mm256_setzero_ps(), 0x55)); }
+TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
+    const __m256 z = _mm256_setzero_ps();
+    return _mm_add_ps(hsum8x4(acc[0], acc[1], acc[2], acc[3]),
+                      hsum8x4(_mm256_blend_ps(accm[0], z, 0x55), _mm256_blend_ps(accm[1], z, 0x55),
+                              _mm256_blend_ps(accm[2], z, 0x55), _mm256_blend_ps(accm[3], z, 0x55)));
+}
+
+/* Q8_0 activation rows up to this many bytes per column chunk stay in L2 while the weight rows stream */
+#ifndef TM_PF
+#define TM_PF 512
+#endif
+#define TM_ACT_CHUNK_BYTES (192u * 1024u)
+
+/* Defines dot_<T> (one row) and mat_<T> (tiles: 4 weight rows x 1 activation row for decode, 1 weight row
+ * x 4 activation rows for prefill) from the per-type pieces above. */
+#define DEFINE_BLOCK32(T, WB, AB, WPREP, APREP, MAC, MAC2, MAC1)                                                    \
+    static float dot_##T(int64_t n, const void *vw, const void *va) {                                          \
+        const WB *x = vw;                                                                                      \
+        const AB *y = va;                                                                                      \
+        const int64_t nb = n / 32;                                                                             \
+        __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();                                          \
+        int64_t i = 0;                                                                                         \
+        for (; i + 4 <= nb; i += 4) {                                                                          \
+            g4 w, a;                                                                                           \
+            WPREP(x + i, &w);                                                                                  \
+            APREP(y + i, &a);                                                                                  \
+            MAC(&w, &a, &acc, &accm);                                                                          \
+        }                                                                                                      \
+        if (i + 2 <= nb) {                                                                                     \
+            MAC2(x + i, y + i, &acc, &accm);                                                                   \
+            i += 2;                                                                                            \
+        }                                                                                                      \
+        if (i < nb) MAC1(x + i, y + i, &acc, &accm);                                                           \
+        return fin1(acc, accm);                                                                                \
+    }                                                                                                          \
+    /* out[r .. r+3] for weight rows x0..x3 against one activation row */                                     \
+    static void rows4_##T(int64_t nb, const WB *x0, size_t ws, const AB *y, float *out) {                     \
+        const WB *x1 = (const WB *)PW(x0, ws, 1), *x2 = (const WB *)PW(x0, ws, 2), *x3 = (const WB *)PW(x0, ws, 3); \
+        __m256 acc[4], accm[4];                                                                                \
+        acc[0] = acc[1] = acc[2] = acc[3] = accm[0] = accm[1] = accm[2] = accm[3] = _mm256_setzero_ps();       \
+        int64_t i = 0;                                                                                         \
+        for (; i + 4 <= nb; i += 4) {                                                                          \
+            g4 a, w;                                                                                           \
+            _mm_prefetch((const char *)(x0 + i) + TM_PF, _MM_HINT_T0);                                         \
+            _mm_prefetch((const char *)(x1 + i) + TM_PF, _MM_HINT_T0);                                         \
+            _mm_prefetch((const char *)(x2 + i) + TM_PF, _MM_HINT_T0);                                         \
+            _mm_prefetch((const char *)(x3 + i) + TM_PF, _MM_HINT_T0);                                         \
+            APREP(y + i, &a);                                                                                  \
+            WPREP(x0 + i, &w);                                                                                 \
+            MAC(&w, &a, &acc[0], &accm[0]);                                                                    \
+            WPREP(x1 + i, &w);                                                                                 \
+            MAC(&w, &a, &acc[1], &accm[1]);                                                                    \
+            WPREP(x2 + i, &w);                                                                                 \
+            MAC(&w, &a, &acc[2], &accm[2]);                                                                    \
+            WPREP(x3 + i, &w);                                                                                 \
+            MAC(&w, &a, &acc[3], &accm[3]);                                                                    \
+        }                                                                                                      \
+        if (i + 2 <= nb) {                                                                                     \
+            MAC2(x0 + i, y + i, &acc[0], &accm[0]);                                                            \
+            MAC2(x1 + i, y + i, &acc[1], &accm[1]);                                                            \
+            MAC2(x2 + i, y + i, &acc[2], &accm[2]);                                                            \
+            MAC2(x3 + i, y + i, &acc[3], &accm[3]);                                                            \
+            i += 2;                                                                                            \
+        }                                                                                                      \
+        if (i < nb) {                                                                                          \
+            MAC1(x0 + i, y + i, &acc[0], &accm[0]);                                                            \
+            MAC1(x1 + i, y + i, &acc[1], &accm[1]);                                                            \
+            MAC1(x2 + i, y + i, &acc[2], &accm[2]);                                                            \
+            MAC1(x3 + i, y + i, &acc[3], &accm[3]);                                                            \
+        }                                                                                                      \
+        _mm_storeu_ps(out, fin4(acc, accm));                                                                   \
+    }                                                                                                          \
+    /* one weight row against activation rows y0..y3: results 4 floats */                                     \
+    static __m128 cols4_##T(int64_t nb, const WB *x, const AB *y0, size_t as) {                               \
+        const AB *y1 = (const AB *)PW(y0, as, 1), *y2 = (const AB *)PW(y0, as, 2), *y3 = (const AB *)PW(y0, as, 3); \
+        __m256 acc[4], accm[4];                                                                                \
+        acc[0] = acc[1] = acc[2] = acc[3] = accm[0] = accm[1] = accm[2] = accm[3] = _mm256_setzero_ps();       \
+        int64_t i = 0;                                                                                         \
+        for (; i + 4 <= nb; i += 4) {                                                                          \
+            g4 w, a;                                                                                           \
+            WPREP(x + i, &w);                                                                                  \
+            APREP(y0 + i, &a);                                                                                 \
+            MAC(&w, &a, &acc[0], &accm[0]);                                                                    \
+            APREP(y1 + i, &a);                                                                                 \
+            MAC(&w, &a, &acc[1], &accm[1]);                                                                    \
+            APREP(y2 + i, &a);                                                                                 \
+            MAC(&w, &a, &acc[2], &accm[2]);                                                                    \
+            APREP(y3 + i, &a);                                                                                 \
+            MAC(&w, &a, &acc[3], &accm[3]);                                                                    \
+        }                                                                                                      \
+        if (i + 2 <= nb) {                                                                                     \
+            MAC2(x + i, y0 + i, &acc[0], &accm[0]);                                                            \
+            MAC2(x + i, y1 + i, &acc[1], &accm[1]);                                                            \
+            MAC2(x + i, y2 + i, &acc[2], &accm[2]);                                                            \
+            MAC2(x + i, y3 + i, &acc[3], &accm[3]);                                                            \
+            i += 2;                                                                                            \
+        }                                                                                                      \
+        if (i < nb) {                                                                                          \
+            MAC1(x + i, y0 + i, &acc[0], &accm[0]);                                                            \
+            MAC1(x + i, y1 + i, &acc[1], &accm[1]);                                                            \
+            MAC1(x + i, y2 + i, &acc[2], &accm[2]);                                                            \
+            MAC1(x + i, y3 + i, &acc[3], &accm[3]);                                                            \
+        }                                                                                                      \
+        return fin4(acc, accm);                                                                                \
+    }                                                                                                          \
+    static void mat_##T(int64_t n, int64_t nr, const void *w, size_t ws, int64_t nc, const void *a, size_t as, \
+                        float *out, size_t os) {                                                               \
+        const int64_t nb = n / 32;                                                                             \
+        if (nc == 1) {                                                                                         \
+            int64_t r = 0;                                                                                     \
+            for (; r + 4 <= nr; r += 4) rows4_##T(nb, (const WB *)PW(w, ws, r), ws, a, out + r);               \
+            for (; r < nr; r++) out[r] = dot_##T(n, PW(w, ws, r), a);                                          \
+            return;                                                                                            \
+        }                                                                                                      \
+        int64_t chunk = (int64_t)(TM_ACT_CHUNK_BYTES / as) & ~(int64_t)3;                                      \
+        if (chunk < 4) chunk = 4;                                                                              \
+        for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
+            const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
+            for (int64_t r = 0; r < nr; r++) {                                                                 \
+                const WB *x = (const WB *)PW(w, ws, r);                                                        \
+                int64_t c = c0;                                                                                \
+                for (; c + 4 <= c1; c += 4) {                                                                  \
+                    float v[4];                                                                                \
+                    _mm_storeu_ps(v, cols4_##T(nb, x, (const AB *)PW(a, as, c), as));                          \
+                    for (int k = 0; k < 4; k++) out[(size_t)(c + k) * os + (size_t)r] = v[k];                  \
+                }                                                                                              \
+                for (; c < c1; c++) out[(size_t)c * os + (size_t)r] = dot_##T(n, x, PW(a, as, c));             \
+            }                                                                                                  \
+        }                                                                                                      \
     }
-    for (; i < nb; i++)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), dot_ss(loadu(x[i].qs), loadu(y[i].qs)), acc);
-    return hsum8(acc);
-}
 
-/* ---- Q4_0 x Q8_0 --------------------------------------------------------------------------------- */
-
-/* (x - 8) . y int16 pair sums for unsigned nibbles x (|pair| <= 2032) */
-static inline __m256i p16_q4_0(const uint8_t *qs, const int8_t *qy) {
-    const __m256i y = loadu(qy);
-    return _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles32(qs), y), _mm256_maddubs_epi16(_mm256_set1_epi8(8), y));
-}
-
-static inline __m256i isum_q4_0(const uint8_t *qs, const int8_t *qy) { return madd1(p16_q4_0(qs, qy)); }
-
-static float dot_q4_0(int64_t n, const void *vw, const void *va) {
-    const tm_block_q4_0 *x = vw;
-    const tm_block_q8_0 *y = va;
-    const int64_t nb = n / TM_QK4_0;
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m128 d = _mm_mul_ps(scales4(&x[i].d, sizeof *x), scales4(&y[i].d, sizeof *y));
-        const __m256 h = fold4_16(p16_q4_0(x[i].qs, y[i].qs), p16_q4_0(x[i + 1].qs, y[i + 1].qs),
-                                  p16_q4_0(x[i + 2].qs, y[i + 2].qs), p16_q4_0(x[i + 3].qs, y[i + 3].qs));
-        acc = _mm256_fmadd_ps(dup128(d), h, acc);
-    }
-    for (; i < nb; i++)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)),
-                              _mm256_cvtepi32_ps(isum_q4_0(x[i].qs, y[i].qs)), acc);
-    return hsum8(acc);
-}
-
-/* ---- Q4_1 x Q8_1 --------------------------------------------------------------------------------- */
-
-static inline __m256i p16_q4_1(const uint8_t *qs, const int8_t *qy) {
-    return _mm256_maddubs_epi16(nibbles32(qs), loadu(qy));
-}
-
-static inline __m256i isum_q4_1(const uint8_t *qs, const int8_t *qy) {
-    return madd1(_mm256_maddubs_epi16(nibbles32(qs), loadu(qy)));
-}
-
-static float dot_q4_1(int64_t n, const void *vw, const void *va) {
-    const tm_block_q4_1 *x = vw;
-    const tm_block_q8_1 *y = va;
-    const int64_t nb = n / TM_QK4_1;
-    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        /* [d0 m0 d1 m1 d2 m2 d3 m3] * [D0 S0 D1 S1 ...]: even lanes scale the int sums, odd lanes are m*s */
-        const __m256 p = _mm256_mul_ps(pairs4(&x[i], sizeof *x), pairs4(&y[i], sizeof *y));
-        accm = _mm256_add_ps(accm, p);
-        const __m256 h = fold4_16(p16_q4_1(x[i].qs, y[i].qs), p16_q4_1(x[i + 1].qs, y[i + 1].qs),
-                                  p16_q4_1(x[i + 2].qs, y[i + 2].qs), p16_q4_1(x[i + 3].qs, y[i + 3].qs));
-        acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(p, even), h, acc);
-    }
-    float m = 0.0f;
-    for (; i < nb; i++) {
-        m += f16(x[i].m) * f16(y[i].s);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * f16(y[i].d)), _mm256_cvtepi32_ps(isum_q4_1(x[i].qs, y[i].qs)),
-                              acc);
-    }
-    /* odd lanes of accm */
-    accm = _mm256_blend_ps(accm, _mm256_setzero_ps(), 0x55);
-    return hsum8(acc) + (hsum8(accm) + m);
-}
+DEFINE_BLOCK32(q8_0, tm_block_q8_0, tm_block_q8_0, w4_q8_0, a4_q8_0, mac_q8_0, mac2_q8_0, mac1_q8_0)
+DEFINE_BLOCK32(q4_0, tm_block_q4_0, tm_block_q8_0, w4_q4_0, a4_q8_0o, mac_q4_0, mac2_q4_0, mac1_q4_0)
+DEFINE_BLOCK32(q4_1, tm_block_q4_1, tm_block_q8_1, w4_q4_1, a4_q8_1, mac_q4_1, mac2_q4_1, mac1_q4_1)
 
 /* ---- Q4_K x Q8_K --------------------------------------------------------------------------------- */
 
@@ -391,9 +628,6 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
 GENERIC_MAT_DOT(mat_f32, dot_f32)
 GENERIC_MAT_DOT(mat_f16, dot_f16)
 GENERIC_MAT_DOT(mat_bf16, dot_bf16)
-GENERIC_MAT_DOT(mat_q8_0, dot_q8_0)
-GENERIC_MAT_DOT(mat_q4_0, dot_q4_0)
-GENERIC_MAT_DOT(mat_q4_1, dot_q4_1)
 GENERIC_MAT_DOT(mat_q4_K, dot_q4_K)
 GENERIC_MAT_DOT(mat_q6_K, dot_q6_K)
 
