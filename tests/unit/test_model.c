@@ -1,0 +1,519 @@
+/* test_model.c -- the forward pass against a naive dense reference on tiny GGUF models; batching,
+ * chunked prefill and multi-sequence steps give exactly the logits of single-sequence runs; bad models. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "backend/cpu/tm_quant.h"
+#include "engine/tm_runner.h"
+#include "model/tm_model.h"
+#include "tm_test_gguf_writer.h"
+
+/* ---- tiny model files -------------------------------------------------------------------------- */
+
+typedef struct tiny_opts {
+    const char *arch;     /* "llama" or "qwen2" */
+    tm_dtype wtype;       /* matrix weight type */
+    bool tied;
+    int dim, layers, heads, kv_heads, ffn, vocab;
+    const char *skip_tensor;      /* leave this tensor out */
+    const char *bad_shape_tensor; /* write this tensor with a wrong shape */
+} tiny_opts;
+
+static tiny_opts tiny_default(void) {
+    tiny_opts o = {"llama", TM_DT_F16, false, 64, 2, 4, 2, 96, 300, NULL, NULL};
+    return o;
+}
+
+static uint64_t g_rng = 12345;
+static float frand(void) { /* uniform [-1, 1) */
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(g_rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static void add_matrix(tm_gw *gw, const tiny_opts *o, const char *name, tm_dtype t, int rows, int cols, float scale,
+                       float constant) {
+    if (o->skip_tensor && !strcmp(name, o->skip_tensor)) return;
+    float *f = malloc(sizeof(float) * (size_t)rows * (size_t)cols);
+    for (int i = 0; i < rows * cols; i++) f[i] = constant != 0.0f ? constant + 0.1f * frand() : scale * frand();
+    uint64_t rb = tm_dtype_row_bytes(t, (uint64_t)cols);
+    uint8_t *q = malloc(rb * (size_t)rows);
+    for (int r = 0; r < rows; r++) tm_quant_row(t, f + (size_t)r * (size_t)cols, q + rb * (size_t)r, cols);
+    uint64_t ne[2] = {(uint64_t)cols, (uint64_t)rows};
+    if (o->bad_shape_tensor && !strcmp(name, o->bad_shape_tensor)) ne[1] = (uint64_t)rows / 2;
+    tm_gw_tensor(gw, name, t, rows == 1 ? 1 : 2, ne, q, rows == 1 ? rb : rb * (size_t)(ne[1]));
+    free(f);
+    free(q);
+}
+
+/* Writes a tiny model to a temp file and returns its path (static buffer). */
+static const char *write_tiny(const tiny_opts *o) {
+    static char path[256];
+    static int counter;
+    snprintf(path, sizeof path, "/tmp/tm_test_model_%d_%d.gguf", (int)getpid(), counter++);
+    tm_gw *gw = tm_gw_new(3);
+    char k[128];
+    tm_gw_kv_str(gw, "general.architecture", o->arch);
+    tm_gw_kv_str(gw, "general.name", "tiny");
+#define KEY(s) (snprintf(k, sizeof k, "%s.%s", o->arch, s), k)
+    tm_gw_kv_u32(gw, KEY("block_count"), (uint32_t)o->layers);
+    tm_gw_kv_u32(gw, KEY("embedding_length"), (uint32_t)o->dim);
+    tm_gw_kv_u32(gw, KEY("feed_forward_length"), (uint32_t)o->ffn);
+    tm_gw_kv_u32(gw, KEY("attention.head_count"), (uint32_t)o->heads);
+    tm_gw_kv_u32(gw, KEY("attention.head_count_kv"), (uint32_t)o->kv_heads);
+    tm_gw_kv_u32(gw, KEY("context_length"), 256);
+    tm_gw_kv_f32(gw, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    tm_gw_kv_f32(gw, KEY("rope.freq_base"), 10000.0f);
+#undef KEY
+    /* SPM vocabulary: <unk>, <s>, </s>, 256 byte tokens, then letters */
+    const char **toks = calloc((size_t)o->vocab, sizeof(char *));
+    char (*store)[16] = calloc((size_t)o->vocab, 16);
+    float *scores = calloc((size_t)o->vocab, sizeof(float));
+    int32_t *types = calloc((size_t)o->vocab, sizeof(int32_t));
+    for (int i = 0; i < o->vocab; i++) {
+        if (i < 3) snprintf(store[i], 16, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
+        else if (i < 259) snprintf(store[i], 16, "<0x%02X>", i - 3);
+        else snprintf(store[i], 16, "w%d", i);
+        toks[i] = store[i];
+        types[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1;
+        scores[i] = -(float)i;
+    }
+    tm_gw_kv_str(gw, "tokenizer.ggml.model", "llama");
+    tm_gw_kv_arr_str(gw, "tokenizer.ggml.tokens", toks, (uint64_t)o->vocab);
+    tm_gw_kv_arr_f32(gw, "tokenizer.ggml.scores", scores, (uint64_t)o->vocab);
+    tm_gw_kv_arr_i32(gw, "tokenizer.ggml.token_type", types, (uint64_t)o->vocab);
+    tm_gw_kv_u32(gw, "tokenizer.ggml.bos_token_id", 1);
+    tm_gw_kv_u32(gw, "tokenizer.ggml.eos_token_id", 2);
+    free(toks);
+    free(store);
+    free(scores);
+    free(types);
+
+    int hd = o->dim / o->heads, qd = o->heads * hd, kvd = o->kv_heads * hd;
+    add_matrix(gw, o, "token_embd.weight", o->wtype, o->vocab, o->dim, 1.0f, 0.0f);
+    add_matrix(gw, o, "output_norm.weight", TM_DT_F32, 1, o->dim, 0.0f, 1.0f);
+    if (!o->tied) add_matrix(gw, o, "output.weight", o->wtype, o->vocab, o->dim, 0.2f, 0.0f);
+    for (int l = 0; l < o->layers; l++) {
+        char n[64];
+#define T(s) (snprintf(n, sizeof n, "blk.%d.%s", l, s), n)
+        add_matrix(gw, o, T("attn_norm.weight"), TM_DT_F32, 1, o->dim, 0.0f, 1.0f);
+        add_matrix(gw, o, T("attn_q.weight"), o->wtype, qd, o->dim, 0.3f, 0.0f);
+        add_matrix(gw, o, T("attn_k.weight"), o->wtype, kvd, o->dim, 0.3f, 0.0f);
+        add_matrix(gw, o, T("attn_v.weight"), o->wtype, kvd, o->dim, 0.3f, 0.0f);
+        if (!strcmp(o->arch, "qwen2")) {
+            add_matrix(gw, o, T("attn_q.bias"), TM_DT_F32, 1, qd, 0.5f, 0.0f);
+            add_matrix(gw, o, T("attn_k.bias"), TM_DT_F32, 1, kvd, 0.5f, 0.0f);
+            add_matrix(gw, o, T("attn_v.bias"), TM_DT_F32, 1, kvd, 0.5f, 0.0f);
+        }
+        add_matrix(gw, o, T("attn_output.weight"), o->wtype, o->dim, qd, 0.2f, 0.0f);
+        add_matrix(gw, o, T("ffn_norm.weight"), TM_DT_F32, 1, o->dim, 0.0f, 1.0f);
+        add_matrix(gw, o, T("ffn_gate.weight"), o->wtype, o->ffn, o->dim, 0.3f, 0.0f);
+        add_matrix(gw, o, T("ffn_up.weight"), o->wtype, o->ffn, o->dim, 0.3f, 0.0f);
+        add_matrix(gw, o, T("ffn_down.weight"), o->wtype, o->dim, o->ffn, 0.2f, 0.0f);
+#undef T
+    }
+    uint8_t *bytes;
+    size_t size;
+    tm_gw_finish(gw, &bytes, &size);
+    tm_gw_free(gw);
+    assert_true(tm_gw_write_file(path, bytes, size));
+    free(bytes);
+    return path;
+}
+
+/* ---- naive dense reference ---------------------------------------------------------------------- */
+
+static float *dense(const tm_weight *w) { /* (rows, cols) f32 */
+    float *d = malloc(sizeof(float) * (size_t)w->rows * (size_t)w->cols);
+    uint64_t rb = tm_dtype_row_bytes(w->type, (uint64_t)w->cols);
+    for (int64_t r = 0; r < w->rows; r++)
+        tm_dequant_row(w->type, (const uint8_t *)w->data + rb * (uint64_t)r, d + r * w->cols, w->cols);
+    return d;
+}
+
+static void ref_matvec(const tm_weight *w, const tm_weight *b, const double *x, double *out) {
+    float *d = dense(w);
+    for (int64_t r = 0; r < w->rows; r++) {
+        double acc = b && b->data ? (double)((const float *)b->data)[r] : 0.0;
+        for (int64_t c = 0; c < w->cols; c++) acc += (double)d[r * w->cols + c] * x[c];
+        out[r] = acc;
+    }
+    free(d);
+}
+
+static void ref_rmsnorm(const double *x, const tm_weight *w, double eps, int dim, double *out) {
+    double ss = 0;
+    for (int i = 0; i < dim; i++) ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / dim + eps);
+    for (int i = 0; i < dim; i++) out[i] = x[i] * r * ((const float *)w->data)[i];
+}
+
+static void ref_rope(double *x, int pos, const tm_model *m) {
+    int half = m->hp.rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        double th = (double)pos * (double)m->rope_inv_freq[i], c = cos(th), s = sin(th);
+        int a = m->hp.rope_neox ? i : 2 * i, b = m->hp.rope_neox ? i + half : 2 * i + 1;
+        double xa = x[a], xb = x[b];
+        x[a] = xa * c - xb * s;
+        x[b] = xa * s + xb * c;
+    }
+}
+
+/* logits (n, vocab) for every position of ids */
+static double *ref_forward(const tm_model *m, const int32_t *ids, int n) {
+    const tm_hparams *hp = &m->hp;
+    int dim = hp->dim, hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd, ffn = hp->ffn_dim;
+    double *x = calloc((size_t)n * dim, sizeof(double)), *xb = malloc(sizeof(double) * dim);
+    double *q = malloc(sizeof(double) * qd), *att = malloc(sizeof(double) * qd), *tmp = malloc(sizeof(double) * dim);
+    double *K = malloc(sizeof(double) * (size_t)n * kvd), *V = malloc(sizeof(double) * (size_t)n * kvd);
+    double *g = malloc(sizeof(double) * ffn), *u = malloc(sizeof(double) * ffn), *sc = malloc(sizeof(double) * n);
+    float *emb = dense(&m->tok_embd);
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < dim; i++) x[t * dim + i] = emb[(size_t)ids[t] * dim + i];
+    free(emb);
+    for (int l = 0; l < hp->n_layers; l++) {
+        const tm_layer *L = &m->layers[l];
+        for (int t = 0; t < n; t++) { /* causal: token t only needs K, V of tokens <= t */
+            double *xt = x + (size_t)t * dim;
+            ref_rmsnorm(xt, &L->attn_norm, hp->norm_eps, dim, xb);
+            ref_matvec(&L->wq, &L->bq, xb, q);
+            ref_matvec(&L->wk, &L->bk, xb, K + (size_t)t * kvd);
+            ref_matvec(&L->wv, &L->bv, xb, V + (size_t)t * kvd);
+            for (int h = 0; h < hp->n_heads; h++) ref_rope(q + h * hd, t, m);
+            for (int h = 0; h < hp->n_kv_heads; h++) ref_rope(K + (size_t)t * kvd + h * hd, t, m);
+            for (int h = 0; h < hp->n_heads; h++) {
+                int kh = h / (hp->n_heads / hp->n_kv_heads);
+                double mx = -INFINITY, sum = 0;
+                for (int s = 0; s <= t; s++) {
+                    double d = 0;
+                    for (int i = 0; i < hd; i++) d += q[h * hd + i] * K[(size_t)s * kvd + kh * hd + i];
+                    sc[s] = d / sqrt((double)hd);
+                    if (sc[s] > mx) mx = sc[s];
+                }
+                for (int s = 0; s <= t; s++) sum += (sc[s] = exp(sc[s] - mx));
+                for (int i = 0; i < hd; i++) {
+                    double a = 0;
+                    for (int s = 0; s <= t; s++) a += sc[s] * V[(size_t)s * kvd + kh * hd + i];
+                    att[h * hd + i] = a / sum;
+                }
+            }
+            ref_matvec(&L->wo, NULL, att, tmp);
+            for (int i = 0; i < dim; i++) xt[i] += tmp[i];
+            ref_rmsnorm(xt, &L->ffn_norm, hp->norm_eps, dim, xb);
+            ref_matvec(&L->w_gate, NULL, xb, g);
+            ref_matvec(&L->w_up, NULL, xb, u);
+            for (int i = 0; i < ffn; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            ref_matvec(&L->w_down, NULL, g, tmp);
+            for (int i = 0; i < dim; i++) xt[i] += tmp[i];
+        }
+    }
+    double *logits = malloc(sizeof(double) * (size_t)n * hp->n_vocab);
+    for (int t = 0; t < n; t++) {
+        ref_rmsnorm(x + (size_t)t * dim, &m->output_norm, hp->norm_eps, dim, xb);
+        ref_matvec(&m->output, NULL, xb, logits + (size_t)t * hp->n_vocab);
+    }
+    free(x); free(xb); free(q); free(att); free(tmp); free(K); free(V); free(g); free(u); free(sc);
+    return logits;
+}
+
+/* ---- helpers ----------------------------------------------------------------------------------- */
+
+static tm_model *load(const char *path) {
+    tm_model *m = NULL;
+    tm_error err = {0};
+    tm_status s = tm_model_load(path, &m, &err);
+    if (s != TM_OK) fail_msg("load %s: %s", path, err.msg);
+    return m;
+}
+
+static tm_runner *runner(const tm_model *m, int threads, int batch, int n_seqs, int block) {
+    tm_runner_cfg cfg = {threads, 256, batch, block, n_seqs};
+    tm_runner *r = NULL;
+    tm_error err = {0};
+    if (tm_runner_create(m, &cfg, &r, &err) != TM_OK) fail_msg("runner: %s", err.msg);
+    return r;
+}
+
+static void make_ids(int32_t *ids, int n, int vocab, unsigned seed) {
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((seed * 2654435761u + (unsigned)i * 40503u) % (unsigned)vocab);
+}
+
+/* max |a-b| / max |b| over a logits row */
+static double rel_err(const float *a, const double *b, int n) {
+    double md = 0, mb = 0;
+    for (int i = 0; i < n; i++) {
+        md = fmax(md, fabs((double)a[i] - b[i]));
+        mb = fmax(mb, fabs(b[i]));
+    }
+    return md / mb;
+}
+
+/* ---- tests ------------------------------------------------------------------------------------- */
+
+static void check_against_reference(tiny_opts o, double tol) {
+    const char *path = write_tiny(&o);
+    tm_model *m = load(path);
+    tm_runner *r = runner(m, 2, 64, 1, 16);
+    enum { N = 37 };
+    int32_t ids[N];
+    make_ids(ids, N, m->hp.n_vocab, 7);
+    double *ref = ref_forward(m, ids, N);
+    float *lg = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    tm_error err = {0};
+    const int lens[] = {1, 2, 15, 16, 17, 33, N};
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        assert_int_equal(tm_runner_prompt_logits(r, ids, (size_t)lens[k], lg, &err), TM_OK);
+        double e = rel_err(lg, ref + (size_t)(lens[k] - 1) * m->hp.n_vocab, m->hp.n_vocab);
+        if (e > tol) fail_msg("%s/%s prefix %d: relative error %g > %g", o.arch, tm_dtype_name(o.wtype), lens[k], e, tol);
+    }
+    assert_int_equal(tm_kv_n_free(&r->pool), r->pool.n_blocks); /* every block back in the pool */
+    free(lg);
+    free(ref);
+    tm_runner_free(r);
+    tm_model_free(m);
+    unlink(path);
+}
+
+static void test_llama_f16_matches_reference(void **st) {
+    (void)st;
+    check_against_reference(tiny_default(), 2e-4);
+}
+
+static void test_llama_f32_tied_matches_reference(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.wtype = TM_DT_F32;
+    o.tied = true;
+    check_against_reference(o, 2e-5);
+}
+
+static void test_qwen2_bias_neox_matches_reference(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.arch = "qwen2";
+    check_against_reference(o, 2e-4);
+}
+
+static void test_quantized_weights_match_reference(void **st) {
+    (void)st;
+    /* activations are quantized to 8 bits for these: a looser bound */
+    const tm_dtype types[] = {TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_BF16};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        tiny_opts o = tiny_default();
+        o.wtype = types[i];
+        check_against_reference(o, 3e-2);
+    }
+}
+
+static void test_kquant_weights_match_reference(void **st) {
+    (void)st;
+    const tm_dtype types[] = {TM_DT_Q4_K, TM_DT_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        tiny_opts o = tiny_default();
+        o.wtype = types[i];
+        o.dim = 256;
+        o.ffn = 512;
+        check_against_reference(o, 3e-2);
+    }
+}
+
+/* Running a prompt in chunks of any size, with any thread count, gives the same logits bit for bit. */
+static void test_chunked_prefill_is_exact(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.wtype = TM_DT_Q8_0;
+    const char *path = write_tiny(&o);
+    tm_model *m = load(path);
+    enum { N = 50 };
+    int32_t ids[N];
+    make_ids(ids, N, m->hp.n_vocab, 3);
+    int V = m->hp.n_vocab;
+    float *base = malloc(sizeof(float) * V), *lg = malloc(sizeof(float) * V);
+    tm_error err = {0};
+    tm_runner *r = runner(m, 1, 64, 1, 16);
+    assert_int_equal(tm_runner_prompt_logits(r, ids, N, base, &err), TM_OK);
+    tm_runner_free(r);
+    const int batches[] = {1, 7, 16, 49};
+    const int threads[] = {1, 2, 3};
+    const int blocks[] = {16, 5, 1};
+    for (size_t b = 0; b < 4; b++) {
+        r = runner(m, threads[b % 3], batches[b], 1, blocks[b % 3]);
+        assert_int_equal(tm_runner_prompt_logits(r, ids, N, lg, &err), TM_OK);
+        assert_memory_equal(base, lg, sizeof(float) * V);
+        tm_runner_free(r);
+    }
+    free(base);
+    free(lg);
+    tm_model_free(m);
+    unlink(path);
+}
+
+/* Several sequences in one ragged batch (prefill chunks and decode tokens mixed) give exactly the
+ * logits each sequence gets alone. */
+static void test_ragged_batch_equals_alone(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.wtype = TM_DT_Q4_1;
+    const char *path = write_tiny(&o);
+    tm_model *m = load(path);
+    int V = m->hp.n_vocab;
+    enum { S = 3 };
+    const int lens[S] = {23, 5, 40};
+    int32_t ids[S][48];
+    for (int s = 0; s < S; s++) make_ids(ids[s], 48, V, 11 + (unsigned)s);
+    /* alone: logits after the prompt and after each of 3 appended tokens */
+    float alone[S][4][300];
+    tm_error err = {0};
+    tm_runner *r = runner(m, 2, 64, 1, 16);
+    for (int s = 0; s < S; s++)
+        for (int k = 0; k < 4; k++) assert_int_equal(tm_runner_prompt_logits(r, ids[s], (size_t)lens[s] + k, alone[s][k], &err), TM_OK);
+    tm_runner_free(r);
+    /* together: step 1 = all prompts (as chunks) in one batch; then 3 decode steps of all three */
+    r = runner(m, 2, 128, S, 4);
+    tm_kv_seq seqs[S] = {{0}};
+    tm_kv_seq *sp[S] = {&seqs[0], &seqs[1], &seqs[2]};
+    const int32_t *np[S];
+    int32_t nn[S];
+    bool want[S] = {true, true, true};
+    for (int s = 0; s < S; s++) {
+        assert_int_equal(tm_kv_seq_reserve(&r->pool, &seqs[s], lens[s], &err), TM_OK);
+        np[s] = ids[s];
+        nn[s] = lens[s];
+    }
+    assert_int_equal(tm_runner_step(r, sp, np, nn, want, S, &err), TM_OK);
+    for (int k = 0; k < 4; k++) {
+        for (int s = 0; s < S; s++) assert_memory_equal(r->logits + (size_t)s * V, alone[s][k], sizeof(float) * V);
+        if (k == 3) break;
+        for (int s = 0; s < S; s++) {
+            assert_int_equal(tm_kv_seq_reserve(&r->pool, &seqs[s], 1, &err), TM_OK);
+            np[s] = &ids[s][lens[s] + k];
+            nn[s] = 1;
+        }
+        assert_int_equal(tm_runner_step(r, sp, np, nn, want, S, &err), TM_OK);
+    }
+    for (int s = 0; s < S; s++) tm_kv_seq_release(&r->pool, &seqs[s]);
+    assert_int_equal(tm_kv_n_free(&r->pool), r->pool.n_blocks);
+    tm_runner_free(r);
+    tm_model_free(m);
+    unlink(path);
+}
+
+static void expect_load_error(const tiny_opts *o, tm_status code, const char *needle) {
+    const char *path = write_tiny(o);
+    tm_model *m = NULL;
+    tm_error err = {0};
+    tm_status s = tm_model_load(path, &m, &err);
+    assert_null(m);
+    assert_int_equal(s, code);
+    if (!strstr(err.msg, needle)) fail_msg("message '%s' lacks '%s'", err.msg, needle);
+    unlink(path);
+}
+
+static void test_bad_models_are_refused(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.arch = "gpt9";
+    expect_load_error(&o, TM_ERR_UNSUPPORTED, "architecture 'gpt9' is not supported");
+    o = tiny_default();
+    o.skip_tensor = "blk.1.ffn_up.weight";
+    expect_load_error(&o, TM_ERR_FORMAT, "'blk.1.ffn_up.weight' is missing");
+    o = tiny_default();
+    o.bad_shape_tensor = "blk.0.attn_k.weight";
+    expect_load_error(&o, TM_ERR_FORMAT, "'blk.0.attn_k.weight' has shape");
+    o = tiny_default();
+    o.arch = "qwen2";
+    o.skip_tensor = "blk.0.attn_v.bias";
+    expect_load_error(&o, TM_ERR_FORMAT, "'blk.0.attn_v.bias' is missing");
+    o = tiny_default();
+    o.kv_heads = 3; /* 4 heads not a multiple of 3 */
+    o.dim = 96;
+    o.ffn = 96;
+    expect_load_error(&o, TM_ERR_FORMAT, "not a multiple of head_count_kv");
+    tm_model *m = NULL;
+    tm_error err = {0};
+    assert_int_equal(tm_model_load("/nonexistent/model.gguf", &m, &err), TM_ERR_IO);
+    assert_int_equal(tm_model_load("dummy:nope", &m, &err), TM_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "unknown dummy model"));
+    assert_int_equal(tm_model_load("dummy:llama3-8b:q9_9", &m, &err), TM_ERR_INVALID);
+}
+
+static void test_prompt_limits(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    const char *path = write_tiny(&o);
+    tm_model *m = load(path);
+    tm_runner_cfg cfg = {1, 32, 16, 16, 1};
+    tm_runner *r = NULL;
+    tm_error err = {0};
+    assert_int_equal(tm_runner_create(m, &cfg, &r, &err), TM_OK);
+    int32_t ids[40];
+    make_ids(ids, 40, m->hp.n_vocab, 1);
+    float *lg = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    assert_int_equal(tm_runner_prompt_logits(r, ids, 40, lg, &err), TM_ERR_RANGE);
+    assert_non_null(strstr(err.msg, "40 tokens"));
+    assert_non_null(strstr(err.msg, "context is 32"));
+    assert_int_equal(tm_runner_prompt_logits(r, ids, 0, lg, &err), TM_ERR_INVALID);
+    ids[3] = 5000;
+    assert_int_equal(tm_runner_prompt_logits(r, ids, 10, lg, &err), TM_ERR_RANGE);
+    assert_int_equal(tm_kv_n_free(&r->pool), r->pool.n_blocks);
+    /* generation stops at the context with "length" and frees its blocks */
+    ids[3] = 7;
+    tm_gen_params gp = {0};
+    gp.sampling = tm_sampling_default();
+    gp.sampling.temperature = 0.0f;
+    gp.max_tokens = 100;
+    gp.ignore_eos = true;
+    tm_gen_stats stats;
+    assert_int_equal(tm_runner_generate(r, ids, 20, &gp, NULL, NULL, &stats, &err), TM_OK);
+    assert_string_equal(stats.finish_reason, "length");
+    assert_int_equal(stats.prompt_tokens + stats.gen_tokens, 33); /* 32 in the cache + the last sampled */
+    assert_int_equal(tm_kv_n_free(&r->pool), r->pool.n_blocks);
+    free(lg);
+    tm_runner_free(r);
+    tm_model_free(m);
+    unlink(path);
+}
+
+static void test_dummy_model_runs(void **st) {
+    (void)st;
+    tm_model *m = load("dummy:smollm2-135m:q4_0");
+    assert_int_equal(m->hp.n_layers, 30);
+    assert_int_equal(m->hp.n_kv_heads, 3);
+    assert_true(m->hp.tied_embeddings);
+    tm_runner *r = runner(m, 2, 16, 1, 16);
+    int32_t ids[8] = {1, 50, 60, 70, 80, 90, 100, 110};
+    float *lg = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    tm_error err = {0};
+    assert_int_equal(tm_runner_prompt_logits(r, ids, 8, lg, &err), TM_OK);
+    double ss = 0;
+    for (int i = 0; i < m->hp.n_vocab; i++) {
+        assert_true(isfinite(lg[i]));
+        ss += (double)lg[i] * lg[i];
+    }
+    assert_true(ss > 0.0);
+    free(lg);
+    tm_runner_free(r);
+    tm_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama_f16_matches_reference),
+        cmocka_unit_test(test_llama_f32_tied_matches_reference),
+        cmocka_unit_test(test_qwen2_bias_neox_matches_reference),
+        cmocka_unit_test(test_quantized_weights_match_reference),
+        cmocka_unit_test(test_kquant_weights_match_reference),
+        cmocka_unit_test(test_chunked_prefill_is_exact),
+        cmocka_unit_test(test_ragged_batch_equals_alone),
+        cmocka_unit_test(test_bad_models_are_refused),
+        cmocka_unit_test(test_prompt_limits),
+        cmocka_unit_test(test_dummy_model_runs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
