@@ -1,5 +1,5 @@
 # tokenmill -- top-level entry points. `make run` and `make test` install what they need themselves.
-.PHONY: all deps build build-asan run test test-unit test-asan test-py parity goldens bench clean
+.PHONY: all deps deps-test build build-asan run test test-unit test-asan test-py parity goldens bench clean
 
 JOBS ?= $(shell nproc)
 PROMPT ?= Write a haiku about a mill that grinds tokens.
@@ -8,6 +8,9 @@ all: build
 
 deps:
 	@scripts/deps.sh
+
+deps-test:
+	@scripts/deps.sh --test
 
 build: deps
 	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -20,8 +23,7 @@ build-asan: deps
 run: build
 	./build/tokenmill run --chat -p "$(PROMPT)" -n 96 --temp 0
 
-test: build build-asan
-	@scripts/deps.sh --test
+test: deps-test build build-asan
 	cd build && ctest --output-on-failure -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 	.deps/venv-test/bin/pytest -q tests/cli

@@ -24,9 +24,13 @@ if [ ! -f "$model" ]; then
   [ -f "$model" ] || { echo "deps: $model not found after install" >&2; exit 1; }
 fi
 
-# Test tools: a small venv with pytest (the heavy oracles live in .deps/venv, made by `make parity`).
-if [ "${1:-}" = "--test" ] && [ ! -x .deps/venv-test/bin/pytest ]; then
-  echo "deps: creating .deps/venv-test with pytest"
-  python3 -m venv .deps/venv-test
-  .deps/venv-test/bin/pip install -q pytest numpy
+# Test tools: a small venv with pytest and numpy (the heavy oracles live in .deps/venv, made by
+# `make parity`), and the Gemma 3 GGUF whose SentencePiece tokenizer the unit tests check.
+if [ "${1:-}" = "--test" ]; then
+  if [ ! -x .deps/venv-test/bin/pytest ]; then
+    echo "deps: creating .deps/venv-test with pytest"
+    python3 -m venv .deps/venv-test
+    .deps/venv-test/bin/pip install -q pytest numpy
+  fi
+  scripts/get_gemma.sh python3 >/dev/null
 fi

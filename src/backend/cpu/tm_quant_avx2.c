@@ -31,22 +31,6 @@ static inline __m256i nibbles32(const uint8_t *p) {
     return _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
-/* sum of adjacent int16 pairs -> 8 int32 as float */
-static inline __m256 pairs_f(__m256i p16) { return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1))); }
-
-/* signed x signed int8 dot in 8 int32 lanes, as float (|x| <= 128, y > -128) */
-static inline __m256 dot_ss(__m256i x, __m256i y) {
-    return pairs_f(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
-}
-
-/* unsigned (<= 15) x signed int8 dot as float */
-static inline __m256 dot_us(__m256i x, __m256i y) { return pairs_f(_mm256_maddubs_epi16(x, y)); }
-
-/* (x - 8) . y for unsigned nibbles x, given y8 = maddubs(8, y) */
-static inline __m256 dot_u8off(__m256i x, __m256i y, __m256i y8) {
-    return pairs_f(_mm256_sub_epi16(_mm256_maddubs_epi16(x, y), y8));
-}
-
 static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 #define PW(base, stride, r) ((const uint8_t *)(base) + (size_t)(r) * (stride))
@@ -194,8 +178,12 @@ TM_AI __m256 pairs4(const void *vp, size_t stride) {
 /* two fp16 scales -> [s0 s0 s1 s1] */
 TM_AI __m128 scales2(const void *vp, size_t stride) {
     const uint8_t *p = vp;
-    const int a = ld16(p), b = ld16(p + stride);
-    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)((uint64_t)(uint32_t)(a | (a << 16)) | ((uint64_t)(uint32_t)(b | (b << 16)) << 32))));
+    uint64_t a = (uint64_t)ld16(p), b = (uint64_t)ld16(p + stride);
+    TM_IN_GPR(a);
+    TM_IN_GPR(b);
+    uint64_t v = (a | (a << 16)) | ((b | (b << 16)) << 32);
+    TM_IN_GPR(v);
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)v));
 }
 
 /* two pairs of fp16 -> [d0 m0 d1 m1] */
@@ -487,107 +475,243 @@ DEFINE_BLOCK32(q8_0, tm_block_q8_0, tm_block_q8_0, w4_q8_0, a4_q8_0, mac_q8_0, m
 DEFINE_BLOCK32(q4_0, tm_block_q4_0, tm_block_q8_0, w4_q4_0, a4_q8_0o, mac_q4_0, mac2_q4_0, mac1_q4_0)
 DEFINE_BLOCK32(q4_1, tm_block_q4_1, tm_block_q8_1, w4_q4_1, a4_q8_1, mac_q4_1, mac2_q4_1, mac1_q4_1)
 
-/* ---- Q4_K x Q8_K --------------------------------------------------------------------------------- */
+/* ---- K-quants (256-element super-blocks) x Q8_K ----------------------------------------------------
+ * Sub-block scales are applied with vpmaddwd against a vector holding each sub-block's scale in the
+ * int16 lanes of its products (broadcast with vpshufb). That work depends only on the weights, so the
+ * prefill tile (one weight row x four activation rows) unpacks quants and scales once for four tokens. */
+
+/* vpshufb controls: broadcast int16 element j of each 128-bit lane */
+static const uint8_t k_bcast16[8][32] __attribute__((aligned(32))) = {
+#define TM_B16(j) {2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1,             \
+                   2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1,             \
+                   2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1,             \
+                   2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1, 2 * (j), 2 * (j) + 1}
+    TM_B16(0), TM_B16(1), TM_B16(2), TM_B16(3), TM_B16(4), TM_B16(5), TM_B16(6), TM_B16(7),
+#undef TM_B16
+};
+
+/* vpshufb controls for Q6_K: low lane broadcasts int16 element 2k, high lane element 2k+1 */
+static const uint8_t k_bcast16x2[4][32] __attribute__((aligned(32))) = {
+#define TM_B2(k) {4 * (k), 4 * (k) + 1, 4 * (k), 4 * (k) + 1, 4 * (k), 4 * (k) + 1, 4 * (k), 4 * (k) + 1,             \
+                  4 * (k), 4 * (k) + 1, 4 * (k), 4 * (k) + 1, 4 * (k), 4 * (k) + 1, 4 * (k), 4 * (k) + 1,             \
+                  4 * (k) + 2, 4 * (k) + 3, 4 * (k) + 2, 4 * (k) + 3, 4 * (k) + 2, 4 * (k) + 3, 4 * (k) + 2, 4 * (k) + 3, \
+                  4 * (k) + 2, 4 * (k) + 3, 4 * (k) + 2, 4 * (k) + 3, 4 * (k) + 2, 4 * (k) + 3, 4 * (k) + 2, 4 * (k) + 3}
+    TM_B2(0), TM_B2(1), TM_B2(2), TM_B2(3),
+#undef TM_B2
+};
+
+TM_AI __m256i bcast16(__m256i v, int j) { return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)k_bcast16[j])); }
+TM_AI __m256i bcast16x2(__m256i v, int k) {
+    return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)k_bcast16x2[k]));
+}
+
+TM_AI float hsum4(__m128 v) {
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
 
 /* 12 packed bytes -> 16 int16: six-bit scales sc0..sc7 then mins m0..m7 */
-static inline __m256i q4k_scales_mins(const uint8_t *s) {
-    uint32_t w[3];
-    memcpy(&w[0], s, 4);
-    memcpy(&w[1], s + 4, 4);
-    memcpy(&w[2], s + 8, 4);
+TM_AI __m256i q4k_scales_mins(const uint8_t *s) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, s, 4);
+    memcpy(&w1, s + 4, 4);
+    memcpy(&w2, s + 8, 4);
     const uint32_t k6 = 0x3f3f3f3fu, k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
-    const uint32_t sc_lo = w[0] & k6, mn_lo = w[1] & k6;
-    const uint32_t sc_hi = (w[2] & k4) | (((w[0] >> 6) & k2) << 4);
-    const uint32_t mn_hi = ((w[2] >> 4) & k4) | (((w[1] >> 6) & k2) << 4);
+    const uint32_t sc_lo = w0 & k6, mn_lo = w1 & k6;
+    const uint32_t sc_hi = (w2 & k4) | (((w0 >> 6) & k2) << 4);
+    const uint32_t mn_hi = ((w2 >> 4) & k4) | (((w1 >> 6) & k2) << 4);
     return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi));
 }
 
-/* Sum q4 x q8 over one super-block. The eight sub-blocks' int16 pair sums are folded by a hadd tree (16
- * products of at most 15 * 128 fit in int16) into [s0 .. s7 | s0 .. s7] halves, and one madd applies the
- * six-bit scales. Returns 8 int32 lanes whose total is sum_j sc_j * (q . q8 over sub-block j). */
-static inline __m256i q4k_pair(const uint8_t *qs, const int8_t *q8, __m256i *hi) {
+/* one Q4_K super-block, unpacked: quants of sub-block 2j (lo[j]) and 2j+1 (hi[j]), their scales broadcast
+ * into int16 lanes, the mins */
+typedef struct {
+    __m256i lo[4], hi[4], slo[4], shi[4];
+    __m128i mins; /* 8 int16 */
+    float d, dmin;
+} q4k_w;
+
+TM_AI void q4k_prep(const tm_block_q4_K *x, q4k_w *w) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i q = loadu(qs);
-    *hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), loadu(q8 + 32));
-    return _mm256_maddubs_epi16(_mm256_and_si256(q, m4), loadu(q8));
+    const __m256i sm = q4k_scales_mins(x->scales);
+    const __m256i sc = _mm256_permute4x64_epi64(sm, 0x44); /* scales in both halves */
+    w->mins = _mm256_extracti128_si256(sm, 1);
+    w->d = f16(x->d);
+    w->dmin = f16(x->dmin);
+#define TM_Q4K_CHUNK(j)                                                                                        \
+    do {                                                                                                       \
+        const __m256i q = loadu(x->qs + 32 * (j));                                                             \
+        w->lo[j] = _mm256_and_si256(q, m4);                                                                    \
+        w->hi[j] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);                                              \
+        w->slo[j] = bcast16(sc, 2 * (j));                                                                      \
+        w->shi[j] = bcast16(sc, 2 * (j) + 1);                                                                  \
+    } while (0)
+    TM_Q4K_CHUNK(0);
+    TM_Q4K_CHUNK(1);
+    TM_Q4K_CHUNK(2);
+    TM_Q4K_CHUNK(3);
+#undef TM_Q4K_CHUNK
 }
 
-static inline __m256i q4k_block_isum(const uint8_t *qs, const int8_t *q8, __m256i sc16x2) {
-    __m256i p1, p3, p5, p7;
-    const __m256i p0 = q4k_pair(qs, q8, &p1), p2 = q4k_pair(qs + 32, q8 + 64, &p3);
-    const __m256i p4 = q4k_pair(qs + 64, q8 + 128, &p5), p6 = q4k_pair(qs + 96, q8 + 192, &p7);
-    const __m256i h01 = _mm256_hadd_epi16(p0, p1), h23 = _mm256_hadd_epi16(p2, p3);
-    const __m256i h45 = _mm256_hadd_epi16(p4, p5), h67 = _mm256_hadd_epi16(p6, p7);
-    const __m256i g = _mm256_hadd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_hadd_epi16(h45, h67));
-    return _mm256_madd_epi16(g, sc16x2);
+/* acc += d * sum_j sc_j (q . q8)_j ; accm += -dmin * sum_j m_j * (bsums[2j] + bsums[2j+1]) */
+TM_AI void q4k_mac(const q4k_w *w, const tm_block_q8_K *y, __m256 *acc, __m128 *accm) {
+    const __m256i bs = loadu(y->bsums);
+    const __m128i bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    *accm = _mm_fmadd_ps(_mm_set1_ps(-y->d * w->dmin), _mm_cvtepi32_ps(_mm_madd_epi16(w->mins, bs8)), *accm);
+    const int8_t *q8 = y->qs;
+    __m256i s0 = _mm256_madd_epi16(w->slo[0], _mm256_maddubs_epi16(w->lo[0], loadu(q8)));
+    __m256i s1 = _mm256_madd_epi16(w->shi[0], _mm256_maddubs_epi16(w->hi[0], loadu(q8 + 32)));
+    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(w->slo[1], _mm256_maddubs_epi16(w->lo[1], loadu(q8 + 64))));
+    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(w->shi[1], _mm256_maddubs_epi16(w->hi[1], loadu(q8 + 96))));
+    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(w->slo[2], _mm256_maddubs_epi16(w->lo[2], loadu(q8 + 128))));
+    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(w->shi[2], _mm256_maddubs_epi16(w->hi[2], loadu(q8 + 160))));
+    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(w->slo[3], _mm256_maddubs_epi16(w->lo[3], loadu(q8 + 192))));
+    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(w->shi[3], _mm256_maddubs_epi16(w->hi[3], loadu(q8 + 224))));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(y->d * w->d), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), *acc);
 }
 
 static float dot_q4_K(int64_t n, const void *vw, const void *va) {
     const tm_block_q4_K *x = vw;
     const tm_block_q8_K *y = va;
-    const int64_t nb = n / TM_QK_K;
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const float d = y[i].d * f16(x[i].d), dmin = -y[i].d * f16(x[i].dmin);
-        const __m256i sm = q4k_scales_mins(x[i].scales);
-        /* mins: sum_j m_j * (bsums[2j] + bsums[2j+1]) */
-        const __m256i bs = loadu(y[i].bsums);
-        const __m128i bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs8);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm);
-        const __m256i sc = _mm256_permute4x64_epi64(sm, 0x44); /* scales in both halves */
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q4k_block_isum(x[i].qs, y[i].qs, sc)), acc);
+    for (int64_t i = 0; i < n / TM_QK_K; i++) {
+        q4k_w w;
+        q4k_prep(&x[i], &w);
+        q4k_mac(&w, &y[i], &acc, &accm);
     }
-    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
-    return hsum8(acc) + _mm_cvtss_f32(accm);
+    return hsum8(acc) + hsum4(accm);
 }
 
-/* ---- Q6_K x Q8_K --------------------------------------------------------------------------------- */
+/* one weight row against activation rows y0..y3 */
+static __m128 cols4_q4_K(int64_t nb, const tm_block_q4_K *x, const tm_block_q8_K *y0, size_t as) {
+    const tm_block_q8_K *y1 = (const void *)PW(y0, as, 1), *y2 = (const void *)PW(y0, as, 2),
+                        *y3 = (const void *)PW(y0, as, 3);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m128 m0 = _mm_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
+    for (int64_t i = 0; i < nb; i++) {
+        q4k_w w;
+        q4k_prep(&x[i], &w);
+        q4k_mac(&w, &y0[i], &a0, &m0);
+        q4k_mac(&w, &y1[i], &a1, &m1);
+        q4k_mac(&w, &y2[i], &a2, &m2);
+        q4k_mac(&w, &y3[i], &a3, &m3);
+    }
+    const __m128 mm = _mm_hadd_ps(_mm_hadd_ps(m0, m1), _mm_hadd_ps(m2, m3));
+    return _mm_add_ps(hsum8x4(a0, a1, a2, a3), mm);
+}
+
+/* one Q6_K half super-block (128 elements), unpacked: quants 0..63 of chunks k (32 elements each) and
+ * their scales broadcast (sub-block 2k in the low lane, 2k+1 in the high lane) */
+typedef struct {
+    __m256i q[4], s[4];
+} q6k_half;
+
+TM_AI void q6k_prep(const tm_block_q6_K *x, int h, __m256i sc16, q6k_half *w) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+    const __m256i l0 = loadu(ql), l1 = loadu(ql + 32), hb = loadu(qh);
+    w->q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+    w->q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+    w->q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+    w->q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+    /* this half's 8 scales (int16) in both lanes */
+    const __m256i s = h ? _mm256_permute4x64_epi64(sc16, 0xEE) : _mm256_permute4x64_epi64(sc16, 0x44);
+    w->s[0] = bcast16x2(s, 0);
+    w->s[1] = bcast16x2(s, 1);
+    w->s[2] = bcast16x2(s, 2);
+    w->s[3] = bcast16x2(s, 3);
+}
+
+TM_AI __m256i q6k_half_isum(const q6k_half *w, const int8_t *q8) {
+    const __m256i p0 = _mm256_madd_epi16(w->s[0], _mm256_maddubs_epi16(w->q[0], loadu(q8)));
+    const __m256i p1 = _mm256_madd_epi16(w->s[1], _mm256_maddubs_epi16(w->q[1], loadu(q8 + 32)));
+    const __m256i p2 = _mm256_madd_epi16(w->s[2], _mm256_maddubs_epi16(w->q[2], loadu(q8 + 64)));
+    const __m256i p3 = _mm256_madd_epi16(w->s[3], _mm256_maddubs_epi16(w->q[3], loadu(q8 + 96)));
+    return _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
+}
+
+/* quants are stored +32: subtract 32 * sum_j sc_j * bsums_j */
+TM_AI __m256i q6k_offset(__m256i sc16, const tm_block_q8_K *y) {
+    return _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu(y->bsums)), 5);
+}
+
+TM_AI __m256i q6k_sc16(const tm_block_q6_K *x) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+}
 
 static float dot_q6_K(int64_t n, const void *vw, const void *va) {
     const tm_block_q6_K *x = vw;
     const tm_block_q8_K *y = va;
-    const int64_t nb = n / TM_QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const float d = y[i].d * f16(x[i].d);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales)); /* sc0..15 */
-        /* the -32 offset: 32 * sum_j sc_j * bsums_j */
-        const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu(y[i].bsums)), 5);
-        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), off);
-        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
-        const int8_t *q8 = y[i].qs;
-        for (int h = 0; h < 2; h++) {
-            /* scales of this half (8 int16) in both 128-bit lanes */
-            const __m128i sh = h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16);
-            const __m256i s = _mm256_inserti128_si256(_mm256_castsi128_si256(sh), sh, 1);
-            const __m256i l0 = loadu(ql), l1 = loadu(ql + 32), hb = loadu(qh);
-            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
-            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
-            /* chunk k (32 elements) uses scales 2k (low lane) and 2k+1 (high lane) */
-            const __m256i c0 = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-                                                2, 3, 2, 3, 2, 3);
-            const __m256i step = _mm256_set1_epi8(4);
-            const __m256i c1 = _mm256_add_epi8(c0, step), c2 = _mm256_add_epi8(c1, step), c3 = _mm256_add_epi8(c2, step);
-            const __m256i p0 = _mm256_madd_epi16(_mm256_shuffle_epi8(s, c0), _mm256_maddubs_epi16(q0, loadu(q8)));
-            const __m256i p1 = _mm256_madd_epi16(_mm256_shuffle_epi8(s, c1), _mm256_maddubs_epi16(q1, loadu(q8 + 32)));
-            const __m256i p2 = _mm256_madd_epi16(_mm256_shuffle_epi8(s, c2), _mm256_maddubs_epi16(q2, loadu(q8 + 64)));
-            const __m256i p3 = _mm256_madd_epi16(_mm256_shuffle_epi8(s, c3), _mm256_maddubs_epi16(q3, loadu(q8 + 96)));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
-            ql += 64;
-            qh += 32;
-            q8 += 128;
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    for (int64_t i = 0; i < n / TM_QK_K; i++) {
+        const __m256i sc16 = q6k_sc16(&x[i]);
+        q6k_half w0, w1;
+        q6k_prep(&x[i], 0, sc16, &w0);
+        q6k_prep(&x[i], 1, sc16, &w1);
+        __m256i sumi = _mm256_add_epi32(q6k_half_isum(&w0, y[i].qs), q6k_half_isum(&w1, y[i].qs + 128));
+        sumi = _mm256_sub_epi32(sumi, q6k_offset(sc16, &y[i]));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum8(acc);
 }
+
+static __m128 cols4_q6_K(int64_t nb, const tm_block_q6_K *x, const tm_block_q8_K *y0, size_t as) {
+    const tm_block_q8_K *y[4] = {y0, (const void *)PW(y0, as, 1), (const void *)PW(y0, as, 2),
+                                 (const void *)PW(y0, as, 3)};
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256i sc16 = q6k_sc16(&x[i]);
+        const float d = f16(x[i].d);
+        __m256i s0 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y[0][i]));
+        __m256i s1 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y[1][i]));
+        __m256i s2 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y[2][i]));
+        __m256i s3 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y[3][i]));
+#define TM_Q6K_HALF(h)                                                                                         \
+    do {                                                                                                       \
+        q6k_half w;                                                                                            \
+        q6k_prep(&x[i], h, sc16, &w);                                                                          \
+        s0 = _mm256_add_epi32(s0, q6k_half_isum(&w, y[0][i].qs + 128 * (h)));                                  \
+        s1 = _mm256_add_epi32(s1, q6k_half_isum(&w, y[1][i].qs + 128 * (h)));                                  \
+        s2 = _mm256_add_epi32(s2, q6k_half_isum(&w, y[2][i].qs + 128 * (h)));                                  \
+        s3 = _mm256_add_epi32(s3, q6k_half_isum(&w, y[3][i].qs + 128 * (h)));                                  \
+    } while (0)
+        TM_Q6K_HALF(0);
+        TM_Q6K_HALF(1);
+#undef TM_Q6K_HALF
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(y[0][i].d * d), _mm256_cvtepi32_ps(s0), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(y[1][i].d * d), _mm256_cvtepi32_ps(s1), a1);
+        a2 = _mm256_fmadd_ps(_mm256_set1_ps(y[2][i].d * d), _mm256_cvtepi32_ps(s2), a2);
+        a3 = _mm256_fmadd_ps(_mm256_set1_ps(y[3][i].d * d), _mm256_cvtepi32_ps(s3), a3);
+    }
+    return hsum8x4(a0, a1, a2, a3);
+}
+
+/* K-quant many-dot: decode walks the rows in order (one vec_dot each: rows are long), prefill uses the
+ * 1 x 4 tile with the activation rows chunked to stay in L2 */
+#define DEFINE_KMAT(T, WB)                                                                                     \
+    static void mat_##T(int64_t n, int64_t nr, const void *w, size_t ws, int64_t nc, const void *a, size_t as, \
+                        float *out, size_t os) {                                                               \
+        const int64_t nb = n / TM_QK_K;                                                                        \
+        int64_t chunk = (int64_t)(TM_ACT_CHUNK_BYTES / as) & ~(int64_t)3;                                      \
+        if (chunk < 4) chunk = 4;                                                                              \
+        for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
+            const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
+            for (int64_t r = 0; r < nr; r++) {                                                                 \
+                const WB *x = (const WB *)PW(w, ws, r);                                                        \
+                int64_t c = c0;                                                                                \
+                for (; c + 4 <= c1; c += 4) {                                                                  \
+                    float v[4];                                                                                \
+                    _mm_storeu_ps(v, cols4_##T(nb, x, (const tm_block_q8_K *)PW(a, as, c), as));               \
+                    for (int k = 0; k < 4; k++) out[(size_t)(c + k) * os + (size_t)r] = v[k];                  \
+                }                                                                                              \
+                for (; c < c1; c++) out[(size_t)c * os + (size_t)r] = dot_##T(n, x, PW(a, as, c));             \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+
+DEFINE_KMAT(q4_K, tm_block_q4_K)
+DEFINE_KMAT(q6_K, tm_block_q6_K)
 
 /* ---- many dots: generic loop (types without a tiled kernel) -------------------------------------- */
 
@@ -602,8 +726,6 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
 GENERIC_MAT_DOT(mat_f32, dot_f32)
 GENERIC_MAT_DOT(mat_f16, dot_f16)
 GENERIC_MAT_DOT(mat_bf16, dot_bf16)
-GENERIC_MAT_DOT(mat_q4_K, dot_q4_K)
-GENERIC_MAT_DOT(mat_q6_K, dot_q6_K)
 
 /* ---- table --------------------------------------------------------------------------------------- */
 

@@ -1,0 +1,119 @@
+"""End-to-end tests of the tokenmill command line on the default model."""
+import json
+import subprocess
+
+import pytest
+
+from conftest import MODEL, TOKENMILL
+
+
+def tm(*args, input=None, timeout=300):
+    return subprocess.run([TOKENMILL, *args], capture_output=True, text=True, input=input, timeout=timeout)
+
+
+def run_json(*args):
+    r = tm("run", "-m", MODEL, "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_greedy_run_is_deterministic_and_reports_stats():
+    a = run_json("-p", "The capital of France is", "-n", "12", "--temp", "0")
+    b = run_json("-p", "The capital of France is", "-n", "12", "--temp", "0")
+    assert a["text"] == b["text"]
+    assert "Paris" in a["text"]
+    for k in ("prompt_tokens", "tokens", "text", "ttft_ms", "prefill_tok_s", "decode_tok_s", "finish_reason"):
+        assert k in a
+    assert a["prompt_tokens"] == 5 and a["tokens"] == 12 and a["finish_reason"] == "length"
+    assert a["ttft_ms"] > 0 and a["decode_tok_s"] > 0
+
+
+def test_seed_reproducible_and_different_seeds_differ():
+    args = ["-p", "Once upon a time", "-n", "24", "--temp", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0"]
+    a = run_json(*args, "--seed", "7")
+    b = run_json(*args, "--seed", "7")
+    c = run_json(*args, "--seed", "8")
+    assert a["text"] == b["text"]
+    assert a["text"] != c["text"]
+
+
+def test_stop_string_truncates_output():
+    full = run_json("-p", "The capital of France is", "-n", "12", "--temp", "0")["text"]
+    assert "." in full
+    r = run_json("-p", "The capital of France is", "-n", "12", "--temp", "0", "--stop", ".")
+    assert r["finish_reason"] == "stop"
+    assert r["text"] == full[: full.index(".")]
+
+
+def test_chat_answers_and_stops_at_end_of_turn():
+    r = run_json("--chat", "-p", "What is the capital of France?", "-n", "40", "--temp", "0")
+    assert "Paris" in r["text"]
+    assert r["finish_reason"] == "stop" and r["tokens"] < 40
+    assert "<|im_end|>" not in r["text"]
+
+
+def test_plain_stdout_is_only_the_completion():
+    r = tm("run", "-m", MODEL, "-p", "The capital of France is", "-n", "6", "--temp", "0")
+    assert r.returncode == 0
+    j = run_json("-p", "The capital of France is", "-n", "6", "--temp", "0")
+    assert r.stdout == j["text"] + "\n"
+    assert "tok/s" in r.stderr
+
+
+def test_tokenize_matches_known_ids():
+    r = tm("tokenize", "-m", MODEL, "Hello, world!")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [19556, 28, 905, 17]
+    r = tm("tokenize", "-m", MODEL, "<|im_start|>hi")
+    assert json.loads(r.stdout)[0] == 1
+    r = tm("tokenize", "-m", MODEL, "--no-special", "<|im_start|>hi")
+    assert json.loads(r.stdout)[0] != 1
+
+
+def test_inspect_lists_metadata_and_tensors():
+    r = tm("inspect", MODEL)
+    assert r.returncode == 0, r.stderr
+    assert "llama.block_count" in r.stdout and "token_embd.weight" in r.stdout and "q4_1" in r.stdout
+
+
+def test_inspect_refuses_corrupt_file(tmp_path):
+    data = open(MODEL, "rb").read(4096)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(data)  # truncated: the tensor data is missing
+    r = tm("inspect", str(bad))
+    assert r.returncode == 1
+    assert r.stderr.startswith("tokenmill: ") and len(r.stderr.strip().splitlines()) == 1
+    r = tm("run", "-m", str(bad), "-p", "x")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "-p", "x", "--temp", "abc"], "bad temperature"),
+    (["run", "-p", "x", "-n", "-5"], "bad token count"),
+    (["run", "-p", "x", "--top-p", "1.5"], "bad top-p"),
+    (["run", "-p", "x", "--bogus"], "unknown option"),
+    (["run", "-p"], "needs a value"),
+    (["run"], "needs a prompt"),
+    (["run", "-p", "x", "-t", "0"], "bad thread count"),
+    (["frobnicate"], "unknown command"),
+    (["tokenize"], "needs TEXT"),
+])
+def test_bad_flags_get_one_line_error_and_usage(args, needle):
+    r = tm(*args)
+    assert r.returncode == 2
+    first = r.stderr.splitlines()[0]
+    assert first.startswith("tokenmill: ") and needle in first
+    assert "usage:" in r.stderr
+
+
+def test_unknown_chat_template_and_long_prompt_are_clear_errors():
+    r = tm("run", "-m", MODEL, "--chat", "--chat-template", "nope", "-p", "hi")
+    assert r.returncode == 1 and "nope" in r.stderr
+    r = tm("run", "-m", MODEL, "-c", "64", "-p", "word " * 100)
+    assert r.returncode == 1 and "context is 64" in r.stderr
+
+
+def test_dummy_model_generates():
+    r = tm("run", "-m", "dummy:smollm2-135m:q8_0", "-p", "abc", "-n", "4", "--ignore-eos", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] == 4
