@@ -34,6 +34,8 @@ static const tm_dtype_info k_types[TM_DT_COUNT] = {
     [34] = {"tq1_0", 256, 54},
     [35] = {"tq2_0", 256, 66},
     [39] = {"mxfp4", 32, 17},
+    [TM_DT_Q16] = {"q16", 32, 72},
+    [TM_DT_Q16_K] = {"q16_K", 256, 580},
 };
 
 const tm_dtype_info *tm_dtype_get(uint32_t t) {

@@ -28,7 +28,11 @@ typedef enum tm_dtype {
     TM_DT_I64 = 27,
     TM_DT_F64 = 28,
     TM_DT_BF16 = 30,
-    TM_DT_COUNT = 40,
+    /* internal activation formats (never valid in a file): 16-bit integer blocks for precise dots */
+    TM_DT_FIRST_INTERNAL = 64,
+    TM_DT_Q16 = 64,   /* tm_block_q16: 32 elements */
+    TM_DT_Q16_K = 65, /* tm_block_q16_K: 256 elements, for K-quant weights */
+    TM_DT_COUNT = 66,
 } tm_dtype;
 
 typedef struct tm_dtype_info {
@@ -37,7 +41,8 @@ typedef struct tm_dtype_info {
     uint32_t bytes;     /* bytes per block */
 } tm_dtype_info;
 
-/* Known layout for t (including ones tokenmill cannot compute with), or NULL for an unknown number. */
+/* Known layout for t (including ones tokenmill cannot compute with, and internal activation formats),
+ * or NULL for an unknown number. Files may only use numbers below TM_DT_FIRST_INTERNAL. */
 const tm_dtype_info *tm_dtype_get(uint32_t t);
 /* True for the types that have dequantization and dot kernels. */
 bool tm_dtype_supported(uint32_t t);
@@ -73,5 +78,14 @@ typedef struct {
     int8_t qs[TM_QK_K];
     int16_t bsums[TM_QK_K / 16];
 } tm_block_q8_K;                                                                     /* 292 B */
+
+/* 16-bit activation blocks: x[i] ~= d * qs[i] with |qs| <= 32767 (relative error ~1.5e-5 of the block
+ * max, against ~4e-3 for 8-bit blocks). Sums let dots with offset/min weight formats stay exact integers. */
+typedef struct { float d; int32_t sum; int16_t qs[32]; } tm_block_q16;               /* 72 B: sum = sum(qs) */
+typedef struct {
+    float d;
+    int16_t qs[TM_QK_K];
+    int32_t bsums[TM_QK_K / 16];                                                      /* sums of qs per 16 */
+} tm_block_q16_K;                                                                    /* 580 B */
 
 #endif /* TM_DTYPE_H */

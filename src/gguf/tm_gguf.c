@@ -307,7 +307,7 @@ static tm_status read_tensor_info(rd *r, uint64_t alignment, tm_gguf_tensor *t) 
     uint32_t type;
     if ((s = rd_u32(r, "tensor type", &type))) return s;
     const tm_dtype_info *ti = tm_dtype_get(type);
-    if (!ti) return fail(r, at, "unknown tensor type %" PRIu32, type);
+    if (!ti || type >= TM_DT_FIRST_INTERNAL) return fail(r, at, "unknown tensor type %" PRIu32, type);
     t->type = (tm_dtype)type;
     if (t->ne[0] % ti->block)
         return fail(r, at, "row of %" PRIu64 " elements is not a multiple of the %s block size %" PRIu32,

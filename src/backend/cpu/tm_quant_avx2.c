@@ -454,7 +454,7 @@ TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
             for (; r < nr; r++) out[r] = dot_##T(n, PW(w, ws, r), a);                                          \
             return;                                                                                            \
         }                                                                                                      \
-        int64_t chunk = (int64_t)(TM_ACT_CHUNK_BYTES / as) & ~(int64_t)3;                                      \
+        int64_t chunk = as ? (int64_t)(TM_ACT_CHUNK_BYTES / as) & ~(int64_t)3 : nc;                            \
         if (chunk < 4) chunk = 4;                                                                              \
         for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
             const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
@@ -523,51 +523,33 @@ TM_AI __m256i q4k_scales_mins(const uint8_t *s) {
     return _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi));
 }
 
-/* one Q4_K super-block, unpacked: quants of sub-block 2j (lo[j]) and 2j+1 (hi[j]), their scales broadcast
- * into int16 lanes, the mins */
+/* One 64-element chunk j of a Q4_K super-block: quants of sub-block 2j (lo) and 2j+1 (hi) and their
+ * scales broadcast to int16 lanes. sc = the eight scales in both halves. */
 typedef struct {
-    __m256i lo[4], hi[4], slo[4], shi[4];
-    __m128i mins; /* 8 int16 */
-    float d, dmin;
-} q4k_w;
+    __m256i lo, hi, slo, shi;
+} q4k_chunk;
 
-TM_AI void q4k_prep(const tm_block_q4_K *x, q4k_w *w) {
+TM_AI void q4k_chunk_prep(const tm_block_q4_K *x, int j, __m256i sc, q4k_chunk *c) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i sm = q4k_scales_mins(x->scales);
-    const __m256i sc = _mm256_permute4x64_epi64(sm, 0x44); /* scales in both halves */
-    w->mins = _mm256_extracti128_si256(sm, 1);
-    w->d = f16(x->d);
-    w->dmin = f16(x->dmin);
-#define TM_Q4K_CHUNK(j)                                                                                        \
-    do {                                                                                                       \
-        const __m256i q = loadu(x->qs + 32 * (j));                                                             \
-        w->lo[j] = _mm256_and_si256(q, m4);                                                                    \
-        w->hi[j] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);                                              \
-        w->slo[j] = bcast16(sc, 2 * (j));                                                                      \
-        w->shi[j] = bcast16(sc, 2 * (j) + 1);                                                                  \
-    } while (0)
-    TM_Q4K_CHUNK(0);
-    TM_Q4K_CHUNK(1);
-    TM_Q4K_CHUNK(2);
-    TM_Q4K_CHUNK(3);
-#undef TM_Q4K_CHUNK
+    const __m256i q = loadu(x->qs + 32 * j);
+    c->lo = _mm256_and_si256(q, m4);
+    c->hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    c->slo = bcast16(sc, 2 * j);
+    c->shi = bcast16(sc, 2 * j + 1);
 }
 
-/* acc += d * sum_j sc_j (q . q8)_j ; accm += -dmin * sum_j m_j * (bsums[2j] + bsums[2j+1]) */
-TM_AI void q4k_mac(const q4k_w *w, const tm_block_q8_K *y, __m256 *acc, __m128 *accm) {
+/* sumi += scaled products of chunk j with activation quants q8 (the whole super-block's) */
+TM_AI __m256i q4k_chunk_mac(const q4k_chunk *c, const int8_t *q8, int j, __m256i sumi) {
+    const __m256i pl = _mm256_madd_epi16(c->slo, _mm256_maddubs_epi16(c->lo, loadu(q8 + 64 * j)));
+    const __m256i ph = _mm256_madd_epi16(c->shi, _mm256_maddubs_epi16(c->hi, loadu(q8 + 64 * j + 32)));
+    return _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+}
+
+/* mins term: -dmin_w * d_y * sum_j m_j * (bsums[2j] + bsums[2j+1]) accumulated in 4 lanes */
+TM_AI __m128 q4k_mins(__m128i mins, float dmin, const tm_block_q8_K *y, __m128 accm) {
     const __m256i bs = loadu(y->bsums);
     const __m128i bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    *accm = _mm_fmadd_ps(_mm_set1_ps(-y->d * w->dmin), _mm_cvtepi32_ps(_mm_madd_epi16(w->mins, bs8)), *accm);
-    const int8_t *q8 = y->qs;
-    __m256i s0 = _mm256_madd_epi16(w->slo[0], _mm256_maddubs_epi16(w->lo[0], loadu(q8)));
-    __m256i s1 = _mm256_madd_epi16(w->shi[0], _mm256_maddubs_epi16(w->hi[0], loadu(q8 + 32)));
-    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(w->slo[1], _mm256_maddubs_epi16(w->lo[1], loadu(q8 + 64))));
-    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(w->shi[1], _mm256_maddubs_epi16(w->hi[1], loadu(q8 + 96))));
-    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(w->slo[2], _mm256_maddubs_epi16(w->lo[2], loadu(q8 + 128))));
-    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(w->shi[2], _mm256_maddubs_epi16(w->hi[2], loadu(q8 + 160))));
-    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(w->slo[3], _mm256_maddubs_epi16(w->lo[3], loadu(q8 + 192))));
-    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(w->shi[3], _mm256_maddubs_epi16(w->hi[3], loadu(q8 + 224))));
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(y->d * w->d), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), *acc);
+    return _mm_fmadd_ps(_mm_set1_ps(-y->d * dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs8)), accm);
 }
 
 static float dot_q4_K(int64_t n, const void *vw, const void *va) {
@@ -576,9 +558,20 @@ static float dot_q4_K(int64_t n, const void *vw, const void *va) {
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / TM_QK_K; i++) {
-        q4k_w w;
-        q4k_prep(&x[i], &w);
-        q4k_mac(&w, &y[i], &acc, &accm);
+        const __m256i sm = q4k_scales_mins(x[i].scales);
+        const __m256i sc = _mm256_permute4x64_epi64(sm, 0x44);
+        accm = q4k_mins(_mm256_extracti128_si256(sm, 1), f16(x[i].dmin), &y[i], accm);
+        __m256i sumi = _mm256_setzero_si256();
+        q4k_chunk c;
+        q4k_chunk_prep(&x[i], 0, sc, &c);
+        sumi = q4k_chunk_mac(&c, y[i].qs, 0, sumi);
+        q4k_chunk_prep(&x[i], 1, sc, &c);
+        sumi = q4k_chunk_mac(&c, y[i].qs, 1, sumi);
+        q4k_chunk_prep(&x[i], 2, sc, &c);
+        sumi = q4k_chunk_mac(&c, y[i].qs, 2, sumi);
+        q4k_chunk_prep(&x[i], 3, sc, &c);
+        sumi = q4k_chunk_mac(&c, y[i].qs, 3, sumi);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum8(acc) + hsum4(accm);
 }
@@ -590,48 +583,64 @@ static __m128 cols4_q4_K(int64_t nb, const tm_block_q4_K *x, const tm_block_q8_K
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     __m128 m0 = _mm_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
     for (int64_t i = 0; i < nb; i++) {
-        q4k_w w;
-        q4k_prep(&x[i], &w);
-        q4k_mac(&w, &y0[i], &a0, &m0);
-        q4k_mac(&w, &y1[i], &a1, &m1);
-        q4k_mac(&w, &y2[i], &a2, &m2);
-        q4k_mac(&w, &y3[i], &a3, &m3);
+        const __m256i sm = q4k_scales_mins(x[i].scales);
+        const __m256i sc = _mm256_permute4x64_epi64(sm, 0x44);
+        const __m128i mins = _mm256_extracti128_si256(sm, 1);
+        const float dmin = f16(x[i].dmin), d = f16(x[i].d);
+        m0 = q4k_mins(mins, dmin, &y0[i], m0);
+        m1 = q4k_mins(mins, dmin, &y1[i], m1);
+        m2 = q4k_mins(mins, dmin, &y2[i], m2);
+        m3 = q4k_mins(mins, dmin, &y3[i], m3);
+        __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+#define TM_Q4K_COLS(j)                                                                                         \
+    do {                                                                                                       \
+        q4k_chunk c;                                                                                           \
+        q4k_chunk_prep(&x[i], j, sc, &c);                                                                      \
+        s0 = q4k_chunk_mac(&c, y0[i].qs, j, s0);                                                               \
+        s1 = q4k_chunk_mac(&c, y1[i].qs, j, s1);                                                               \
+        s2 = q4k_chunk_mac(&c, y2[i].qs, j, s2);                                                               \
+        s3 = q4k_chunk_mac(&c, y3[i].qs, j, s3);                                                               \
+    } while (0)
+        TM_Q4K_COLS(0);
+        TM_Q4K_COLS(1);
+        TM_Q4K_COLS(2);
+        TM_Q4K_COLS(3);
+#undef TM_Q4K_COLS
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(y0[i].d * d), _mm256_cvtepi32_ps(s0), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(y1[i].d * d), _mm256_cvtepi32_ps(s1), a1);
+        a2 = _mm256_fmadd_ps(_mm256_set1_ps(y2[i].d * d), _mm256_cvtepi32_ps(s2), a2);
+        a3 = _mm256_fmadd_ps(_mm256_set1_ps(y3[i].d * d), _mm256_cvtepi32_ps(s3), a3);
     }
     const __m128 mm = _mm_hadd_ps(_mm_hadd_ps(m0, m1), _mm_hadd_ps(m2, m3));
     return _mm_add_ps(hsum8x4(a0, a1, a2, a3), mm);
 }
 
-/* one Q6_K half super-block (128 elements), unpacked: quants 0..63 of chunks k (32 elements each) and
- * their scales broadcast (sub-block 2k in the low lane, 2k+1 in the high lane) */
-typedef struct {
-    __m256i q[4], s[4];
-} q6k_half;
-
-TM_AI void q6k_prep(const tm_block_q6_K *x, int h, __m256i sc16, q6k_half *w) {
+/* One 32-element chunk k of a Q6_K half super-block h: 6-bit quants (stored +32) and the scales of its two
+ * 16-element sub-blocks broadcast (sub-block 2k in the low lane, 2k+1 in the high lane). s = the half's
+ * eight scales as int16 in both lanes. */
+TM_AI __m256i q6k_quants(const tm_block_q6_K *x, int h, int k) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
-    const __m256i l0 = loadu(ql), l1 = loadu(ql + 32), hb = loadu(qh);
-    w->q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-    w->q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-    w->q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
-    w->q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
-    /* this half's 8 scales (int16) in both lanes */
-    const __m256i s = h ? _mm256_permute4x64_epi64(sc16, 0xEE) : _mm256_permute4x64_epi64(sc16, 0x44);
-    w->s[0] = bcast16x2(s, 0);
-    w->s[1] = bcast16x2(s, 1);
-    w->s[2] = bcast16x2(s, 2);
-    w->s[3] = bcast16x2(s, 3);
+    const __m256i l = loadu(x->ql + 64 * h + 32 * (k & 1)), hb = loadu(x->qh + 32 * h);
+    const __m256i lo = (k & 2) ? _mm256_and_si256(_mm256_srli_epi16(l, 4), m4) : _mm256_and_si256(l, m4);
+    __m256i hi;
+    switch (k) { /* bits 2k..2k+1 of qh moved to bits 4..5 */
+    case 0: hi = _mm256_slli_epi16(hb, 4); break;
+    case 1: hi = _mm256_slli_epi16(hb, 2); break;
+    case 2: hi = hb; break;
+    default: hi = _mm256_srli_epi16(hb, 2); break;
+    }
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
 }
 
-TM_AI __m256i q6k_half_isum(const q6k_half *w, const int8_t *q8) {
-    const __m256i p0 = _mm256_madd_epi16(w->s[0], _mm256_maddubs_epi16(w->q[0], loadu(q8)));
-    const __m256i p1 = _mm256_madd_epi16(w->s[1], _mm256_maddubs_epi16(w->q[1], loadu(q8 + 32)));
-    const __m256i p2 = _mm256_madd_epi16(w->s[2], _mm256_maddubs_epi16(w->q[2], loadu(q8 + 64)));
-    const __m256i p3 = _mm256_madd_epi16(w->s[3], _mm256_maddubs_epi16(w->q[3], loadu(q8 + 96)));
-    return _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
+TM_AI __m256i q6k_half_scales(__m256i sc16, int h) {
+    return h ? _mm256_permute4x64_epi64(sc16, 0xEE) : _mm256_permute4x64_epi64(sc16, 0x44);
 }
 
-/* quants are stored +32: subtract 32 * sum_j sc_j * bsums_j */
+TM_AI __m256i q6k_mac(__m256i q, __m256i s, const int8_t *q8, __m256i sumi) {
+    return _mm256_add_epi32(sumi, _mm256_madd_epi16(s, _mm256_maddubs_epi16(q, loadu(q8))));
+}
+
+/* quants are stored +32: 32 * sum_j sc_j * bsums_j to subtract */
 TM_AI __m256i q6k_offset(__m256i sc16, const tm_block_q8_K *y) {
     return _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu(y->bsums)), 5);
 }
@@ -646,43 +655,56 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / TM_QK_K; i++) {
         const __m256i sc16 = q6k_sc16(&x[i]);
-        q6k_half w0, w1;
-        q6k_prep(&x[i], 0, sc16, &w0);
-        q6k_prep(&x[i], 1, sc16, &w1);
-        __m256i sumi = _mm256_add_epi32(q6k_half_isum(&w0, y[i].qs), q6k_half_isum(&w1, y[i].qs + 128));
-        sumi = _mm256_sub_epi32(sumi, q6k_offset(sc16, &y[i]));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+        __m256i s0 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y[i])), s1 = _mm256_setzero_si256();
+#define TM_Q6K_HALF(h)                                                                                         \
+    do {                                                                                                       \
+        const __m256i s = q6k_half_scales(sc16, h);                                                            \
+        const int8_t *q8 = y[i].qs + 128 * (h);                                                                \
+        s0 = q6k_mac(q6k_quants(&x[i], h, 0), bcast16x2(s, 0), q8, s0);                                        \
+        s1 = q6k_mac(q6k_quants(&x[i], h, 1), bcast16x2(s, 1), q8 + 32, s1);                                   \
+        s0 = q6k_mac(q6k_quants(&x[i], h, 2), bcast16x2(s, 2), q8 + 64, s0);                                   \
+        s1 = q6k_mac(q6k_quants(&x[i], h, 3), bcast16x2(s, 3), q8 + 96, s1);                                   \
+    } while (0)
+        TM_Q6K_HALF(0);
+        TM_Q6K_HALF(1);
+#undef TM_Q6K_HALF
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
     }
     return hsum8(acc);
 }
 
 static __m128 cols4_q6_K(int64_t nb, const tm_block_q6_K *x, const tm_block_q8_K *y0, size_t as) {
-    const tm_block_q8_K *y[4] = {y0, (const void *)PW(y0, as, 1), (const void *)PW(y0, as, 2),
-                                 (const void *)PW(y0, as, 3)};
+    const tm_block_q8_K *y1 = (const void *)PW(y0, as, 1), *y2 = (const void *)PW(y0, as, 2),
+                        *y3 = (const void *)PW(y0, as, 3);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t i = 0; i < nb; i++) {
         const __m256i sc16 = q6k_sc16(&x[i]);
         const float d = f16(x[i].d);
-        __m256i s0 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y[0][i]));
-        __m256i s1 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y[1][i]));
-        __m256i s2 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y[2][i]));
-        __m256i s3 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y[3][i]));
-#define TM_Q6K_HALF(h)                                                                                         \
+        __m256i s0 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y0[i]));
+        __m256i s1 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y1[i]));
+        __m256i s2 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y2[i]));
+        __m256i s3 = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_offset(sc16, &y3[i]));
+#define TM_Q6K_CHUNK(h, k)                                                                                     \
     do {                                                                                                       \
-        q6k_half w;                                                                                            \
-        q6k_prep(&x[i], h, sc16, &w);                                                                          \
-        s0 = _mm256_add_epi32(s0, q6k_half_isum(&w, y[0][i].qs + 128 * (h)));                                  \
-        s1 = _mm256_add_epi32(s1, q6k_half_isum(&w, y[1][i].qs + 128 * (h)));                                  \
-        s2 = _mm256_add_epi32(s2, q6k_half_isum(&w, y[2][i].qs + 128 * (h)));                                  \
-        s3 = _mm256_add_epi32(s3, q6k_half_isum(&w, y[3][i].qs + 128 * (h)));                                  \
+        const __m256i q = q6k_quants(&x[i], h, k), sk = bcast16x2(q6k_half_scales(sc16, h), k);                \
+        s0 = q6k_mac(q, sk, y0[i].qs + 128 * (h) + 32 * (k), s0);                                              \
+        s1 = q6k_mac(q, sk, y1[i].qs + 128 * (h) + 32 * (k), s1);                                              \
+        s2 = q6k_mac(q, sk, y2[i].qs + 128 * (h) + 32 * (k), s2);                                              \
+        s3 = q6k_mac(q, sk, y3[i].qs + 128 * (h) + 32 * (k), s3);                                              \
     } while (0)
-        TM_Q6K_HALF(0);
-        TM_Q6K_HALF(1);
-#undef TM_Q6K_HALF
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(y[0][i].d * d), _mm256_cvtepi32_ps(s0), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(y[1][i].d * d), _mm256_cvtepi32_ps(s1), a1);
-        a2 = _mm256_fmadd_ps(_mm256_set1_ps(y[2][i].d * d), _mm256_cvtepi32_ps(s2), a2);
-        a3 = _mm256_fmadd_ps(_mm256_set1_ps(y[3][i].d * d), _mm256_cvtepi32_ps(s3), a3);
+        TM_Q6K_CHUNK(0, 0);
+        TM_Q6K_CHUNK(0, 1);
+        TM_Q6K_CHUNK(0, 2);
+        TM_Q6K_CHUNK(0, 3);
+        TM_Q6K_CHUNK(1, 0);
+        TM_Q6K_CHUNK(1, 1);
+        TM_Q6K_CHUNK(1, 2);
+        TM_Q6K_CHUNK(1, 3);
+#undef TM_Q6K_CHUNK
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(y0[i].d * d), _mm256_cvtepi32_ps(s0), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(y1[i].d * d), _mm256_cvtepi32_ps(s1), a1);
+        a2 = _mm256_fmadd_ps(_mm256_set1_ps(y2[i].d * d), _mm256_cvtepi32_ps(s2), a2);
+        a3 = _mm256_fmadd_ps(_mm256_set1_ps(y3[i].d * d), _mm256_cvtepi32_ps(s3), a3);
     }
     return hsum8x4(a0, a1, a2, a3);
 }
@@ -693,7 +715,7 @@ static __m128 cols4_q6_K(int64_t nb, const tm_block_q6_K *x, const tm_block_q8_K
     static void mat_##T(int64_t n, int64_t nr, const void *w, size_t ws, int64_t nc, const void *a, size_t as, \
                         float *out, size_t os) {                                                               \
         const int64_t nb = n / TM_QK_K;                                                                        \
-        int64_t chunk = (int64_t)(TM_ACT_CHUNK_BYTES / as) & ~(int64_t)3;                                      \
+        int64_t chunk = as ? (int64_t)(TM_ACT_CHUNK_BYTES / as) & ~(int64_t)3 : nc;                            \
         if (chunk < 4) chunk = 4;                                                                              \
         for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
             const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
