@@ -42,6 +42,7 @@ typedef struct tm_load_params {
     int32_t n_ctx;              /* max tokens per sequence; 0: min(model's, 4096) */
     int32_t max_batch_tokens;   /* tokens per forward pass; 0: 512 */
     int32_t block_size;         /* KV cache block size in tokens; 0: 16 */
+    int32_t act_bits;           /* cpu: activations quantized to 16-bit (default, fp32-accurate) or 8-bit blocks */
 } tm_load_params;
 
 tm_load_params tm_load_params_default(void);

@@ -26,7 +26,7 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
     if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     tm_status s = tm_model_load(p->model, &c->model, err);
     if (s == TM_OK) {
-        tm_runner_cfg rc = {p->n_threads, p->n_ctx, p->max_batch_tokens, p->block_size, 1};
+        tm_runner_cfg rc = {p->n_threads, p->n_ctx, p->max_batch_tokens, p->block_size, 1, p->act_bits};
         s = tm_runner_create(c->model, &rc, &c->runner, err);
     }
     if (s != TM_OK) {

@@ -51,6 +51,14 @@ typedef struct tm_kv_cfg {
 
 typedef struct tm_backend tm_backend;
 
+/* One matrix product of a group sharing an input (see ops->matmul). */
+typedef struct tm_matmul_job {
+    const tm_weight *w;
+    const tm_weight *bias;       /* (1, w->rows) f32 or NULL */
+    void *out;                   /* (n, w->rows) */
+} tm_matmul_job;
+#define TM_MATMUL_MAX_JOBS 4
+
 /* Activations are backend buffers of `act` elements (cpu: f32), row-major (n_tokens, width). */
 typedef struct tm_backend_ops {
     const char *name;
@@ -68,8 +76,9 @@ typedef struct tm_backend_ops {
     /* residual += x, then out = rmsnorm(residual) * w   (fused: one pass) */
     void (*add_rmsnorm)(tm_backend *be, void *residual, const void *x, const tm_weight *w, float eps, int32_t n,
                         void *out);
-    /* out (n, w->rows) = x (n, w->cols) · wᵀ (+ bias (w->rows)) ; bias may be NULL */
-    void (*matmul)(tm_backend *be, const tm_weight *w, const tm_weight *bias, const void *x, int32_t n, void *out);
+    /* for each job j: out_j (n, w_j->rows) = x (n, cols) · w_jᵀ (+ bias_j) ; all w_j share cols; the input is
+     * converted once for the group (q, k, v share xb; gate and up share xb) and one dispatch covers it */
+    void (*matmul)(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs, const void *x, int32_t n);
     /* RoPE on q (n, n_heads*head_dim) and k (n, n_kv_heads*head_dim), then write k and v (n, kv width)
      * to the cache slots of layer `layer` */
     void (*rope_kv_write)(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, void *q, void *k,
@@ -91,7 +100,13 @@ struct tm_backend {
     const tm_backend_ops *ops;
 };
 
-/* CPU backend with its own thread pool of n_threads (>= 1). */
-tm_status tm_backend_cpu_create(int n_threads, tm_backend **out, tm_error *err);
+/* CPU backend with its own thread pool. act_bits: 16 (default) quantizes activations to 16-bit blocks
+ * for the integer dot products (matches an fp32 reference to ~1e-5), 8 to ggml's 8-bit blocks (faster
+ * where compute-bound, ~1e-2 error). */
+typedef struct tm_cpu_cfg {
+    int32_t n_threads;           /* >= 1 */
+    int32_t act_bits;            /* 8 or 16; 0 = 16 */
+} tm_cpu_cfg;
+tm_status tm_backend_cpu_create(const tm_cpu_cfg *cfg, tm_backend **out, tm_error *err);
 
 #endif /* TM_BACKEND_H */

@@ -20,7 +20,8 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     if (!r) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     r->model = m;
     r->cfg = cfg;
-    tm_status s = tm_backend_cpu_create(cfg.n_threads, &r->be, err);
+    tm_cpu_cfg cc = {cfg.n_threads, cfg.act_bits};
+    tm_status s = tm_backend_cpu_create(&cc, &r->be, err);
     if (s != TM_OK) goto fail;
     if ((s = tm_workspace_init(&r->ws, m, r->be, cfg.max_batch_tokens, err)) != TM_OK) goto fail;
     r->max_blocks = (cfg.n_ctx + cfg.block_size - 1) / cfg.block_size;

@@ -14,6 +14,7 @@ typedef struct tm_runner_cfg {
     int32_t max_batch_tokens;   /* tokens per forward pass (prefill chunk), default 512 */
     int32_t block_size;         /* KV block size, default 16 */
     int32_t n_seqs;             /* sequences the KV pool is sized for, default 1 */
+    int32_t act_bits;           /* cpu activation blocks for integer dots: 16 (default) or 8 */
 } tm_runner_cfg;
 
 typedef struct tm_runner {

@@ -56,24 +56,26 @@ tm_status tm_model_forward(const tm_model *m, tm_backend *be, tm_workspace *ws, 
     for (int32_t l = 0; l < hp->n_layers; l++) {
         const tm_layer *L = &m->layers[l];
         /* attention block */
-        op->matmul(be, &L->wq, opt(&L->bq), ws->xb, n, ws->q);
-        op->matmul(be, &L->wk, opt(&L->bk), ws->xb, n, ws->k);
-        op->matmul(be, &L->wv, opt(&L->bv), ws->xb, n, ws->v);
+        tm_matmul_job qkv[3] = {{&L->wq, opt(&L->bq), ws->q}, {&L->wk, opt(&L->bk), ws->k}, {&L->wv, opt(&L->bv), ws->v}};
+        op->matmul(be, qkv, 3, ws->xb, n);
         op->rope_kv_write(be, &acfg, l, b, ws->q, ws->k, ws->v);
         op->attention(be, &acfg, l, b, ws->q, ws->att);
-        op->matmul(be, &L->wo, NULL, ws->att, n, ws->proj);
+        tm_matmul_job o = {&L->wo, NULL, ws->proj};
+        op->matmul(be, &o, 1, ws->att, n);
         op->add_rmsnorm(be, ws->x, ws->proj, &L->ffn_norm, hp->norm_eps, n, ws->xb);  /* x += attn; xb = norm(x) */
         /* feed-forward block */
-        op->matmul(be, &L->w_gate, NULL, ws->xb, n, ws->hb);
-        op->matmul(be, &L->w_up, NULL, ws->xb, n, ws->hb2);
+        tm_matmul_job gu[2] = {{&L->w_gate, NULL, ws->hb}, {&L->w_up, NULL, ws->hb2}};
+        op->matmul(be, gu, 2, ws->xb, n);
         op->swiglu(be, ws->hb, ws->hb2, n, hp->ffn_dim, ws->hb);
-        op->matmul(be, &L->w_down, NULL, ws->hb, n, ws->proj);
+        tm_matmul_job down = {&L->w_down, NULL, ws->proj};
+        op->matmul(be, &down, 1, ws->hb, n);
         const tm_weight *next_norm = l + 1 < hp->n_layers ? &m->layers[l + 1].attn_norm : &m->output_norm;
         op->add_rmsnorm(be, ws->x, ws->proj, next_norm, hp->norm_eps, n, ws->xb);    /* x += ffn; xb = norm(x) */
     }
     if (b->n_logits == 0) return TM_OK;
     op->get_rows(be, ws->xb, b->logits_index, b->n_logits, hp->dim, ws->hsel);
-    op->matmul(be, &m->output, NULL, ws->hsel, b->n_logits, ws->logits);
+    tm_matmul_job head = {&m->output, NULL, ws->logits};
+    op->matmul(be, &head, 1, ws->hsel, b->n_logits);
     op->to_host(be, ws->logits, (size_t)b->n_logits * (size_t)hp->n_vocab, logits_out);
     return TM_OK;
 }

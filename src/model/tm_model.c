@@ -186,11 +186,14 @@ static tm_status load_gguf(const char *path, tm_model *m, tm_error *err) {
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     tm_str st;
+    float l3_factor = 0.0f; /* llama3 scaling given by keys rather than a rope_freqs tensor */
     if (tm_gguf_find(g, key)) {
         if ((s = tm_gguf_get_str(g, key, &st, err)) != TM_OK) return s;
         if (tm_str_eq(st, "linear")) {
             if ((s = get_f32_key(g, arch, "rope.scaling.factor", 1.0f, &hp->rope_scale_linear, err))) return s;
-        } else if (!tm_str_eq(st, "none") && !tm_str_eq(st, "llama3")) {
+        } else if (tm_str_eq(st, "llama3")) {
+            if ((s = get_f32_key(g, arch, "rope.scaling.factor", 8.0f, &l3_factor, err))) return s;
+        } else if (!tm_str_eq(st, "none")) {
             return tm_err(err, TM_ERR_UNSUPPORTED, "rope scaling type '%.*s' is not supported", (int)st.len, st.ptr);
         }
     }
@@ -230,7 +233,16 @@ static tm_status load_gguf(const char *path, tm_model *m, tm_error *err) {
     /* Llama 3.1+ stores its rope scaling as per-frequency factors. */
     tm_weight ff = {0};
     if ((s = bind(g, "rope_freqs.weight", hp->rope_dim / 2, 1, true, &ff, err)) != TM_OK) return s;
-    if ((s = compute_rope(m, ff.data, err)) != TM_OK) return s;
+    float *l3 = NULL;
+    if (!ff.data && l3_factor > 0.0f) {
+        if (!(l3_factor >= 1.0f)) return tm_err(err, TM_ERR_FORMAT, "llama3 rope scaling factor %g < 1", (double)l3_factor);
+        l3 = tm_malloc_array((size_t)hp->rope_dim / 2, sizeof(float));
+        if (!l3) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+        llama3_freq_factors(l3, hp->rope_dim / 2, hp->rope_dim, hp->rope_theta, l3_factor);
+    }
+    s = compute_rope(m, ff.data ? ff.data : l3, err);
+    free(l3);
+    if (s != TM_OK) return s;
 
     if ((s = tm_tok_load_gguf(g, &m->tok, err)) != TM_OK) return tm_err_prefix(err, "tokenizer");
     if (tm_tok_n_vocab(m->tok) > hp->n_vocab)

@@ -1,5 +1,6 @@
 /* main.c -- the tokenmill command line: run, chat, tokenize, inspect (over the public C API). */
 #include "tokenmill.h"
+#include "tm_membw.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -20,12 +21,13 @@ static const char *k_usage =
     "  run      -p PROMPT [-m MODEL] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
     "           [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--stop STR]...\n"
     "           [--ignore-eos] [--logprobs N] [--chat] [--system TEXT] [--chat-template NAME] [--json]\n"
-    "           [-t THREADS] [-c CTX] [-b BATCH]\n"
+    "           [-t THREADS] [-c CTX] [-b BATCH] [--act-bits 16|8]\n"
     "  chat     [-m MODEL] [same sampling options] [--system TEXT] [--chat-template NAME]\n"
     "  tokenize [-m MODEL] [--no-special] [--no-bos] TEXT\n"
     "  inspect  MODEL [--no-tensors]\n"
     "  bench latency [-m MODEL] [--input-len I] [--output-len O] [-r REPS] [-t THREADS] [--json]\n"
     "           prefill (I-token prompt, one pass) and decode (O tokens) speed, like llama-bench pp/tg\n"
+    "  bench memory [-t THREADS] [--json]   DRAM read bandwidth (the decode floor's denominator)\n"
     "  eval     [-m MODEL] --ids-file F --out DIR [-n N]   (parity: logits + greedy ids per prompt line)\n"
     "MODEL is a GGUF file or dummy:NAME[:TYPE] (smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b).\n"
     "Without -m the model is $TOKENMILL_MODEL or the bundled SmolLM2-135M-Instruct Q4_1.\n";
@@ -137,6 +139,10 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch")) {
             NEED_VALUE();
             if (!parse_i32(v, 1, 65536, &o->load.max_batch_tokens)) return usage_error("bad batch size '%s' (1..65536)", v);
+        } else if (!strcmp(a, "--act-bits")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 8, 16, &o->load.act_bits) || (o->load.act_bits != 8 && o->load.act_bits != 16))
+                return usage_error("bad activation bits '%s' (8 or 16)", v);
         } else if (!strcmp(a, "--system")) { NEED_VALUE(); o->system = v; }
         else if (!strcmp(a, "--chat-template")) { NEED_VALUE(); o->chat_template = v; }
         else if (!strcmp(a, "--ids-file")) { NEED_VALUE(); o->ids_file = v; }
@@ -353,8 +359,17 @@ static void mean_std(const double *v, int n, double *mean, double *sd) {
 /* bench latency: pp = one forward pass over an I-token prompt of random ids (logits of the last row);
  * tg = O greedy decode steps after a 1-token prompt, EOS ignored. Both repeated -r times. */
 static int cmd_bench(cli_opts *o) {
+    if (o->positional && !strcmp(o->positional, "memory")) {
+        tm_error err = {0};
+        double gbs;
+        int nt = o->load.n_threads ? o->load.n_threads : 1;
+        if (tm_membw_measure(nt, (size_t)1 << 30, 5, &gbs, &err) != TM_OK) return fail(&err);
+        if (o->json) printf("{\"threads\": %d, \"read_gb_s\": %.2f}\n", nt, gbs);
+        else printf("DRAM read bandwidth, %d thread(s), 1 GiB buffer, best of 5: %.2f GB/s\n", nt, gbs);
+        return 0;
+    }
     if (!o->positional || strcmp(o->positional, "latency") != 0)
-        return usage_error("bench needs a mode: latency%s", "");
+        return usage_error("bench needs a mode: latency or memory (got '%s')", o->positional ? o->positional : "");
     int32_t I = o->input_len ? o->input_len : 512, O = o->output_len ? o->output_len : 128, R = o->reps ? o->reps : 3;
     if (!o->load.max_batch_tokens) o->load.max_batch_tokens = I;
     if (!o->load.n_ctx) o->load.n_ctx = (I > O ? I : O) + 16;

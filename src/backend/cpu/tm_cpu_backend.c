@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/tm_cpu_kernels.h"
 #include "backend/cpu/tm_quant.h"
+#include "backend/cpu/tm_quant16.h"
 #include "core/tm_threadpool.h"
 
 #include <math.h>
@@ -10,6 +11,8 @@
 typedef struct tm_cpu_backend {
     tm_backend base;
     tm_threadpool *tp;
+    int32_t act_bits;        /* 8 or 16: activation blocks for the integer dots */
+    tm_cpu_kernel_table k;   /* row kernels for this CPU */
     uint8_t *scratch;        /* (scratch_bytes) quantized activation rows for matmul */
     size_t scratch_bytes;
     tm_kv_cfg kv;
@@ -27,7 +30,7 @@ static tm_cpu_backend *cpu(tm_backend *be) { return (tm_cpu_backend *)be; }
 
 static void *cpu_alloc(tm_backend *be, size_t n) {
     tm_cpu_backend *c = cpu(be);
-    /* any activation row quantizes to at most 4.6 bytes per element (f32 rows + block headers) */
+    /* any activation row converts to at most 4 bytes per element (q16: 2.25, q8: 1.13, f32: 4) */
     size_t need = n * sizeof(float) + 4096;
     if (need > c->scratch_bytes) {
         uint8_t *s = tm_aligned_alloc(64, need);
@@ -103,7 +106,14 @@ static void cpu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids
 
 /* ---- norms ------------------------------------------------------------------------------------- */
 
-typedef struct { float *res; const float *x; const float *w; float eps; int32_t n, dim; float *out; } norm_task;
+typedef struct {
+    const tm_cpu_kernel_table *k;
+    float *res;
+    const float *x, *w;
+    float eps;
+    int32_t n, dim;
+    float *out;
+} norm_task;
 
 static void norm_fn(void *p, int ith, int nth) {
     norm_task *t = p;
@@ -114,75 +124,115 @@ static void norm_fn(void *p, int ith, int nth) {
         float *oi = t->out + i * t->dim;
         if (t->res) {
             float *ri = t->res + i * t->dim;
-            tm_cpu_add_rmsnorm_row(ri, xi, t->w, t->eps, t->dim, oi);
+            t->k->add_rmsnorm_row(ri, xi, t->w, t->eps, t->dim, oi);
         } else {
-            tm_cpu_rmsnorm_row(xi, t->w, t->eps, t->dim, oi);
+            t->k->rmsnorm_row(xi, t->w, t->eps, t->dim, oi);
         }
     }
 }
 
 static void cpu_rmsnorm(tm_backend *be, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
-    norm_task t = {NULL, x, w->data, eps, n, (int32_t)w->cols, out};
+    norm_task t = {&cpu(be)->k, NULL, x, w->data, eps, n, (int32_t)w->cols, out};
     tm_threadpool_run(cpu(be)->tp, norm_fn, &t);
 }
 
 static void cpu_add_rmsnorm(tm_backend *be, void *residual, const void *x, const tm_weight *w, float eps, int32_t n,
                             void *out) {
-    norm_task t = {residual, x, w->data, eps, n, (int32_t)w->cols, out};
+    norm_task t = {&cpu(be)->k, residual, x, w->data, eps, n, (int32_t)w->cols, out};
     tm_threadpool_run(cpu(be)->tp, norm_fn, &t);
 }
 
 /* ---- matmul ------------------------------------------------------------------------------------ */
 
+enum { TM_ROW_BLOCK = 16, TM_TOKEN_TILE = 64, TM_MULTI_MAX = 8 };
+
 typedef struct {
-    const tm_quant_ops *qo;
-    const tm_weight *w;
-    const float *bias;       /* (rows) or NULL */
-    const float *x;          /* (n, cols) */
-    uint8_t *xq;             /* (n, arb) quantized activations (or x itself for f32 dots) */
-    size_t arb;              /* activation row bytes */
+    const tm_quant_ops *qo;     /* dot recipe for the group's weight type */
+    tm_vec_dot_multi_fn multi;  /* one weight row against up to 8 activation rows, or NULL */
+    const tm_matmul_job *jobs;
+    int32_t n_jobs;
+    int64_t blk_start[TM_MATMUL_MAX_JOBS + 1]; /* first global row block of each job */
+    int64_t cols;
+    const float *x;             /* (n, cols) */
+    const uint8_t *xq;          /* (n, arb) converted activations (x itself for f32 dots) */
+    size_t arb;                 /* activation row bytes */
     int32_t n;
-    float *out;              /* (n, rows) */
 } matmul_task;
 
 static void quant_act_fn(void *p, int ith, int nth) {
     matmul_task *t = p;
     int64_t lo, hi;
     tm_split_range(t->n, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++) t->qo->from_float(t->x + i * t->w->cols, t->xq + (size_t)i * t->arb, t->w->cols);
+    for (int64_t i = lo; i < hi; i++)
+        t->qo->from_float(t->x + i * t->cols, (uint8_t *)t->xq + (size_t)i * t->arb, t->cols);
+}
+
+/* rows [r0, r1) of one job, all tokens, tiled so a tile of activation rows stays in L2 */
+static void matmul_rows(const matmul_task *t, const tm_matmul_job *job, int64_t r0, int64_t r1) {
+    const int64_t rows = job->w->rows;
+    const uint64_t rb = tm_dtype_row_bytes(job->w->type, (uint64_t)t->cols);
+    const uint8_t *wbase = job->w->data;
+    const float *bias = job->bias ? job->bias->data : NULL;
+    float *out = job->out;
+    float tmp[TM_MULTI_MAX];
+    for (int32_t t0 = 0; t0 < t->n; t0 += TM_TOKEN_TILE) {
+        int32_t t1 = t0 + TM_TOKEN_TILE < t->n ? t0 + TM_TOKEN_TILE : t->n;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = wbase + (uint64_t)r * rb;
+            float b = bias ? bias[r] : 0.0f;
+            int32_t i = t0;
+            if (t->multi)
+                for (; i + 1 < t1; i += TM_MULTI_MAX) {
+                    int nr = t1 - i < TM_MULTI_MAX ? t1 - i : TM_MULTI_MAX;
+                    t->multi(t->cols, wr, t->xq + (size_t)i * t->arb, t->arb, nr, tmp);
+                    for (int k = 0; k < nr; k++) out[(int64_t)(i + k) * rows + r] = tmp[k] + b;
+                }
+            for (; i < t1; i++) out[(int64_t)i * rows + r] = t->qo->vec_dot(t->cols, wr, t->xq + (size_t)i * t->arb) + b;
+        }
+    }
 }
 
 static void matmul_fn(void *p, int ith, int nth) {
     matmul_task *t = p;
-    const int64_t rows = t->w->rows, cols = t->w->cols;
-    const uint64_t rb = tm_dtype_row_bytes(t->w->type, (uint64_t)cols);
-    const uint8_t *wbase = t->w->data;
-    /* Split rows in blocks of 16 so the threads' shares stay cache-line friendly. */
-    int64_t nblk = (rows + 15) / 16, blo, bhi;
-    tm_split_range(nblk, ith, nth, &blo, &bhi);
-    int64_t lo = blo * 16, hi = bhi * 16 < rows ? bhi * 16 : rows;
-    for (int64_t r = lo; r < hi; r++) {
-        const uint8_t *wr = wbase + (uint64_t)r * rb;
-        float b = t->bias ? t->bias[r] : 0.0f;
-        for (int32_t i = 0; i < t->n; i++)
-            t->out[(int64_t)i * rows + r] = t->qo->vec_dot(cols, wr, t->xq + (size_t)i * t->arb) + b;
+    int64_t blo, bhi;
+    tm_split_range(t->blk_start[t->n_jobs], ith, nth, &blo, &bhi);
+    for (int32_t j = 0; j < t->n_jobs && blo < bhi; j++) {
+        int64_t s = t->blk_start[j], e = t->blk_start[j + 1];
+        if (bhi <= s || blo >= e) continue;
+        int64_t b0 = blo > s ? blo : s, b1 = bhi < e ? bhi : e;
+        int64_t rows = t->jobs[j].w->rows;
+        int64_t r0 = (b0 - s) * TM_ROW_BLOCK, r1 = (b1 - s) * TM_ROW_BLOCK;
+        matmul_rows(t, &t->jobs[j], r0, r1 < rows ? r1 : rows);
     }
 }
 
-static void cpu_matmul(tm_backend *be, const tm_weight *w, const tm_weight *bias, const void *x, int32_t n, void *out) {
+static const tm_quant_ops *cpu_dot_ops(const tm_cpu_backend *c, tm_dtype t) {
+    return c->act_bits == 8 ? tm_quant_ops_get(t) : tm_quant16_ops_get(t);
+}
+
+static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs, const void *x, int32_t n) {
     tm_cpu_backend *c = cpu(be);
+    /* one conversion of x serves the group only when every weight has the same type */
+    for (int32_t j = 1; j < n_jobs; j++)
+        if (jobs[j].w->type != jobs[0].w->type) {
+            for (int32_t k = 0; k < n_jobs; k++) cpu_matmul(be, &jobs[k], 1, x, n);
+            return;
+        }
     matmul_task t = {0};
-    t.qo = tm_quant_ops_get(w->type);
-    t.w = w;
-    t.bias = bias ? bias->data : NULL;
+    t.qo = cpu_dot_ops(c, jobs[0].w->type);
+    t.multi = c->act_bits == 8 ? NULL : tm_quant16_multi_get(jobs[0].w->type);
+    t.jobs = jobs;
+    t.n_jobs = n_jobs;
+    t.cols = jobs[0].w->cols;
     t.x = x;
     t.n = n;
-    t.out = out;
+    for (int32_t j = 0; j < n_jobs; j++)
+        t.blk_start[j + 1] = t.blk_start[j] + (jobs[j].w->rows + TM_ROW_BLOCK - 1) / TM_ROW_BLOCK;
     if (t.qo->act_type == TM_DT_F32) {
-        t.xq = (uint8_t *)x;
-        t.arb = (size_t)w->cols * sizeof(float);
+        t.xq = x;
+        t.arb = (size_t)t.cols * sizeof(float);
     } else {
-        t.arb = (size_t)tm_dtype_row_bytes(t.qo->act_type, (uint64_t)w->cols);
+        t.arb = (size_t)tm_dtype_row_bytes(t.qo->act_type, (uint64_t)t.cols);
         t.xq = c->scratch;
         tm_threadpool_run(c->tp, quant_act_fn, &t);
     }
@@ -259,7 +309,7 @@ static void attn_fn(void *p, int ith, int nth) {
             int32_t blk = bt[j0 / bs], cnt = cidx - j0 + 1 < bs ? cidx - j0 + 1 : bs;
             const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
             const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
-            tm_cpu_attn_block(&st, qi, kb, vb, cnt, hd, a->attn_scale, scores);
+            c->k.attn_block(&st, qi, kb, vb, cnt, hd, a->attn_scale, scores);
         }
         tm_cpu_attn_end(&st);
     }
@@ -273,17 +323,17 @@ static void cpu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, c
 
 /* ---- swiglu, rows, copies ---------------------------------------------------------------------- */
 
-typedef struct { const float *g, *u; float *out; int64_t n; } swiglu_task;
+typedef struct { const tm_cpu_kernel_table *k; const float *g, *u; float *out; int64_t n; } swiglu_task;
 
 static void swiglu_fn(void *p, int ith, int nth) {
     swiglu_task *t = p;
     int64_t lo, hi;
     tm_split_range(t->n, ith, nth, &lo, &hi);
-    tm_cpu_swiglu(t->g + lo, t->u + lo, t->out + lo, hi - lo);
+    t->k->swiglu(t->g + lo, t->u + lo, t->out + lo, hi - lo);
 }
 
 static void cpu_swiglu(tm_backend *be, const void *gate, const void *up, int32_t n, int32_t ffn, void *out) {
-    swiglu_task t = {gate, up, out, (int64_t)n * ffn};
+    swiglu_task t = {&cpu(be)->k, gate, up, out, (int64_t)n * ffn};
     tm_threadpool_run(cpu(be)->tp, swiglu_fn, &t);
 }
 
@@ -334,12 +384,16 @@ static const tm_backend_ops k_cpu_ops = {
     .from_host = cpu_from_host,
 };
 
-tm_status tm_backend_cpu_create(int n_threads, tm_backend **out, tm_error *err) {
+tm_status tm_backend_cpu_create(const tm_cpu_cfg *cfg, tm_backend **out, tm_error *err) {
     *out = NULL;
+    int32_t bits = cfg->act_bits ? cfg->act_bits : 16;
+    if (bits != 8 && bits != 16) return tm_err(err, TM_ERR_INVALID, "activation bits must be 8 or 16, not %d", bits);
     tm_cpu_backend *c = tm_calloc(1, sizeof *c);
     if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     c->base.ops = &k_cpu_ops;
-    tm_status s = tm_threadpool_create(n_threads, &c->tp, err);
+    c->act_bits = bits;
+    c->k = tm_cpu_kernels_select(tm_cpu_use_avx2());
+    tm_status s = tm_threadpool_create(cfg->n_threads, &c->tp, err);
     if (s != TM_OK) {
         free(c);
         return s;

@@ -82,3 +82,18 @@ void tm_cpu_attn_end(tm_cpu_attn_state *st) {
     float inv = st->l > 0.0f ? 1.0f / st->l : 0.0f;
     for (int32_t d = 0; d < st->hd; d++) st->acc[d] *= inv;
 }
+
+tm_cpu_kernel_table tm_cpu_kernels_select(bool avx2) {
+    tm_cpu_kernel_table t = {tm_cpu_rmsnorm_row, tm_cpu_add_rmsnorm_row, tm_cpu_swiglu, tm_cpu_attn_block};
+#if defined(__x86_64__) || defined(__i386__)
+    if (avx2) {
+        t.rmsnorm_row = tm_cpu_rmsnorm_row_avx2;
+        t.add_rmsnorm_row = tm_cpu_add_rmsnorm_row_avx2;
+        t.swiglu = tm_cpu_swiglu_avx2;
+        t.attn_block = tm_cpu_attn_block_avx2;
+    }
+#else
+    (void)avx2;
+#endif
+    return t;
+}

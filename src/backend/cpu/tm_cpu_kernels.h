@@ -26,4 +26,21 @@ void tm_cpu_attn_block(tm_cpu_attn_state *st, const float *q, const float *k, co
                        float scale, float *scores);
 void tm_cpu_attn_end(tm_cpu_attn_state *st);
 
+/* AVX2/FMA versions (tm_cpu_kernels_avx2.c); call only when tm_cpu_use_avx2(). */
+void tm_cpu_rmsnorm_row_avx2(const float *x, const float *w, float eps, int32_t dim, float *out);
+void tm_cpu_add_rmsnorm_row_avx2(float *res, const float *x, const float *w, float eps, int32_t dim, float *out);
+void tm_cpu_swiglu_avx2(const float *g, const float *u, float *out, int64_t n);
+void tm_cpu_attn_block_avx2(tm_cpu_attn_state *st, const float *q, const float *k, const float *v, int32_t cnt,
+                            int32_t hd, float scale, float *scores);
+
+/* The row kernels one backend uses, chosen once at creation. */
+typedef struct tm_cpu_kernel_table {
+    void (*rmsnorm_row)(const float *x, const float *w, float eps, int32_t dim, float *out);
+    void (*add_rmsnorm_row)(float *res, const float *x, const float *w, float eps, int32_t dim, float *out);
+    void (*swiglu)(const float *g, const float *u, float *out, int64_t n);
+    void (*attn_block)(tm_cpu_attn_state *st, const float *q, const float *k, const float *v, int32_t cnt, int32_t hd,
+                       float scale, float *scores);
+} tm_cpu_kernel_table;
+tm_cpu_kernel_table tm_cpu_kernels_select(bool avx2);
+
 #endif /* TM_CPU_KERNELS_H */

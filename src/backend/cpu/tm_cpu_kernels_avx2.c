@@ -1,0 +1,133 @@
+/* tm_cpu_kernels_avx2.c -- AVX2/FMA versions of the CPU row kernels (reached only after tm_cpu_use_avx2()). */
+#include "tm_cpu_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <math.h>
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* exp(x) for x in [-87.3, 88.7] (clamped outside): x = k ln2 + r, |r| <= ln2/2, exp(r) by a degree-6
+ * polynomial (relative error < 2e-7), scaled by 2^k through the exponent bits. */
+static inline __m256 exp256(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365478515625f);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r2 = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void tm_cpu_swiglu_avx2(const float *g, const float *u, float *out, int64_t n) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(g + i);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        __m256 s = _mm256_div_ps(v, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static inline float sumsq(const float *x, int32_t dim) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 16 <= dim; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    float ss = hsum256(_mm256_add_ps(a0, a1));
+    for (; i < dim; i++) ss += x[i] * x[i];
+    return ss;
+}
+
+static inline void scale_mul(const float *x, const float *w, float r, int32_t dim, float *out) {
+    __m256 rv = _mm256_set1_ps(r);
+    int32_t i = 0;
+    for (; i + 8 <= dim; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), rv), _mm256_loadu_ps(w + i)));
+    for (; i < dim; i++) out[i] = x[i] * r * w[i];
+}
+
+void tm_cpu_rmsnorm_row_avx2(const float *x, const float *w, float eps, int32_t dim, float *out) {
+    float r = 1.0f / sqrtf(sumsq(x, dim) / (float)dim + eps);
+    scale_mul(x, w, r, dim, out);
+}
+
+void tm_cpu_add_rmsnorm_row_avx2(float *res, const float *x, const float *w, float eps, int32_t dim, float *out) {
+    int32_t i = 0;
+    for (; i + 8 <= dim; i += 8)
+        _mm256_storeu_ps(res + i, _mm256_add_ps(_mm256_loadu_ps(res + i), _mm256_loadu_ps(x + i)));
+    for (; i < dim; i++) res[i] += x[i];
+    tm_cpu_rmsnorm_row_avx2(res, w, eps, dim, out);
+}
+
+static inline float dot_f32(const float *a, const float *b, int32_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    float s = hsum256(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline void axpy(float *acc, float p, const float *v, int32_t n) {
+    __m256 pv = _mm256_set1_ps(p);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+    for (; i < n; i++) acc[i] += p * v[i];
+}
+
+static inline void scale(float *acc, float c, int32_t n) {
+    __m256 cv = _mm256_set1_ps(c);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(cv, _mm256_loadu_ps(acc + i)));
+    for (; i < n; i++) acc[i] *= c;
+}
+
+void tm_cpu_attn_block_avx2(tm_cpu_attn_state *st, const float *q, const float *k, const float *v, int32_t cnt,
+                            int32_t hd, float sc, float *scores) {
+    float bm = -INFINITY;
+    for (int32_t j = 0; j < cnt; j++) {
+        float s = dot_f32(q, k + (size_t)j * (size_t)hd, hd) * sc;
+        scores[j] = s;
+        if (s > bm) bm = s;
+    }
+    float m_new = bm > st->m ? bm : st->m;
+    float corr = expf(st->m - m_new);
+    if (corr != 1.0f) {
+        st->l *= corr;
+        scale(st->acc, corr, hd);
+    }
+    st->m = m_new;
+    for (int32_t j = 0; j < cnt; j++) {
+        float p = expf(scores[j] - m_new);
+        st->l += p;
+        axpy(st->acc, p, v + (size_t)j * (size_t)hd, hd);
+    }
+}
+
+#else
+typedef int tm_cpu_kernels_avx2_unused; /* non-x86 builds: the scalar kernels are used */
+#endif
