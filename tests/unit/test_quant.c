@@ -79,6 +79,34 @@ static void test_half_roundtrip(void **state) {
     assert_true(out[0] == 0x1.0p-7f && out[1] == -2.0f && out[2] == 0x1.0p-133f);
 }
 
+/* Every finite f16 / bf16 weight value reaches the dot kernels exactly: one non-zero weight h against a
+ * one-hot activation, placed in the vector body (element 0 of 16) and in the scalar tail (element 8 of 9). */
+static void test_half_dot_all_values(void **state) {
+    (void)state;
+    const tm_dtype types[] = {TM_DT_F16, TM_DT_BF16};
+    for (size_t k = 0; k < 2; k++) {
+        for (int isa = 0; isa < 2; isa++) {
+            const tm_quant_ops *o = tm_quant_ops_get_isa(types[k], (tm_isa)isa);
+            if (isa == TM_ISA_AVX2 && !have_avx2()) continue;
+            assert_non_null(o);
+            for (uint32_t h = 0; h < 65536; h++) {
+                const float want = types[k] == TM_DT_F16 ? tm_f16_to_f32((uint16_t)h) : tm_bf16_to_f32((uint16_t)h);
+                if (isnan(want) || isinf(want)) continue;
+                for (int pos = 0; pos <= 8; pos += 8) {
+                    uint16_t w[16] = {0};
+                    float x[16] = {0};
+                    w[pos] = (uint16_t)h;
+                    x[pos] = 1.0f;
+                    const float got = o->vec_dot(pos ? 9 : 16, w, x);
+                    if (got != want)
+                        fprintf(stderr, "%s isa %d h=%04x pos %d: got %g want %g\n", tm_dtype_name(types[k]), isa, h, pos, got, want);
+                    assert_true(got == want);
+                }
+            }
+        }
+    }
+}
+
 /* ---- quantize -> dequantize error bounds ---------------------------------------------------------- */
 
 static void check_block_bounds(tm_dtype t, const float *x, const float *y, int64_t n) {
@@ -309,7 +337,11 @@ static void test_dot_extremes(void **state) {
 static void test_mat_dot(void **state) {
     (void)state;
     rng_t r = {99};
-    const int64_t shapes[][3] = {{256, 1, 1}, {512, 7, 1}, {256, 5, 6}, {768, 9, 4}, {1024, 4, 9}};
+    /* (n, weight rows, activation rows): odd block counts (tails of 1-3 blocks), odd row/column counts, and
+     * enough long activation rows to span several L2 column chunks */
+    const int64_t shapes[][3] = {{256, 1, 1}, {512, 7, 1},  {256, 5, 6},  {768, 9, 4},
+                                 {1024, 4, 9}, {224, 6, 5}, {96, 9, 1}, {4096, 3, 50}, {16640, 2, 5},
+                                 {37, 5, 6},   {1000, 3, 5}}; /* the last two: float types only */
     for (size_t k = 0; k < N_WTYPES; k++) {
         tm_dtype t = k_wtypes[k];
         for (int isa = 0; isa < 2; isa++) {
@@ -320,6 +352,7 @@ static void test_mat_dot(void **state) {
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
                 int64_t n = shapes[s][0], nr = shapes[s][1], nc = shapes[s][2];
                 size_t wb = row_bytes(t, n), ab = o->act_type == TM_DT_F32 ? (size_t)n * 4 : row_bytes(o->act_type, n);
+                if (wb == 0 || ab == 0) continue; /* n not a multiple of this type's block */
                 size_t out_stride = (size_t)nr + 3;
                 float *x = malloc((size_t)n * 4);
                 uint8_t *wq = malloc(wb * (size_t)nr), *aq = malloc(ab * (size_t)nc);
@@ -463,7 +496,8 @@ static void test_golden(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_half_roundtrip), cmocka_unit_test(test_quant_roundtrip),
+        cmocka_unit_test(test_half_roundtrip), cmocka_unit_test(test_half_dot_all_values),
+        cmocka_unit_test(test_quant_roundtrip),
         cmocka_unit_test(test_dot_lengths),    cmocka_unit_test(test_dot_extremes),
         cmocka_unit_test(test_mat_dot),        cmocka_unit_test(test_ops_tables),
         cmocka_unit_test(test_golden),

@@ -12,6 +12,7 @@ typedef struct tm_cpu_backend {
     tm_backend base;
     tm_threadpool *tp;
     int32_t act_bits;        /* 8 or 16: activation blocks for the integer dots */
+    tm_isa isa;              /* resolved once: CPUID traps (~14 us) inside a VM */
     tm_cpu_kernel_table k;   /* row kernels for this CPU */
     uint8_t *scratch;        /* (scratch_bytes) quantized activation rows for matmul */
     size_t scratch_bytes;
@@ -148,7 +149,9 @@ enum { TM_ROW_BLOCK = 16, TM_TOKEN_TILE = 64, TM_MULTI_MAX = 8 };
 
 typedef struct {
     const tm_quant_ops *qo;     /* dot recipe for the group's weight type */
-    tm_vec_dot_multi_fn multi;  /* one weight row against up to 8 activation rows, or NULL */
+    tm_vec_dot_multi_fn multi;  /* q16: one weight row against up to 8 activation rows (bit-identical to
+                                 * vec_dot, so results never depend on the batch), or NULL */
+    bool mat;                   /* q8: the ops' mat_dot tiles (rows x tokens; summation order may vary) */
     const tm_matmul_job *jobs;
     int32_t n_jobs;
     int64_t blk_start[TM_MATMUL_MAX_JOBS + 1]; /* first global row block of each job */
@@ -175,6 +178,13 @@ static void matmul_rows(const matmul_task *t, const tm_matmul_job *job, int64_t 
     const float *bias = job->bias ? job->bias->data : NULL;
     float *out = job->out;
     float tmp[TM_MULTI_MAX];
+    if (t->mat) {
+        t->qo->mat_dot(t->cols, r1 - r0, wbase + (uint64_t)r0 * rb, rb, t->n, t->xq, t->arb, out + r0, (size_t)rows);
+        if (bias)
+            for (int32_t i = 0; i < t->n; i++)
+                for (int64_t r = r0; r < r1; r++) out[(int64_t)i * rows + r] += bias[r];
+        return;
+    }
     for (int32_t t0 = 0; t0 < t->n; t0 += TM_TOKEN_TILE) {
         int32_t t1 = t0 + TM_TOKEN_TILE < t->n ? t0 + TM_TOKEN_TILE : t->n;
         for (int64_t r = r0; r < r1; r++) {
@@ -207,7 +217,7 @@ static void matmul_fn(void *p, int ith, int nth) {
 }
 
 static const tm_quant_ops *cpu_dot_ops(const tm_cpu_backend *c, tm_dtype t) {
-    return c->act_bits == 8 ? tm_quant_ops_get(t) : tm_quant16_ops_get(t);
+    return c->act_bits == 8 ? tm_quant_ops_get_isa(t, c->isa) : tm_quant16_ops_get_isa(t, c->isa);
 }
 
 static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs, const void *x, int32_t n) {
@@ -220,7 +230,8 @@ static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs
         }
     matmul_task t = {0};
     t.qo = cpu_dot_ops(c, jobs[0].w->type);
-    t.multi = c->act_bits == 8 ? NULL : tm_quant16_multi_get(jobs[0].w->type);
+    t.multi = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_multi_avx2(jobs[0].w->type) : NULL;
+    t.mat = c->act_bits == 8;
     t.jobs = jobs;
     t.n_jobs = n_jobs;
     t.cols = jobs[0].w->cols;
@@ -323,17 +334,26 @@ static void cpu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, c
 
 /* ---- swiglu, rows, copies ---------------------------------------------------------------------- */
 
-typedef struct { const tm_cpu_kernel_table *k; const float *g, *u; float *out; int64_t n; } swiglu_task;
+typedef struct { const tm_cpu_kernel_table *k; const float *g, *u; float *out; int32_t n, ffn; } swiglu_task;
 
+enum { TM_SWIGLU_CHUNK = 256 };
+
+/* Work items are (row, 256-column chunk): an element's arithmetic (vector body or scalar tail) never
+ * depends on the thread count or the batch size. */
 static void swiglu_fn(void *p, int ith, int nth) {
     swiglu_task *t = p;
-    int64_t lo, hi;
-    tm_split_range(t->n, ith, nth, &lo, &hi);
-    t->k->swiglu(t->g + lo, t->u + lo, t->out + lo, hi - lo);
+    int64_t per_row = (t->ffn + TM_SWIGLU_CHUNK - 1) / TM_SWIGLU_CHUNK, lo, hi;
+    tm_split_range((int64_t)t->n * per_row, ith, nth, &lo, &hi);
+    for (int64_t it = lo; it < hi; it++) {
+        int64_t row = it / per_row, c0 = it % per_row * TM_SWIGLU_CHUNK;
+        int64_t cn = t->ffn - c0 < TM_SWIGLU_CHUNK ? t->ffn - c0 : TM_SWIGLU_CHUNK;
+        size_t off = (size_t)row * (size_t)t->ffn + (size_t)c0;
+        t->k->swiglu(t->g + off, t->u + off, t->out + off, cn);
+    }
 }
 
 static void cpu_swiglu(tm_backend *be, const void *gate, const void *up, int32_t n, int32_t ffn, void *out) {
-    swiglu_task t = {&cpu(be)->k, gate, up, out, (int64_t)n * ffn};
+    swiglu_task t = {&cpu(be)->k, gate, up, out, n, ffn};
     tm_threadpool_run(cpu(be)->tp, swiglu_fn, &t);
 }
 
@@ -392,7 +412,8 @@ tm_status tm_backend_cpu_create(const tm_cpu_cfg *cfg, tm_backend **out, tm_erro
     if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     c->base.ops = &k_cpu_ops;
     c->act_bits = bits;
-    c->k = tm_cpu_kernels_select(tm_cpu_use_avx2());
+    c->isa = tm_cpu_use_avx2() ? TM_ISA_AVX2 : TM_ISA_SCALAR;
+    c->k = tm_cpu_kernels_select(c->isa == TM_ISA_AVX2);
     tm_status s = tm_threadpool_create(cfg->n_threads, &c->tp, err);
     if (s != TM_OK) {
         free(c);

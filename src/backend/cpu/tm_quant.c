@@ -25,10 +25,11 @@ static inline float f16_fast(uint16_t h) {
     float denormalized;
     memcpy(&denormalized, &u, 4);
     denormalized -= 0.5f;
-    uint32_t r;
-    if (two_w < (1u << 27)) memcpy(&r, &denormalized, 4);
-    else memcpy(&r, &normalized, 4);
-    r |= sign;
+    uint32_t rn, rd;
+    memcpy(&rn, &normalized, 4);
+    memcpy(&rd, &denormalized, 4);
+    const uint32_t den = 0u - (uint32_t)(two_w < (1u << 27)); /* all ones for zero/subnormal inputs */
+    const uint32_t r = sign | (rd & den) | (rn & ~den);
     float f;
     memcpy(&f, &r, 4);
     return f;
@@ -549,27 +550,26 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
     const tm_block_q8_K *y = va;
     float sumf = 0.0f;
     for (int64_t i = 0; i < n / TM_QK_K; i++) {
+        /* unpack to signed 6-bit values first: the per-sub-block loops below then vectorize */
+        int8_t q[TM_QK_K];
         const uint8_t *ql = x[i].ql, *qh = x[i].qh;
-        const int8_t *a = y[i].qs;
-        int sub[16] = {0}; /* per 16-element sub-block: sum (q - 32) * a */
         for (int h = 0; h < 2; h++) {
+            int8_t *o = q + 128 * h;
             for (int l = 0; l < 32; l++) {
-                const int is = 8 * h + l / 16;
-                const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                sub[is + 0] += q1 * a[l];
-                sub[is + 2] += q2 * a[l + 32];
-                sub[is + 4] += q3 * a[l + 64];
-                sub[is + 6] += q4 * a[l + 96];
+                o[l] = (int8_t)((int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                o[l + 32] = (int8_t)((int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                o[l + 64] = (int8_t)((int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                o[l + 96] = (int8_t)((int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
             }
             ql += 64;
             qh += 32;
-            a += 128;
         }
         int sumi = 0;
-        for (int j = 0; j < 16; j++) sumi += sub[j] * x[i].scales[j];
+        for (int j = 0; j < 16; j++) {
+            int sub = 0;
+            for (int l = 0; l < 16; l++) sub += q[16 * j + l] * y[i].qs[16 * j + l];
+            sumi += sub * x[i].scales[j];
+        }
         sumf += y[i].d * f16_fast(x[i].d) * (float)sumi;
     }
     return sumf;

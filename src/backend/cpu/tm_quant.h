@@ -21,25 +21,32 @@ typedef struct tm_quant_ops {
     float (*vec_dot)(int64_t n, const void *w, const void *a); /* n elements */
     /* Many dots at once (never NULL): out[c * out_stride + r] = dot(w row r, act row c) for r < nr, c < nc.
      * Weight rows are w_stride bytes apart, activation rows a_stride bytes apart, out_stride counts floats.
-     * Faster than nr*nc vec_dot calls: decode (nc == 1) runs 4 weight rows per pass sharing the activation
-     * loads; prefill (nc > 1) unpacks each weight block once for 4 activation rows. Results equal
-     * vec_dot's up to float summation order. */
+     * Results equal vec_dot's up to float summation order. Faster than nr*nc vec_dot calls:
+     *  - decode (nc == 1): weight rows are read strictly in memory order (one prefetch-friendly stream);
+     *    Q8_0/Q4_0/Q4_1 do four rows per pass with one combined reduction and no per-row call;
+     *  - prefill (nc > 1, quantized types): 1 weight row x 4 activation rows tiles, each weight block
+     *    unpacked once for four tokens, activation rows taken in chunks that stay in L2.
+     * Give each thread a slice of rows (r) and all columns: it reads only its own share of the weights. */
     void (*mat_dot)(int64_t n, int64_t nr, const void *w, size_t w_stride, int64_t nc, const void *a, size_t a_stride,
                     float *out, size_t out_stride);
 } tm_quant_ops;
 
 /* Ops for weight type t using the best ISA this CPU has (AVX2 unless TM_FORCE_SCALAR=1); NULL if unsupported.
- * This checks the CPU and the environment on every call: look it up once per weight, not per row. */
+ * This runs tm_cpu_use_avx2() (CPUID + getenv) on every call -- about 14 us inside a VM, where CPUID traps:
+ * resolve the ops once per weight (or the ISA once per backend, then tm_quant_ops_get_isa), never per matmul. */
 const tm_quant_ops *tm_quant_ops_get(tm_dtype t);
-/* Ops for an explicit ISA (tests compare them); NULL if unsupported or the ISA is not compiled in. */
+/* Ops for an explicit ISA (tests compare them); NULL if unsupported or the ISA is not compiled in. Does not
+ * check the CPU: TM_ISA_AVX2 ops may only be called when tm_cpu_use_avx2() is true. */
 const tm_quant_ops *tm_quant_ops_get_isa(tm_dtype t, tm_isa isa);
 
 /* Internal: the AVX2 table (tm_quant_avx2.c); only valid after tm_cpu_use_avx2(). NULL if not built for x86. */
 const tm_quant_ops *tm_quant_ops_avx2(tm_dtype t);
 
-/* Activation quantizers with ggml's SIMD rounding (round half to even, id = 127/amax); the scalar and AVX2
- * from_float of an act_type produce identical bytes. tm_quant_row uses ggml's reference rounding for
- * weight types (Q8_0: round half away from zero, id = 1/d) so its bytes match gguf-py. */
+/* Activation quantizers (the from_float of the scalar tables; the AVX2 ones produce identical bytes).
+ * Q8_0/Q8_1 round like ggml's SIMD quantize_row_q8_0/q8_1 (x * 127/amax, half to even; Q8_1's s is
+ * fp16(d * sum(q)) with the unrounded d), Q8_K like ggml's quantize_row_q8_K_ref. tm_quant_row uses
+ * ggml's reference rounding for the weight types (Q8_0: x / d, half away from zero) so its bytes match
+ * gguf-py's quantizer; for Q8_K it equals tm_quant_act_q8_K. */
 void tm_quant_act_q8_0(const float *x, void *y, int64_t n);
 void tm_quant_act_q8_1(const float *x, void *y, int64_t n);
 void tm_quant_act_q8_K(const float *x, void *y, int64_t n);

@@ -35,6 +35,9 @@ static inline __m256i loadu(const void *p) { return _mm256_loadu_si256((const __
 
 #define PW(base, stride, r) ((const uint8_t *)(base) + (size_t)(r) * (stride))
 
+/* prefill: activation rows of up to this many bytes per column chunk stay in L2 while weight rows stream */
+#define TM_ACT_CHUNK_BYTES (192u * 1024u)
+
 /* ---- activation quantizers (bit-identical to tm_quant_act_* in tm_quant.c) ----------------------- */
 
 static inline float amax32(const float *x) {
@@ -52,11 +55,12 @@ static inline float amax32(const float *x) {
 /* quantize 32 floats by id (round half to even) into 32 int8; returns the 8 int32 partial sums */
 static inline __m256i q8_32(const float *x, float id, int8_t *out) {
     const __m256 m = _mm256_set1_ps(id);
-    const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), m), mode));
-    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8), m), mode));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16), m), mode));
-    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 24), m), mode));
+#define TM_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), m), TM_RNE));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8), m), TM_RNE));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16), m), TM_RNE));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 24), m), TM_RNE));
+#undef TM_RNE
     const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
     /* packs work per 128-bit lane: fix the order with a dword permute */
     __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
@@ -120,12 +124,71 @@ FLOAT_DOT(dot_f32, float, _mm256_loadu_ps, id_f32)
 FLOAT_DOT(dot_f16, uint16_t, ld_f16, f16)
 FLOAT_DOT(dot_bf16, uint16_t, ld_bf16, tm_bf16_to_f32)
 
+/* Prefill tile for float weights: one weight row x four activation rows, each weight vector converted
+ * once for four FMAs (eight accumulators hide the FMA latency). Decode is one vec_dot per row, in order. */
+#define FLOAT_MAT(name, dot, T, LOAD, SCALAR)                                                                 \
+    static __m128 name##_cols4(int64_t n, const T *w, const float *a0, size_t as) {                           \
+        const float *a1 = a0 + as, *a2 = a1 + as, *a3 = a2 + as;                                              \
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, t0 = s0, t1 = s0, t2 = s0, t3 = s0;        \
+        int64_t i = 0;                                                                                         \
+        for (; i + 16 <= n; i += 16) {                                                                         \
+            const __m256 w0 = LOAD(w + i), w1 = LOAD(w + i + 8);                                               \
+            s0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a0 + i), s0);                                             \
+            s1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a1 + i), s1);                                             \
+            s2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a2 + i), s2);                                             \
+            s3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a3 + i), s3);                                             \
+            t0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a0 + i + 8), t0);                                         \
+            t1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a1 + i + 8), t1);                                         \
+            t2 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a2 + i + 8), t2);                                         \
+            t3 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a3 + i + 8), t3);                                         \
+        }                                                                                                      \
+        for (; i + 8 <= n; i += 8) {                                                                           \
+            const __m256 w0 = LOAD(w + i);                                                                     \
+            s0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a0 + i), s0);                                             \
+            s1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a1 + i), s1);                                             \
+            s2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a2 + i), s2);                                             \
+            s3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a3 + i), s3);                                             \
+        }                                                                                                      \
+        __m128 r = hsum8x4(_mm256_add_ps(s0, t0), _mm256_add_ps(s1, t1), _mm256_add_ps(s2, t2), _mm256_add_ps(s3, t3)); \
+        if (i < n) {                                                                                           \
+            float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                          \
+            for (; i < n; i++) {                                                                               \
+                const float wi = SCALAR(w[i]);                                                                 \
+                tail[0] += wi * a0[i];                                                                         \
+                tail[1] += wi * a1[i];                                                                         \
+                tail[2] += wi * a2[i];                                                                         \
+                tail[3] += wi * a3[i];                                                                         \
+            }                                                                                                  \
+            r = _mm_add_ps(r, _mm_loadu_ps(tail));                                                             \
+        }                                                                                                      \
+        return r;                                                                                              \
+    }                                                                                                          \
+    static void name(int64_t n, int64_t nr, const void *w, size_t ws, int64_t nc, const void *a, size_t as,   \
+                     float *out, size_t os) {                                                                  \
+        int64_t chunk = as ? (int64_t)(TM_ACT_CHUNK_BYTES / as) & ~(int64_t)3 : nc;                            \
+        if (chunk < 4) chunk = 4;                                                                              \
+        for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
+            const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
+            for (int64_t r = 0; r < nr; r++) {                                                                 \
+                const T *x = (const T *)PW(w, ws, r);                                                          \
+                int64_t c = c0;                                                                                \
+                for (; c + 4 <= c1 && as % sizeof(float) == 0; c += 4) {                                       \
+                    float v[4];                                                                                \
+                    _mm_storeu_ps(v, name##_cols4(n, x, (const float *)PW(a, as, c), as / sizeof(float)));     \
+                    for (int k = 0; k < 4; k++) out[(size_t)(c + k) * os + (size_t)r] = v[k];                  \
+                }                                                                                              \
+                for (; c < c1; c++) out[(size_t)c * os + (size_t)r] = dot(n, x, PW(a, as, c));                 \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+
 /* ---- 32-element block types: four blocks per step --------------------------------------------------
- * Per group of four blocks the fp16 scales are gathered with one vpinsr chain and converted with one
- * vcvtph2ps; the four blocks' partial sums are folded by a hadd tree into one vector
- * [b0 b1 b2 b3 | b0 b1 b2 b3] that takes a single FMA with the matching scale vector. Leftover blocks
- * (fewer than four) add a broadcast-scaled 8-lane vector to the same accumulator: only the total of all
- * lanes matters. */
+ * Per group of four blocks the fp16 scales are packed in general-purpose registers (idle integer ALUs)
+ * and converted with one vcvtph2ps; the four blocks' partial sums are folded (unpack/add or hadd tree)
+ * into one vector [b0 b1 b2 b3 | b0 b1 b2 b3] that takes a single FMA with the matching scale vector.
+ * Leftover blocks (a pair, then a single one) add their own scaled vectors to the same accumulator:
+ * only the total of all lanes matters. Integer sums are exact, so results differ from the scalar
+ * kernels only by float summation order. */
 
 #define TM_AI static inline __attribute__((always_inline))
 
@@ -221,13 +284,17 @@ typedef struct {
     __m256 s;
 } g4;
 
-/* Q8_0 weights: signed quants, scales4 */
+/* Q8_0 weights: |quants| in q, the signed quants in aux (to sign the activations), scales4 */
 TM_AI void w4_q8_0(const void *vx, g4 *g) {
     const tm_block_q8_0 *x = vx;
-    g->q[0] = loadu(x[0].qs);
-    g->q[1] = loadu(x[1].qs);
-    g->q[2] = loadu(x[2].qs);
-    g->q[3] = loadu(x[3].qs);
+    g->aux[0] = loadu(x[0].qs);
+    g->aux[1] = loadu(x[1].qs);
+    g->aux[2] = loadu(x[2].qs);
+    g->aux[3] = loadu(x[3].qs);
+    g->q[0] = _mm256_sign_epi8(g->aux[0], g->aux[0]);
+    g->q[1] = _mm256_sign_epi8(g->aux[1], g->aux[1]);
+    g->q[2] = _mm256_sign_epi8(g->aux[2], g->aux[2]);
+    g->q[3] = _mm256_sign_epi8(g->aux[3], g->aux[3]);
     g->s = scales4(&x[0].d, sizeof *x);
 }
 
@@ -251,45 +318,44 @@ TM_AI void w4_q4_1(const void *vx, g4 *g) {
     g->s = pairs4(x, sizeof *x);
 }
 
-/* Q8_0 activations (for Q8_0 weights) */
-TM_AI void a4_q8_0(const void *vy, g4 *g) {
+/* Q8_0 activations (for Q8_0 weights): quants; scales4 */
+TM_AI void a4q_q8_0(const void *vy, g4 *g) {
     const tm_block_q8_0 *y = vy;
     g->q[0] = loadu(y[0].qs);
     g->q[1] = loadu(y[1].qs);
     g->q[2] = loadu(y[2].qs);
     g->q[3] = loadu(y[3].qs);
-    g->s = scales4(&y[0].d, sizeof *y);
 }
 
 /* Q8_0 activations (for Q4_0 weights): also 8 * pair sums */
-TM_AI void a4_q8_0o(const void *vy, g4 *g) {
-    const tm_block_q8_0 *y = vy;
+TM_AI void a4q_q8_0o(const void *vy, g4 *g) {
     const __m256i k8 = _mm256_set1_epi8(8);
-    g->q[0] = loadu(y[0].qs);
-    g->q[1] = loadu(y[1].qs);
-    g->q[2] = loadu(y[2].qs);
-    g->q[3] = loadu(y[3].qs);
+    a4q_q8_0(vy, g);
     g->aux[0] = _mm256_maddubs_epi16(k8, g->q[0]);
     g->aux[1] = _mm256_maddubs_epi16(k8, g->q[1]);
     g->aux[2] = _mm256_maddubs_epi16(k8, g->q[2]);
     g->aux[3] = _mm256_maddubs_epi16(k8, g->q[3]);
-    g->s = scales4(&y[0].d, sizeof *y);
 }
 
-/* Q8_1 activations: pairs4 [d s ...] */
-TM_AI void a4_q8_1(const void *vy, g4 *g) {
+TM_AI __m256 a4s_q8_0(const void *vy) { return scales4(&((const tm_block_q8_0 *)vy)->d, sizeof(tm_block_q8_0)); }
+
+/* Q8_1 activations: quants; pairs4 [d s ...] */
+TM_AI void a4q_q8_1(const void *vy, g4 *g) {
     const tm_block_q8_1 *y = vy;
     g->q[0] = loadu(y[0].qs);
     g->q[1] = loadu(y[1].qs);
     g->q[2] = loadu(y[2].qs);
     g->q[3] = loadu(y[3].qs);
-    g->s = pairs4(y, sizeof *y);
 }
+
+TM_AI __m256 a4s_q8_1(const void *vy) { return pairs4(vy, sizeof(tm_block_q8_1)); }
 
 TM_AI void mac_q8_0(const g4 *w, const g4 *a, __m256 *acc, __m256 *accm) {
     (void)accm;
-    const __m256 h = fold4(isum_ss(w->q[0], a->q[0]), isum_ss(w->q[1], a->q[1]), isum_ss(w->q[2], a->q[2]),
-                           isum_ss(w->q[3], a->q[3]));
+    const __m256 h = fold4(madd1(_mm256_maddubs_epi16(w->q[0], _mm256_sign_epi8(a->q[0], w->aux[0]))),
+                           madd1(_mm256_maddubs_epi16(w->q[1], _mm256_sign_epi8(a->q[1], w->aux[1]))),
+                           madd1(_mm256_maddubs_epi16(w->q[2], _mm256_sign_epi8(a->q[2], w->aux[2]))),
+                           madd1(_mm256_maddubs_epi16(w->q[3], _mm256_sign_epi8(a->q[3], w->aux[3]))));
     *acc = _mm256_fmadd_ps(_mm256_mul_ps(w->s, a->s), h, *acc);
 }
 
@@ -376,21 +442,23 @@ TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
                               _mm256_blend_ps(accm[2], z, 0x55), _mm256_blend_ps(accm[3], z, 0x55)));
 }
 
-/* Q8_0 activation rows up to this many bytes per column chunk stay in L2 while the weight rows stream */
-#define TM_ACT_CHUNK_BYTES (192u * 1024u)
+/* floats of precomputed activation scales per column chunk (16 KiB of stack) */
+#define TM_YS_FLOATS 4096u
 
 /* Defines dot_<T> (one row) and mat_<T>. Decode (one activation row) walks the weight rows strictly in
  * memory order, four rows per call with one combined reduction: interleaving several weight rows would
  * be cheaper in instructions but measured ~30% slower once the weights come from DRAM (prefetchers
  * track one sequential stream far better than four). Prefill tiles 1 weight row x 4 activation rows so
  * each weight block is unpacked once for four tokens. */
-#define DEFINE_BLOCK32(T, WB, AB, WPREP, APREP, MAC, MAC2, MAC1)                                              \
-    TM_AI void row_##T(int64_t nb, const WB *x, const AB *y, __m256 *acc, __m256 *accm) {                     \
+#define DEFINE_BLOCK32(T, WB, AB, WPREP, AQ, AS, MAC, MAC2, MAC1)                                              \
+    /* ys: the activation row's group scale vectors, precomputed (8 floats per group), or NULL */           \
+    TM_AI void row_##T(int64_t nb, const WB *x, const AB *y, const float *ys, __m256 *acc, __m256 *accm) {    \
         int64_t i = 0;                                                                                         \
         for (; i + 4 <= nb; i += 4) {                                                                          \
             g4 w, a;                                                                                           \
             WPREP(x + i, &w);                                                                                  \
-            APREP(y + i, &a);                                                                                  \
+            AQ(y + i, &a);                                                                                     \
+            a.s = ys ? _mm256_loadu_ps(ys + 2 * i) : AS(y + i);                                                \
             MAC(&w, &a, acc, accm);                                                                            \
         }                                                                                                      \
         if (i + 2 <= nb) {                                                                                     \
@@ -401,25 +469,30 @@ TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
     }                                                                                                          \
     static float dot_##T(int64_t n, const void *vw, const void *va) {                                          \
         __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();                                          \
-        row_##T(n / 32, vw, va, &acc, &accm);                                                                  \
+        row_##T(n / 32, vw, va, NULL, &acc, &accm);                                                            \
         return fin1(acc, accm);                                                                                \
     }                                                                                                          \
-    /* one weight row against activation rows y0..y3: results 4 floats */                                     \
-    static __m128 cols4_##T(int64_t nb, const WB *x, const AB *y0, size_t as) {                               \
+    /* one weight row against activation rows y0..y3: results 4 floats. ys: the activation rows' group   \
+     * scale vectors, precomputed (8 floats per group of 4 blocks, ys_stride floats per row) */                \
+    static __m128 cols4_##T(int64_t nb, const WB *x, const AB *y0, size_t as, const float *ys, size_t yss) {   \
         const AB *y1 = (const AB *)PW(y0, as, 1), *y2 = (const AB *)PW(y0, as, 2), *y3 = (const AB *)PW(y0, as, 3); \
         __m256 acc[4], accm[4];                                                                                \
         acc[0] = acc[1] = acc[2] = acc[3] = accm[0] = accm[1] = accm[2] = accm[3] = _mm256_setzero_ps();       \
         int64_t i = 0;                                                                                         \
-        for (; i + 4 <= nb; i += 4) {                                                                          \
+        for (; i + 4 <= nb; i += 4, ys += 8) {                                                                 \
             g4 w, a;                                                                                           \
             WPREP(x + i, &w);                                                                                  \
-            APREP(y0 + i, &a);                                                                                 \
+            AQ(y0 + i, &a);                                                                                    \
+            a.s = _mm256_loadu_ps(ys);                                                                         \
             MAC(&w, &a, &acc[0], &accm[0]);                                                                    \
-            APREP(y1 + i, &a);                                                                                 \
+            AQ(y1 + i, &a);                                                                                    \
+            a.s = _mm256_loadu_ps(ys + yss);                                                                   \
             MAC(&w, &a, &acc[1], &accm[1]);                                                                    \
-            APREP(y2 + i, &a);                                                                                 \
+            AQ(y2 + i, &a);                                                                                    \
+            a.s = _mm256_loadu_ps(ys + 2 * yss);                                                               \
             MAC(&w, &a, &acc[2], &accm[2]);                                                                    \
-            APREP(y3 + i, &a);                                                                                 \
+            AQ(y3 + i, &a);                                                                                    \
+            a.s = _mm256_loadu_ps(ys + 3 * yss);                                                               \
             MAC(&w, &a, &acc[3], &accm[3]);                                                                    \
         }                                                                                                      \
         if (i + 2 <= nb) {                                                                                     \
@@ -440,30 +513,46 @@ TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
     static void mat_##T(int64_t n, int64_t nr, const void *w, size_t ws, int64_t nc, const void *a, size_t as, \
                         float *out, size_t os) {                                                               \
         const int64_t nb = n / 32;                                                                             \
+        float ys[TM_YS_FLOATS];                                                                                \
+        const int64_t ng = nb / 4;                                                                             \
+        const size_t yss = (size_t)(8 * ng);                                                                   \
         if (nc == 1) {                                                                                         \
+            /* one activation row: convert its scales once for all weight rows */                            \
+            const float *pys = yss <= TM_YS_FLOATS ? ys : NULL;                                                \
+            if (pys)                                                                                           \
+                for (int64_t g = 0; g < ng; g++) _mm256_storeu_ps(ys + 8 * g, AS((const AB *)a + 4 * g));      \
             int64_t r = 0;                                                                                     \
             for (; r + 4 <= nr; r += 4) {                                                                      \
                 __m256 acc[4], accm[4];                                                                        \
                 acc[0] = acc[1] = acc[2] = acc[3] = accm[0] = accm[1] = accm[2] = accm[3] = _mm256_setzero_ps(); \
-                row_##T(nb, (const WB *)PW(w, ws, r), a, &acc[0], &accm[0]);                                   \
-                row_##T(nb, (const WB *)PW(w, ws, r + 1), a, &acc[1], &accm[1]);                               \
-                row_##T(nb, (const WB *)PW(w, ws, r + 2), a, &acc[2], &accm[2]);                               \
-                row_##T(nb, (const WB *)PW(w, ws, r + 3), a, &acc[3], &accm[3]);                               \
+                row_##T(nb, (const WB *)PW(w, ws, r), a, pys, &acc[0], &accm[0]);                              \
+                row_##T(nb, (const WB *)PW(w, ws, r + 1), a, pys, &acc[1], &accm[1]);                          \
+                row_##T(nb, (const WB *)PW(w, ws, r + 2), a, pys, &acc[2], &accm[2]);                          \
+                row_##T(nb, (const WB *)PW(w, ws, r + 3), a, pys, &acc[3], &accm[3]);                          \
                 _mm_storeu_ps(out + r, fin4(acc, accm));                                                       \
             }                                                                                                  \
             for (; r < nr; r++) out[r] = dot_##T(n, PW(w, ws, r), a);                                          \
             return;                                                                                            \
         }                                                                                                      \
-        int64_t chunk = as ? (int64_t)(TM_ACT_CHUNK_BYTES / as) & ~(int64_t)3 : nc;                            \
+        /* the activation scales of a column chunk are converted once, into the 16 KiB stack buffer */        \
+        int64_t chunk = as ? (int64_t)(TM_ACT_CHUNK_BYTES / as) : nc;                                          \
+        if (yss > 0 && chunk > (int64_t)(TM_YS_FLOATS / yss)) chunk = (int64_t)(TM_YS_FLOATS / yss);           \
+        chunk &= ~(int64_t)3;                                                                                  \
         if (chunk < 4) chunk = 4;                                                                              \
+        const bool pre = yss * 4 <= TM_YS_FLOATS;                                                             \
         for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
             const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
+            const int64_t c4 = pre ? c0 + ((c1 - c0) & ~(int64_t)3) : c0;                                      \
+            for (int64_t c = c0; c < c4; c++)                                                                  \
+                for (int64_t g = 0; g < ng; g++)                                                               \
+                    _mm256_storeu_ps(ys + (size_t)(c - c0) * yss + 8 * (size_t)g,                              \
+                                     AS((const AB *)PW(a, as, c) + 4 * g));                                    \
             for (int64_t r = 0; r < nr; r++) {                                                                 \
                 const WB *x = (const WB *)PW(w, ws, r);                                                        \
                 int64_t c = c0;                                                                                \
-                for (; c + 4 <= c1; c += 4) {                                                                  \
+                for (; c < c4; c += 4) {                                                                       \
                     float v[4];                                                                                \
-                    _mm_storeu_ps(v, cols4_##T(nb, x, (const AB *)PW(a, as, c), as));                          \
+                    _mm_storeu_ps(v, cols4_##T(nb, x, (const AB *)PW(a, as, c), as, ys + (size_t)(c - c0) * yss, yss)); \
                     for (int k = 0; k < 4; k++) out[(size_t)(c + k) * os + (size_t)r] = v[k];                  \
                 }                                                                                              \
                 for (; c < c1; c++) out[(size_t)c * os + (size_t)r] = dot_##T(n, x, PW(a, as, c));             \
@@ -471,9 +560,9 @@ TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
         }                                                                                                      \
     }
 
-DEFINE_BLOCK32(q8_0, tm_block_q8_0, tm_block_q8_0, w4_q8_0, a4_q8_0, mac_q8_0, mac2_q8_0, mac1_q8_0)
-DEFINE_BLOCK32(q4_0, tm_block_q4_0, tm_block_q8_0, w4_q4_0, a4_q8_0o, mac_q4_0, mac2_q4_0, mac1_q4_0)
-DEFINE_BLOCK32(q4_1, tm_block_q4_1, tm_block_q8_1, w4_q4_1, a4_q8_1, mac_q4_1, mac2_q4_1, mac1_q4_1)
+DEFINE_BLOCK32(q8_0, tm_block_q8_0, tm_block_q8_0, w4_q8_0, a4q_q8_0, a4s_q8_0, mac_q8_0, mac2_q8_0, mac1_q8_0)
+DEFINE_BLOCK32(q4_0, tm_block_q4_0, tm_block_q8_0, w4_q4_0, a4q_q8_0o, a4s_q8_0, mac_q4_0, mac2_q4_0, mac1_q4_0)
+DEFINE_BLOCK32(q4_1, tm_block_q4_1, tm_block_q8_1, w4_q4_1, a4q_q8_1, a4s_q8_1, mac_q4_1, mac2_q4_1, mac1_q4_1)
 
 /* ---- K-quants (256-element super-blocks) x Q8_K ----------------------------------------------------
  * Sub-block scales are applied with vpmaddwd against a vector holding each sub-block's scale in the
@@ -735,19 +824,11 @@ static __m128 cols4_q6_K(int64_t nb, const tm_block_q6_K *x, const tm_block_q8_K
 DEFINE_KMAT(q4_K, tm_block_q4_K)
 DEFINE_KMAT(q6_K, tm_block_q6_K)
 
-/* ---- many dots: generic loop (types without a tiled kernel) -------------------------------------- */
+/* ---- float weights: many dots -------------------------------------------------------------------- */
 
-#define GENERIC_MAT_DOT(name, dot)                                                                             \
-    static void name(int64_t n, int64_t nr, const void *w, size_t w_stride, int64_t nc, const void *a,         \
-                     size_t a_stride, float *out, size_t out_stride) {                                        \
-        for (int64_t c = 0; c < nc; c++)                                                                       \
-            for (int64_t r = 0; r < nr; r++)                                                                   \
-                out[(size_t)c * out_stride + (size_t)r] = dot(n, PW(w, w_stride, r), PW(a, a_stride, c));      \
-    }
-
-GENERIC_MAT_DOT(mat_f32, dot_f32)
-GENERIC_MAT_DOT(mat_f16, dot_f16)
-GENERIC_MAT_DOT(mat_bf16, dot_bf16)
+FLOAT_MAT(mat_f32, dot_f32, float, _mm256_loadu_ps, id_f32)
+FLOAT_MAT(mat_f16, dot_f16, uint16_t, ld_f16, f16)
+FLOAT_MAT(mat_bf16, dot_bf16, uint16_t, ld_bf16, tm_bf16_to_f32)
 
 /* ---- table --------------------------------------------------------------------------------------- */
 
