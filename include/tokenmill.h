@@ -55,6 +55,8 @@ typedef struct tm_model_info {
     int32_t n_vocab, n_ctx, n_ctx_train, n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim;
     uint64_t weight_bytes;      /* bytes read per forward pass for weights */
     int32_t bos, eos;           /* -1 when absent */
+    int32_t n_threads;          /* threads of this context's backend */
+    int32_t act_bits;           /* cpu activation blocks: 16 or 8 */
 } tm_model_info;
 tm_model_info tm_get_model_info(const tm_ctx *ctx);
 

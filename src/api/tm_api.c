@@ -53,6 +53,7 @@ tm_model_info tm_get_model_info(const tm_ctx *c) {
         .n_layers = hp->n_layers, .dim = hp->dim, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads,
         .head_dim = hp->head_dim, .ffn_dim = hp->ffn_dim, .weight_bytes = c->model->weight_bytes,
         .bos = tm_tok_bos(c->model->tok), .eos = tm_tok_eos(c->model->tok),
+        .n_threads = c->runner->cfg.n_threads, .act_bits = c->runner->cfg.act_bits ? c->runner->cfg.act_bits : 16,
     };
     return i;
 }

@@ -405,12 +405,14 @@ static int cmd_bench(cli_opts *o) {
     mean_std(tg, R, &tgm, &tgs);
     double ms_tok = 1e3 / tgm, gbs = (double)mi.weight_bytes / 1e9 * tgm;
     if (o->json) {
-        printf("{\"model\": \"%s\", \"weight_bytes\": %llu, \"threads\": %d, \"pp\": %d, \"tg\": %d, \"reps\": %d, "
+        printf("{\"model\": \"%s\", \"weight_bytes\": %llu, \"threads\": %d, \"act_bits\": %d, \"pp\": %d, \"tg\": %d, \"reps\": %d, "
                "\"pp_tok_s\": %.2f, \"pp_tok_s_sd\": %.2f, \"tg_tok_s\": %.2f, \"tg_tok_s_sd\": %.2f, "
                "\"tg_ms_per_token\": %.3f, \"tg_weight_gb_s\": %.2f}\n",
-               mi.name, (unsigned long long)mi.weight_bytes, o->load.n_threads, I, O, R, ppm, pps, tgm, tgs, ms_tok, gbs);
+               mi.name, (unsigned long long)mi.weight_bytes, mi.n_threads, mi.act_bits, I, O, R, ppm, pps, tgm, tgs, ms_tok,
+               gbs);
     } else {
-        printf("model %s (%.1f MB of weights), threads %d\n", mi.name, (double)mi.weight_bytes / 1e6, o->load.n_threads);
+        printf("model %s (%.1f MB of weights), threads %d, %d-bit activations\n", mi.name, (double)mi.weight_bytes / 1e6,
+               mi.n_threads, mi.act_bits);
         printf("pp%-5d %10.2f ± %.2f tok/s\n", I, ppm, pps);
         printf("tg%-5d %10.2f ± %.2f tok/s  (%.2f ms/token, weights streamed at %.1f GB/s)\n", O, tgm, tgs, ms_tok, gbs);
     }
