@@ -1,0 +1,457 @@
+/* tm_quant16_avx2.c -- AVX2/FMA/F16C dot kernels against 16-bit activation blocks (only after tm_cpu_use_avx2()). */
+#include "backend/cpu/tm_quant16.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+/* Design. Weights are widened to int16 and multiplied with the int16 activations by vpmaddwd (16 products
+ * -> 8 int32 pair sums), so every per-block sum is exact. One kernel body, instantiated for nr = 1..8
+ * activation rows, serves vec_dot (nr = 1) and the multi-row entry: each weight block is unpacked once
+ * and reused for all rows, and because every row runs the very same float operations in the same order,
+ * the multi-row results are bit-identical to vec_dot.
+ *  - 32-element blocks (Q8_0, Q4_0, Q4_1): per group of four blocks the scale products d_w * d_a are
+ *    formed with one vector multiply and kept on the stack; each block's int32 sums are converted and
+ *    multiplied by their broadcast scale, two blocks chained per add into the row's accumulator (keeps
+ *    the FMA latency chain short for a single row). Q4_0's offset 8 is subtracted from the int16 weights;
+ *    Q4_1's m_w * d_a * sum_a terms ride in the odd lanes of the same accumulator.
+ *  - K-quants: the sub-block scales are integers, so the weights are multiplied by them in int16 (Q4_K:
+ *    q * sc <= 945, Q6_K: |(q - 32) * sc| <= 4096) and a whole super-block (Q4_K; per lane at most
+ *    8 * 4 * 945 * 32767 < 2^31) or half super-block (Q6_K; per lane at most 16 * 4096 * 32767 < 2^31)
+ *    accumulates in int32 before one conversion. Q4_K's mins use the activation bsums. */
+
+#define TM_AI static inline __attribute__((always_inline))
+#define TM_UNROLL _Pragma("GCC unroll 8")
+
+/* ---- helpers ------------------------------------------------------------------------------------- */
+
+TM_AI __m256i ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+TM_AI __m128i ld128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
+
+TM_AI float ldf(const void *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+TM_AI uint64_t ldu16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+TM_AI uint64_t ldu32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+TM_AI float f16(const void *p) { return _cvtsh_ss((unsigned short)ldu16(p)); }
+
+TM_AI float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+TM_AI __m256i bcast32(const int32_t *p) { return _mm256_broadcastd_epi32(_mm_loadu_si32(p)); }
+
+#define TM_ROUND_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+#define ACT(base, stride, r) ((const uint8_t *)(base) + (size_t)(r) * (stride))
+
+/* ---- activation quantizers (bit-identical to tm_quant16.c) ---------------------------------------- */
+
+/* 8 floats -> 8 int32 round-half-even(x / d), the quotient in double (bit-identical to the scalar code) */
+TM_AI __m256i q16x8(const float *x, __m256d vd, __m256d lo, __m256d hi) {
+    const __m256 v = _mm256_loadu_ps(x);
+    const __m256d a = _mm256_min_pd(_mm256_max_pd(_mm256_div_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), vd), lo), hi);
+    const __m256d b = _mm256_min_pd(_mm256_max_pd(_mm256_div_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), vd), lo), hi);
+    const __m128i ia = _mm256_cvtpd_epi32(_mm256_round_pd(a, TM_ROUND_NEAREST));
+    const __m128i ib = _mm256_cvtpd_epi32(_mm256_round_pd(b, TM_ROUND_NEAREST));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(ia), ib, 1);
+}
+
+/* nq (a multiple of 16) floats -> qs with one scale; returns d. bsums (per 16 elements) may be NULL. */
+static float quant16(const float *x, int nq, int16_t *qs, int32_t *sum, int32_t *bsums) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int j = 0; j < nq; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, v), m);
+        const __m256 z = _mm256_sub_ps(v, v); /* NaN exactly where v is NaN or infinite */
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float d = _mm_cvtss_f32(h) / 32767.0f;
+    const int finite = _mm256_movemask_ps(bad) == 0;
+    if (!finite || d == 0.0f) {
+        memset(qs, 0, (size_t)nq * sizeof *qs);
+        *sum = 0;
+        if (bsums) memset(bsums, 0, (size_t)(nq / 16) * sizeof *bsums);
+        return finite ? 0.0f : NAN;
+    }
+    const __m256d vd = _mm256_set1_pd((double)d), lo = _mm256_set1_pd(-32767.0), hi = _mm256_set1_pd(32767.0);
+    __m256i total = _mm256_setzero_si256();
+    for (int j = 0; j < nq; j += 16) {
+        const __m256i i0 = q16x8(x + j, vd, lo, hi), i1 = q16x8(x + j + 8, vd, lo, hi);
+        /* packs works per 128-bit lane: [i0 lo, i1 lo | i0 hi, i1 hi] -> restore the element order */
+        _mm256_storeu_si256((__m256i *)(qs + j), _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8));
+        const __m256i s = _mm256_add_epi32(i0, i1);
+        total = _mm256_add_epi32(total, s);
+        if (bsums) {
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+            bsums[j / 16] = _mm_cvtsi128_si32(t);
+        }
+    }
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+    *sum = _mm_cvtsi128_si32(t);
+    return d;
+}
+
+static void act_q16(const float *x, void *vy, int64_t n) {
+    tm_block_q16 *y = vy;
+    for (int64_t i = 0; i < n / 32; i++) y[i].d = quant16(x + 32 * i, 32, y[i].qs, &y[i].sum, NULL);
+}
+
+static void act_q16_K(const float *x, void *vy, int64_t n) {
+    tm_block_q16_K *y = vy;
+    for (int64_t i = 0; i < n / TM_QK_K; i++) {
+        int32_t total;
+        y[i].d = quant16(x + TM_QK_K * i, TM_QK_K, y[i].qs, &total, y[i].bsums);
+    }
+}
+
+/* ---- 32-element blocks: Q8_0, Q4_0, Q4_1 ------------------------------------------------------------ */
+
+enum { K32_Q8_0, K32_Q4_0, K32_Q4_1 };
+
+TM_AI size_t wbytes32(const int T) {
+    return T == K32_Q8_0 ? sizeof(tm_block_q8_0) : T == K32_Q4_0 ? sizeof(tm_block_q4_0) : sizeof(tm_block_q4_1);
+}
+
+/* one weight block -> int16 w[0] (elements 0..15), w[1] (16..31); Q4_0 already minus 8 */
+TM_AI void unpack32(const int T, const uint8_t *b, __m256i *w) {
+    if (T == K32_Q8_0) {
+        const tm_block_q8_0 *x = (const tm_block_q8_0 *)b;
+        w[0] = _mm256_cvtepi8_epi16(ld128(x->qs));
+        w[1] = _mm256_cvtepi8_epi16(ld128(x->qs + 16));
+    } else {
+        const uint8_t *qs = T == K32_Q4_0 ? ((const tm_block_q4_0 *)b)->qs : ((const tm_block_q4_1 *)b)->qs;
+        const __m256i t = _mm256_cvtepu8_epi16(ld128(qs));
+        w[0] = _mm256_and_si256(t, _mm256_set1_epi16(15));
+        w[1] = _mm256_srli_epi16(t, 4);
+        if (T == K32_Q4_0) {
+            w[0] = _mm256_sub_epi16(w[0], _mm256_set1_epi16(8));
+            w[1] = _mm256_sub_epi16(w[1], _mm256_set1_epi16(8));
+        }
+    }
+}
+
+/* exact int32 lane sums of one block: |lane| <= 4 * 128 * 32767 */
+TM_AI __m256i isum32(const __m256i *w, const uint8_t *a /* tm_block_q16 */) {
+    const tm_block_q16 *y = (const tm_block_q16 *)a;
+    return _mm256_add_epi32(_mm256_madd_epi16(w[0], ld256(y->qs)), _mm256_madd_epi16(w[1], ld256(y->qs + 16)));
+}
+
+/* four fp16 values stride bytes apart -> 4 floats */
+TM_AI __m128 f16x4(const uint8_t *p, size_t stride) {
+    const uint64_t v = ldu16(p) | ldu16(p + stride) << 16 | ldu16(p + 2 * stride) << 32 | ldu16(p + 3 * stride) << 48;
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)v));
+}
+
+/* four fp16 pairs stride bytes apart -> [a0 b0 a1 b1 | a2 b2 a3 b3] */
+TM_AI __m256 f16x4x2(const uint8_t *p, size_t stride) {
+    const uint64_t lo = ldu32(p) | ldu32(p + stride) << 32, hi = ldu32(p + 2 * stride) | ldu32(p + 3 * stride) << 32;
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+/* four activation blocks -> [d0 s0 d1 s1 | d2 s2 d3 s3] (d as float bits, s as int32) */
+TM_AI __m256i dsum4(const uint8_t *a) {
+    const size_t bs = sizeof(tm_block_q16);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_loadu_si64(a), _mm_loadu_si64(a + bs));
+    const __m128i hi = _mm_unpacklo_epi64(_mm_loadu_si64(a + 2 * bs), _mm_loadu_si64(a + 3 * bs));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+TM_AI __m128 d4(const uint8_t *a) {
+    const size_t bs = sizeof(tm_block_q16);
+    return _mm_setr_ps(ldf(a), ldf(a + bs), ldf(a + 2 * bs), ldf(a + 3 * bs));
+}
+
+/* out[r] = dot(weight row w, activation row r) for r < NR */
+TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const uint8_t *act, size_t as, float *out) {
+    const size_t wb = wbytes32(T), ab = sizeof(tm_block_q16);
+    /* per row: the group's scale products; Q4_1: [dw0 da0, mw0 da0, dw1 da1, ...] (c_k at index 2k) */
+    float cst[TM_QUANT16_MULTI_MAX][8] __attribute__((aligned(32)));
+    const int cs = T == K32_Q4_1 ? 2 : 1;
+    __m256 acc[TM_QUANT16_MULTI_MAX];
+    TM_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const uint8_t *x = w + (size_t)i * wb;
+        if (T == K32_Q4_1) {
+            const __m256 wp = f16x4x2(x, wb);
+            const __m256 odd = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1));
+            TM_UNROLL for (int r = 0; r < NR; r++) {
+                const __m256i v = dsum4(ACT(act, as, r) + (size_t)i * ab);
+                const __m256 p = _mm256_mul_ps(wp, _mm256_moveldup_ps(_mm256_castsi256_ps(v)));
+                _mm256_store_ps(cst[r], p);
+                acc[r] = _mm256_fmadd_ps(p, _mm256_and_ps(_mm256_cvtepi32_ps(v), odd), acc[r]);
+            }
+        } else {
+            const __m128 wd = f16x4(x, wb);
+            TM_UNROLL for (int r = 0; r < NR; r++) _mm_store_ps(cst[r], _mm_mul_ps(wd, d4(ACT(act, as, r) + (size_t)i * ab)));
+        }
+        for (int k = 0; k < 4; k += 2) {
+            __m256i w0[2], w1[2];
+            unpack32(T, x + (size_t)k * wb, w0);
+            unpack32(T, x + (size_t)(k + 1) * wb, w1);
+            TM_UNROLL for (int r = 0; r < NR; r++) {
+                const uint8_t *a = ACT(act, as, r) + (size_t)(i + k) * ab;
+                const __m256 s0 = _mm256_cvtepi32_ps(isum32(w0, a));
+                const __m256 s1 = _mm256_cvtepi32_ps(isum32(w1, a + ab));
+                __m256 t = _mm256_mul_ps(s0, _mm256_broadcast_ss(&cst[r][cs * k]));
+                t = _mm256_fmadd_ps(s1, _mm256_broadcast_ss(&cst[r][cs * (k + 1)]), t);
+                acc[r] = _mm256_add_ps(acc[r], t);
+            }
+        }
+    }
+    for (; i < nb; i++) { /* leftover blocks */
+        const uint8_t *x = w + (size_t)i * wb;
+        __m256i w0[2];
+        unpack32(T, x, w0);
+        const float dw = f16(x);
+        TM_UNROLL for (int r = 0; r < NR; r++) {
+            const uint8_t *a = ACT(act, as, r) + (size_t)i * ab;
+            const float da = ldf(a);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum32(w0, a)), _mm256_set1_ps(dw * da), acc[r]);
+            if (T == K32_Q4_1) {
+                int32_t s;
+                memcpy(&s, a + offsetof(tm_block_q16, sum), 4);
+                const float m = f16(x + 2) * da;
+                acc[r] = _mm256_add_ps(acc[r], _mm256_setr_ps(0.0f, m * (float)s, 0, 0, 0, 0, 0, 0));
+            }
+        }
+    }
+    TM_UNROLL for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
+}
+
+/* ---- Q4_K x Q16_K ------------------------------------------------------------------------------- */
+
+TM_AI void kern_q4_K(const int NR, int64_t nb, const uint8_t *w, const uint8_t *act, size_t as, float *out) {
+    const size_t ab = sizeof(tm_block_q16_K);
+    __m256 acc[TM_QUANT16_MULTI_MAX];
+    TM_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const tm_block_q4_K *x = (const tm_block_q4_K *)(w + (size_t)i * sizeof(tm_block_q4_K));
+        /* 6-bit scales and mins (ggml's get_scale_min_k4 layout) decoded four at a time */
+        const uint32_t w0 = (uint32_t)ldu32(x->scales), w1 = (uint32_t)ldu32(x->scales + 4),
+                       w2 = (uint32_t)ldu32(x->scales + 8);
+        const uint32_t sc_lo = w0 & 0x3f3f3f3fu, mn_lo = w1 & 0x3f3f3f3fu;
+        const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+        const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+        /* scales as int16 pairs (for broadcasts), mins duplicated per bsum (int32) */
+        int32_t scp[8] __attribute__((aligned(32)));
+        const __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)(sc_lo | (uint64_t)sc_hi << 32)));
+        _mm_store_si128((__m128i *)scp, _mm_unpacklo_epi16(sc16, sc16));
+        _mm_store_si128((__m128i *)(scp + 4), _mm_unpackhi_epi16(sc16, sc16));
+        const __m128i mn = _mm_cvtsi64_si128((long long)(mn_lo | (uint64_t)mn_hi << 32));
+        const __m128i mn2 = _mm_unpacklo_epi8(mn, mn);
+        const __m256i mm0 = _mm256_cvtepu8_epi32(mn2), mm1 = _mm256_cvtepu8_epi32(_mm_srli_si128(mn2, 8));
+        const float d = f16(&x->d), dmin = f16(&x->dmin);
+        __m256i iacc[TM_QUANT16_MULTI_MAX];
+        TM_UNROLL for (int r = 0; r < NR; r++) iacc[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i t0 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * j));
+            const __m256i t1 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * j + 16));
+            const __m256i m4 = _mm256_set1_epi16(15), s_lo = bcast32(&scp[2 * j]), s_hi = bcast32(&scp[2 * j + 1]);
+            const __m256i lo0 = _mm256_mullo_epi16(_mm256_and_si256(t0, m4), s_lo);
+            const __m256i lo1 = _mm256_mullo_epi16(_mm256_and_si256(t1, m4), s_lo);
+            const __m256i hi0 = _mm256_mullo_epi16(_mm256_srli_epi16(t0, 4), s_hi);
+            const __m256i hi1 = _mm256_mullo_epi16(_mm256_srli_epi16(t1, 4), s_hi);
+            TM_UNROLL for (int r = 0; r < NR; r++) {
+                const int16_t *a = ((const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab))->qs + 64 * j;
+                __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo0, ld256(a)), _mm256_madd_epi16(lo1, ld256(a + 16)));
+                s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(hi0, ld256(a + 32)),
+                                                         _mm256_madd_epi16(hi1, ld256(a + 48))));
+                iacc[r] = _mm256_add_epi32(iacc[r], s);
+            }
+        }
+        TM_UNROLL for (int r = 0; r < NR; r++) {
+            const tm_block_q16_K *y = (const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab);
+            const float da = ldf(&y->d);
+            const __m256i mi = _mm256_add_epi32(_mm256_mullo_epi32(mm0, ld256(y->bsums)),
+                                                _mm256_mullo_epi32(mm1, ld256(y->bsums + 8)));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_set1_ps(da * d), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(da * dmin), acc[r]);
+        }
+    }
+    TM_UNROLL for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
+}
+
+/* ---- Q6_K x Q16_K ------------------------------------------------------------------------------- */
+
+TM_AI void kern_q6_K(const int NR, int64_t nb, const uint8_t *w, const uint8_t *act, size_t as, float *out) {
+    const size_t ab = sizeof(tm_block_q16_K);
+    __m256 acc[TM_QUANT16_MULTI_MAX];
+    TM_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const tm_block_q6_K *x = (const tm_block_q6_K *)(w + (size_t)i * sizeof(tm_block_q6_K));
+        /* sub-block scales as int16 pairs: scp[k] for sub-block k */
+        int32_t scp[16] __attribute__((aligned(32)));
+        const __m128i sb = ld128(x->scales);
+        const __m128i s_lo = _mm_cvtepi8_epi16(sb), s_hi = _mm_cvtepi8_epi16(_mm_srli_si128(sb, 8));
+        _mm_store_si128((__m128i *)scp, _mm_unpacklo_epi16(s_lo, s_lo));
+        _mm_store_si128((__m128i *)(scp + 4), _mm_unpackhi_epi16(s_lo, s_lo));
+        _mm_store_si128((__m128i *)(scp + 8), _mm_unpacklo_epi16(s_hi, s_hi));
+        _mm_store_si128((__m128i *)(scp + 12), _mm_unpackhi_epi16(s_hi, s_hi));
+        const float d = f16(&x->d);
+        for (int h = 0; h < 2; h++) {
+            const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+            const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+            const __m256i l0 = ld256(ql), l1 = ld256(ql + 32), hb = ld256(qh);
+            __m256i q[4]; /* signed q - 32 of elements 32c .. 32c+31 of this half */
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+            __m256i iacc[TM_QUANT16_MULTI_MAX];
+            TM_UNROLL for (int r = 0; r < NR; r++) iacc[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                const __m256i qc = _mm256_sub_epi8(q[c], k32);
+                const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(qc)),
+                                                      bcast32(&scp[8 * h + 2 * c]));
+                const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qc, 1)),
+                                                      bcast32(&scp[8 * h + 2 * c + 1]));
+                TM_UNROLL for (int r = 0; r < NR; r++) {
+                    const int16_t *a = ((const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab))->qs + 128 * h + 32 * c;
+                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(_mm256_madd_epi16(w0, ld256(a)),
+                                                                         _mm256_madd_epi16(w1, ld256(a + 16))));
+                }
+            }
+            TM_UNROLL for (int r = 0; r < NR; r++) {
+                const float da = ldf(ACT(act, as, r) + (size_t)i * ab);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_set1_ps(da * d), acc[r]);
+            }
+        }
+    }
+    TM_UNROLL for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
+}
+
+/* ---- entry points ------------------------------------------------------------------------------- */
+
+#define DEF_ENTRIES(name, CALL)                                                                                \
+    static float dot_##name(int64_t n, const void *w, const void *a) {                                         \
+        float out;                                                                                             \
+        CALL(1, n, w, a, 0, &out);                                                                             \
+        return out;                                                                                            \
+    }                                                                                                          \
+    static void multi_##name(int64_t n, const void *w, const void *a, size_t as, int nr, float *out) {          \
+        switch (nr) {                                                                                          \
+        case 1: CALL(1, n, w, a, as, out); break;                                                              \
+        case 2: CALL(2, n, w, a, as, out); break;                                                              \
+        case 3: CALL(3, n, w, a, as, out); break;                                                              \
+        case 4: CALL(4, n, w, a, as, out); break;                                                              \
+        case 5: CALL(5, n, w, a, as, out); break;                                                              \
+        case 6: CALL(6, n, w, a, as, out); break;                                                              \
+        case 7: CALL(7, n, w, a, as, out); break;                                                              \
+        case 8: CALL(8, n, w, a, as, out); break;                                                              \
+        default: break;                                                                                        \
+        }                                                                                                      \
+    }
+
+#define CALL_Q8_0(NR, n, w, a, as, out) kern32(K32_Q8_0, NR, (n) / 32, w, a, as, out)
+#define CALL_Q4_0(NR, n, w, a, as, out) kern32(K32_Q4_0, NR, (n) / 32, w, a, as, out)
+#define CALL_Q4_1(NR, n, w, a, as, out) kern32(K32_Q4_1, NR, (n) / 32, w, a, as, out)
+#define CALL_Q4_K(NR, n, w, a, as, out) kern_q4_K(NR, (n) / TM_QK_K, w, a, as, out)
+#define CALL_Q6_K(NR, n, w, a, as, out) kern_q6_K(NR, (n) / TM_QK_K, w, a, as, out)
+
+DEF_ENTRIES(q8_0, CALL_Q8_0)
+DEF_ENTRIES(q4_0, CALL_Q4_0)
+DEF_ENTRIES(q4_1, CALL_Q4_1)
+DEF_ENTRIES(q4_K, CALL_Q4_K)
+DEF_ENTRIES(q6_K, CALL_Q6_K)
+
+/* Activation rows per column chunk: a chunk stays in L2 while the weight rows stream past it. */
+#define TM_Q16_ACT_CHUNK_BYTES (256u * 1024u)
+
+/* Many dots: decode (one activation row) is one vec_dot per weight row; prefill runs the multi-row kernel
+ * on tiles of one weight row x up to 8 activation rows, so each weight block is unpacked once per tile. */
+#define DEF_MAT(name)                                                                                          \
+    static void mat_##name(int64_t n, int64_t nr, const void *w, size_t ws, int64_t nc, const void *a, size_t as, \
+                           float *out, size_t os) {                                                            \
+        if (nc == 1) {                                                                                         \
+            for (int64_t r = 0; r < nr; r++) out[r] = dot_##name(n, ACT(w, ws, r), a);                         \
+            return;                                                                                            \
+        }                                                                                                      \
+        int64_t chunk = as ? (int64_t)(TM_Q16_ACT_CHUNK_BYTES / as) : nc;                                      \
+        chunk -= chunk % TM_QUANT16_MULTI_MAX;                                                                 \
+        if (chunk < TM_QUANT16_MULTI_MAX) chunk = TM_QUANT16_MULTI_MAX;                                        \
+        for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
+            const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
+            for (int64_t r = 0; r < nr; r++) {                                                                 \
+                for (int64_t c = c0; c < c1; c += TM_QUANT16_MULTI_MAX) {                                      \
+                    const int k = (int)(c1 - c < TM_QUANT16_MULTI_MAX ? c1 - c : TM_QUANT16_MULTI_MAX);        \
+                    float v[TM_QUANT16_MULTI_MAX];                                                             \
+                    multi_##name(n, ACT(w, ws, r), ACT(a, as, c), as, k, v);                                   \
+                    for (int j = 0; j < k; j++) out[(size_t)(c + j) * os + (size_t)r] = v[j];                  \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+
+DEF_MAT(q8_0)
+DEF_MAT(q4_0)
+DEF_MAT(q4_1)
+DEF_MAT(q4_K)
+DEF_MAT(q6_K)
+
+static const tm_quant_ops k_avx2_16[] = {
+    {TM_DT_Q8_0, TM_DT_Q16, act_q16, dot_q8_0, mat_q8_0},
+    {TM_DT_Q4_0, TM_DT_Q16, act_q16, dot_q4_0, mat_q4_0},
+    {TM_DT_Q4_1, TM_DT_Q16, act_q16, dot_q4_1, mat_q4_1},
+    {TM_DT_Q4_K, TM_DT_Q16_K, act_q16_K, dot_q4_K, mat_q4_K},
+    {TM_DT_Q6_K, TM_DT_Q16_K, act_q16_K, dot_q6_K, mat_q6_K},
+};
+
+const tm_quant_ops *tm_quant16_ops_avx2(tm_dtype t) {
+    for (size_t i = 0; i < sizeof k_avx2_16 / sizeof k_avx2_16[0]; i++)
+        if (k_avx2_16[i].wtype == t) return &k_avx2_16[i];
+    return NULL;
+}
+
+tm_vec_dot_multi_fn tm_quant16_multi_avx2(tm_dtype t) {
+    switch (t) {
+    case TM_DT_Q8_0: return multi_q8_0;
+    case TM_DT_Q4_0: return multi_q4_0;
+    case TM_DT_Q4_1: return multi_q4_1;
+    case TM_DT_Q4_K: return multi_q4_K;
+    case TM_DT_Q6_K: return multi_q6_K;
+    default: return NULL;
+    }
+}
+
+#else /* not built with AVX2/FMA/F16C */
+
+const tm_quant_ops *tm_quant16_ops_avx2(tm_dtype t) {
+    (void)t;
+    return NULL;
+}
+
+tm_vec_dot_multi_fn tm_quant16_multi_avx2(tm_dtype t) {
+    (void)t;
+    return NULL;
+}
+
+#endif
