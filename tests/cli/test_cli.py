@@ -117,3 +117,25 @@ def test_dummy_model_generates():
     r = tm("run", "-m", "dummy:smollm2-135m:q8_0", "-p", "abc", "-n", "4", "--ignore-eos", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tokens"] == 4
+
+
+def test_interactive_chat_keeps_the_conversation():
+    r = tm("chat", "-m", MODEL, "--temp", "0", "-n", "24",
+           input="What is the capital of France?\nAnd of Germany?\n\n")
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stdout.splitlines() if l.strip()]
+    assert "Paris" in lines[0]
+    assert "Berlin" in r.stdout
+
+
+def test_dummy_llama32_shape_generates():
+    r = tm("run", "-m", "dummy:llama3.2-1b:q4_0", "-p", "xyz", "-n", "2", "--ignore-eos", "--json", "-c", "64")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] == 2
+
+
+def test_bench_latency_reports_json():
+    r = tm("bench", "latency", "-m", MODEL, "--input-len", "32", "--output-len", "4", "-r", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["pp"] == 32 and j["tg"] == 4 and j["pp_tok_s"] > 0 and j["tg_tok_s"] > 0
