@@ -183,6 +183,7 @@ static int fail(const tm_error *err) {
 
 typedef struct run_out {
     bool json;
+    cJSON *logprobs;  /* array of {"id", "logprob", "top": [{"id", "logprob"}]} when --logprobs N, or NULL */
     char *text;      /* (cap) accumulated completion for --json */
     size_t len, cap;
     bool oom;
@@ -190,6 +191,19 @@ typedef struct run_out {
 
 static bool on_token(void *user, const tm_token_event *ev) {
     run_out *ro = user;
+    if (ro->logprobs && ev->token >= 0) {
+        cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
+        cJSON_AddNumberToObject(e, "id", ev->token);
+        cJSON_AddNumberToObject(e, "logprob", ev->logprob);
+        for (int32_t i = 0; i < ev->n_top; i++) {
+            cJSON *t = cJSON_CreateObject();
+            cJSON_AddNumberToObject(t, "id", ev->top[i].id);
+            cJSON_AddNumberToObject(t, "logprob", ev->top[i].logprob);
+            cJSON_AddItemToArray(top, t);
+        }
+        cJSON_AddItemToObject(e, "top", top);
+        cJSON_AddItemToArray(ro->logprobs, e);
+    }
     if (ev->text_len == 0) return true;
     if (!ro->json) {
         fwrite(ev->text, 1, ev->text_len, stdout);
@@ -230,7 +244,7 @@ static int cmd_run(cli_opts *o) {
     int32_t *ids = NULL;
     size_t n = 0;
     int rc = 1;
-    run_out ro = {.json = o->json};
+    run_out ro = {.json = o->json, .logprobs = o->json && o->gen.n_logprobs > 0 ? cJSON_CreateArray() : NULL};
     if (tm_load(&o->load, &ctx, &err) != TM_OK) return fail(&err);
     tm_chat_message conv[2];
     size_t n_conv = 0;
@@ -249,6 +263,10 @@ static int cmd_run(cli_opts *o) {
         cJSON_AddNumberToObject(j, "ttft_ms", res.ttft_ms);
         cJSON_AddNumberToObject(j, "prefill_tok_s", res.prefill_tok_s);
         cJSON_AddNumberToObject(j, "decode_tok_s", res.decode_tok_s);
+        if (ro.logprobs) {
+            cJSON_AddItemToObject(j, "logprobs", ro.logprobs);
+            ro.logprobs = NULL; /* owned by j now */
+        }
         char *js = cJSON_PrintUnformatted(j);
         if (js) printf("%s\n", js);
         cJSON_free(js);
@@ -261,6 +279,7 @@ static int cmd_run(cli_opts *o) {
     rc = 0;
 done:
     if (rc) fail(&err);
+    cJSON_Delete(ro.logprobs);
     free(ro.text);
     tm_free_buf(ids);
     tm_free(ctx);

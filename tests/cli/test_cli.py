@@ -139,3 +139,13 @@ def test_bench_latency_reports_json():
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["pp"] == 32 and j["tg"] == 4 and j["pp_tok_s"] > 0 and j["tg_tok_s"] > 0
+
+
+def test_logprobs_in_json():
+    r = run_json("-p", "The capital of France is", "-n", "3", "--temp", "0", "--logprobs", "5")
+    assert len(r["logprobs"]) == 3
+    for e in r["logprobs"]:
+        tops = [t["logprob"] for t in e["top"]]
+        assert len(tops) == 5 and tops == sorted(tops, reverse=True) and tops[0] <= 0
+        assert e["top"][0]["id"] == e["id"] and e["logprob"] == tops[0]  # greedy picks the most likely
+        assert sum(2.718281828 ** t for t in tops) <= 1.0 + 1e-6
