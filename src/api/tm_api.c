@@ -1,7 +1,7 @@
 /* tm_api.c -- the public C API (include/tokenmill.h) over model, tokenizer, chat templates and runner. */
 #include "tokenmill.h"
 
-#include "engine/tm_runner.h"
+#include "engine/tm_engine.h"
 #include "gguf/tm_gguf.h"
 #include "model/tm_model.h"
 #include "tokenizer/tm_chat.h"
@@ -12,7 +12,7 @@
 
 struct tm_ctx {
     tm_model *model;     /* owned */
-    tm_runner *runner;   /* owned */
+    tm_engine *engine;   /* owned (holds the runner) */
 };
 
 tm_load_params tm_load_params_default(void) {
@@ -26,8 +26,8 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
     if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     tm_status s = tm_model_load(p->model, &c->model, err);
     if (s == TM_OK) {
-        tm_runner_cfg rc = {p->n_threads, p->n_ctx, p->max_batch_tokens, p->block_size, 1, p->act_bits};
-        s = tm_runner_create(c->model, &rc, &c->runner, err);
+        tm_engine_cfg ec = {{p->n_threads, p->n_ctx, p->max_batch_tokens, p->block_size, 1, p->act_bits}, {0}};
+        s = tm_engine_create(c->model, &ec, &c->engine, err);
     }
     if (s != TM_OK) {
         tm_free(c);
@@ -39,7 +39,7 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
 
 void tm_free(tm_ctx *c) {
     if (!c) return;
-    tm_runner_free(c->runner);
+    tm_engine_free(c->engine);
     tm_model_free(c->model);
     free(c);
 }
@@ -49,11 +49,11 @@ tm_model_info tm_get_model_info(const tm_ctx *c) {
     tm_model_info i = {
         .name = c->model->name,
         .arch = hp->arch == TM_ARCH_QWEN2 ? "qwen2" : "llama",
-        .n_vocab = hp->n_vocab, .n_ctx = c->runner->cfg.n_ctx, .n_ctx_train = hp->n_ctx_train,
+        .n_vocab = hp->n_vocab, .n_ctx = c->engine->runner->cfg.n_ctx, .n_ctx_train = hp->n_ctx_train,
         .n_layers = hp->n_layers, .dim = hp->dim, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads,
         .head_dim = hp->head_dim, .ffn_dim = hp->ffn_dim, .weight_bytes = c->model->weight_bytes,
         .bos = tm_tok_bos(c->model->tok), .eos = tm_tok_eos(c->model->tok),
-        .n_threads = c->runner->cfg.n_threads, .act_bits = c->runner->cfg.act_bits ? c->runner->cfg.act_bits : 16,
+        .n_threads = c->engine->runner->cfg.n_threads, .act_bits = c->engine->runner->cfg.act_bits ? c->engine->runner->cfg.act_bits : 16,
     };
     return i;
 }
@@ -135,6 +135,7 @@ static bool bridge_cb(void *user, const tm_gen_event *ev) {
         gb->top[i].id = ev->top[i].id;
         gb->top[i].logprob = ev->top[i].logprob;
     }
+    if (ev->finish_reason && ev->text_len == 0) return true; /* the final event carries no text */
     tm_token_event te = {ev->token, ev->text, ev->text_len, ev->chosen.logprob, gb->top, n};
     return gb->cb(gb->user, &te);
 }
@@ -158,7 +159,7 @@ tm_status tm_generate(tm_ctx *c, const int32_t *prompt, size_t n_prompt, const t
     gp.n_stop = p->n_stop;
     gen_bridge gb = {cb, user, {{0}}};
     tm_gen_stats st;
-    tm_status s = tm_runner_generate(c->runner, prompt, n_prompt, &gp, bridge_cb, &gb, &st, err);
+    tm_status s = tm_engine_generate(c->engine, prompt, n_prompt, &gp, bridge_cb, &gb, &st, err);
     if (res) {
         memset(res, 0, sizeof *res);
         res->prompt_tokens = st.prompt_tokens;
@@ -172,7 +173,7 @@ tm_status tm_generate(tm_ctx *c, const int32_t *prompt, size_t n_prompt, const t
 }
 
 tm_status tm_prompt_logits(tm_ctx *c, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err) {
-    return tm_runner_prompt_logits(c->runner, prompt, n_prompt, out, err);
+    return tm_runner_prompt_logits(c->engine->runner, prompt, n_prompt, out, err);
 }
 
 tm_status tm_inspect(const char *path, bool show_tensors, void *file, tm_error *err) {

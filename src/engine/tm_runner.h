@@ -1,10 +1,9 @@
-/* tm_runner.h -- runs the model over sequences: owns backend, workspace and the KV pool; generation with
- * sampling, stop strings and streaming. (The continuous-batching scheduler builds on this.) */
+/* tm_runner.h -- runs the model over sequences: owns backend, workspace and the KV pool, builds the ragged
+ * batch of a step. Generation (sampling, stops, streaming, scheduling) is the engine's (tm_engine.h). */
 #ifndef TM_RUNNER_H
 #define TM_RUNNER_H
 
 #include "backend/backend.h"
-#include "engine/tm_sampler.h"
 #include "kv/tm_kv.h"
 #include "model/tm_model.h"
 
@@ -41,37 +40,6 @@ void tm_runner_free(tm_runner *r);
  * to r->logits row k' where k' counts sequences with want_logits before k. Positions = cache index. */
 tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
                          const bool *want_logits, int32_t n_seqs, tm_error *err);
-
-typedef struct tm_gen_params {
-    tm_sampling_params sampling;
-    int32_t max_tokens;         /* generated tokens (>= 0) */
-    bool ignore_eos;
-    const char *const *stop;    /* (n_stop) stop strings; the output ends before the first match */
-    size_t n_stop;
-} tm_gen_params;
-
-typedef struct tm_gen_event {
-    int32_t token;
-    const char *text;           /* text released by this token (may be empty: held back for UTF-8 or a stop prefix) */
-    size_t text_len;
-    tm_logprob chosen;          /* when sampling.n_logprobs > 0 */
-    const tm_logprob *top;      /* (n_top) */
-    int32_t n_top;
-} tm_gen_event;
-
-/* Return false to stop generating (finish reason "abort"). */
-typedef bool (*tm_gen_cb)(void *user, const tm_gen_event *ev);
-
-typedef struct tm_gen_stats {
-    int32_t prompt_tokens, gen_tokens;
-    double ttft_s;              /* submit -> first token sampled */
-    double prefill_s, decode_s; /* time in prompt passes, time in decode passes */
-    const char *finish_reason;  /* "stop", "length", "abort" */
-} tm_gen_stats;
-
-/* Generate from a prompt of ids. The text of the output (stop string excluded) is streamed to cb. */
-tm_status tm_runner_generate(tm_runner *r, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp, tm_gen_cb cb,
-                             void *user, tm_gen_stats *stats, tm_error *err);
 
 /* Logits of the prompt's last token only (for parity tests): writes n_vocab floats. */
 tm_status tm_runner_prompt_logits(tm_runner *r, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err);

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/tm_quant.h"
-#include "engine/tm_runner.h"
+#include "engine/tm_engine.h"
 #include "model/tm_model.h"
 #include "tm_test_gguf_writer.h"
 
@@ -482,6 +482,9 @@ static void test_prompt_limits(void **st) {
     assert_int_equal(tm_runner_prompt_logits(r, ids, 10, lg, &err), TM_ERR_RANGE);
     assert_int_equal(tm_kv_n_free(&r->pool), r->pool.n_blocks);
     /* generation stops at the context with "length" and frees its blocks */
+    tm_engine_cfg ec = {cfg, {0}};
+    tm_engine *e = NULL;
+    assert_int_equal(tm_engine_create(m, &ec, &e, &err), TM_OK);
     ids[3] = 7;
     tm_gen_params gp = {0};
     gp.sampling = tm_sampling_default();
@@ -489,10 +492,11 @@ static void test_prompt_limits(void **st) {
     gp.max_tokens = 100;
     gp.ignore_eos = true;
     tm_gen_stats stats;
-    assert_int_equal(tm_runner_generate(r, ids, 20, &gp, NULL, NULL, &stats, &err), TM_OK);
+    assert_int_equal(tm_engine_generate(e, ids, 20, &gp, NULL, NULL, &stats, &err), TM_OK);
     assert_string_equal(stats.finish_reason, "length");
-    assert_int_equal(stats.prompt_tokens + stats.gen_tokens, 33); /* 32 in the cache + the last sampled */
-    assert_int_equal(tm_kv_n_free(&r->pool), r->pool.n_blocks);
+    assert_int_equal(stats.prompt_tokens + stats.gen_tokens, 32); /* the context holds 32 tokens */
+    assert_int_equal(tm_kv_n_free(&e->runner->pool), e->runner->pool.n_blocks);
+    tm_engine_free(e);
     free(lg);
     tm_runner_free(r);
     tm_model_free(m);

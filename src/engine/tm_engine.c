@@ -1,0 +1,333 @@
+/* tm_engine.c -- requests, the step loop (schedule → run → sample → postprocess), output text and stops. */
+#include "tm_engine.h"
+
+#include <stdlib.h>
+
+/* ---- output text with stop strings --------------------------------------------------------------- */
+
+typedef struct out_text {
+    char *buf;          /* (cap) generated text so far */
+    size_t len, cap;
+    size_t emitted;     /* bytes already released to the caller */
+} out_text;
+
+static tm_status out_reserve(out_text *o, size_t n, tm_error *err) {
+    if (o->len + n + 1 > o->cap) {
+        size_t cap = o->cap ? o->cap : 256;
+        while (cap < o->len + n + 1) cap *= 2;
+        char *nb = realloc(o->buf, cap);
+        if (!nb) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+        o->buf = nb;
+        o->cap = cap;
+    }
+    return TM_OK;
+}
+
+/* Append the text of token id (complete UTF-8 only) or, for id < 0, flush a held-back partial sequence. */
+static tm_status out_push(out_text *o, const tm_tokenizer *tok, tm_detok *dt, int32_t id, tm_error *err) {
+    size_t need = id >= 0 ? tm_detok_bound(tok, dt, id, false) : 3;
+    tm_status s = out_reserve(o, need, err);
+    if (s != TM_OK) return s;
+    size_t n = id >= 0 ? tm_detok_push(tok, dt, id, false, o->buf + o->len, o->cap - o->len - 1)
+                       : tm_detok_finish(dt, o->buf + o->len, o->cap - o->len - 1);
+    if (n == TM_DETOK_TOO_SMALL) return tm_err(err, TM_ERR_INTERNAL, "detokenizer bound too small");
+    o->len += n;
+    o->buf[o->len] = '\0';
+    return TM_OK;
+}
+
+/* First stop string in the unreleased tail (*stop_at); else *hold = bytes at the end that may start one. */
+static bool find_stop(const out_text *o, char *const *stop, size_t n_stop, size_t *stop_at, size_t *hold) {
+    size_t maxlen = 0;
+    for (size_t i = 0; i < n_stop; i++) {
+        size_t L = strlen(stop[i]);
+        if (L > maxlen) maxlen = L;
+    }
+    size_t from = o->emitted > maxlen ? o->emitted - maxlen : 0;
+    bool found = false;
+    size_t best = o->len;
+    for (size_t i = 0; i < n_stop; i++) {
+        size_t L = strlen(stop[i]);
+        const char *p = L ? memmem(o->buf + from, o->len - from, stop[i], L) : NULL;
+        if (p && (size_t)(p - o->buf) < best) {
+            best = (size_t)(p - o->buf);
+            found = true;
+        }
+    }
+    *stop_at = best;
+    *hold = 0;
+    if (found) return true;
+    for (size_t i = 0; i < n_stop; i++) {
+        size_t L = strlen(stop[i]);
+        for (size_t k = L > 1 ? L - 1 : 0; k > *hold; k--) /* longest suffix of buf that is a prefix of stop */
+            if (k <= o->len && !memcmp(o->buf + o->len - k, stop[i], k)) {
+                *hold = k;
+                break;
+            }
+    }
+    return false;
+}
+
+/* ---- requests ------------------------------------------------------------------------------------ */
+
+struct tm_request {
+    tm_sched_seq seq;           /* the scheduler's view; seq.user = this */
+    int32_t *tokens;            /* (cap) prompt followed by generated tokens */
+    int32_t cap;
+    tm_gen_params gp;           /* gp.stop points at stops */
+    char **stops;               /* (gp.n_stop) owned copies */
+    tm_sampler *sampler;
+    tm_detok dt;
+    out_text ot;
+    bool stopped_by_string;
+    tm_gen_cb cb;
+    void *user;
+    tm_gen_stats stats;
+    tm_logprob top[TM_MAX_LOGPROBS];
+};
+
+static void request_free(tm_request *q) {
+    if (!q) return;
+    for (size_t i = 0; q->stops && i < q->gp.n_stop; i++) free(q->stops[i]);
+    free(q->stops);
+    tm_sampler_free(q->sampler);
+    free(q->tokens);
+    free(q->ot.buf);
+    free(q);
+}
+
+/* ---- engine ------------------------------------------------------------------------------------- */
+
+tm_status tm_engine_create(const tm_model *m, const tm_engine_cfg *cfg, tm_engine **out, tm_error *err) {
+    *out = NULL;
+    tm_engine *e = tm_calloc(1, sizeof *e);
+    if (!e) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    e->model = m;
+    e->next_id = 1;
+    tm_status s = tm_runner_create(m, &cfg->runner, &e->runner, err);
+    if (s != TM_OK) goto fail;
+    tm_sched_cfg sc = cfg->sched;
+    tm_runner *r = e->runner;
+    if (sc.max_batched_tokens <= 0 || sc.max_batched_tokens > r->cfg.max_batch_tokens)
+        sc.max_batched_tokens = r->cfg.max_batch_tokens;
+    if (sc.max_seqs <= 0 || sc.max_seqs > r->max_seqs) sc.max_seqs = r->max_seqs;
+    if ((s = tm_sched_init(&e->sched, &sc, &r->pool, err)) != TM_OK) goto fail;
+    size_t ms = (size_t)sc.max_seqs;
+    e->st_kv = tm_malloc_array(ms, sizeof(*e->st_kv));
+    e->st_ids = tm_malloc_array(ms, sizeof(*e->st_ids));
+    e->st_n = tm_malloc_array(ms, sizeof(*e->st_n));
+    e->st_logits = tm_malloc_array(ms, sizeof(*e->st_logits));
+    if (!e->st_kv || !e->st_ids || !e->st_n || !e->st_logits) {
+        s = tm_err(err, TM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    *out = e;
+    return TM_OK;
+fail:
+    tm_engine_free(e);
+    return s;
+}
+
+void tm_engine_free(tm_engine *e) {
+    if (!e) return;
+    for (int32_t i = 0; i < e->n_live; i++) {
+        tm_sched_finish(&e->sched, &e->live[i]->seq, TM_SEQ_ABORTED);
+        request_free(e->live[i]);
+    }
+    free(e->live);
+    if (e->runner) tm_sched_free(&e->sched);
+    tm_runner_free(e->runner);
+    free(e->st_kv);
+    free(e->st_ids);
+    free(e->st_n);
+    free(e->st_logits);
+    free(e);
+}
+
+/* Final event, blocks back to the pool, request freed. */
+static void finish(tm_engine *e, int32_t live_idx, const char *reason) {
+    tm_request *q = e->live[live_idx];
+    tm_error ignore = {0};
+    if (!q->stopped_by_string && out_push(&q->ot, e->model->tok, &q->dt, -1, &ignore) == TM_OK && q->gp.n_stop) {
+        size_t stop_at, hold; /* a stop string may complete only in the flushed text */
+        if (find_stop(&q->ot, q->stops, q->gp.n_stop, &stop_at, &hold)) {
+            q->ot.len = stop_at;
+            reason = "stop";
+        }
+    }
+    if (q->ot.len < q->ot.emitted) q->ot.len = q->ot.emitted;
+    q->stats.finish_s = tm_time_s();
+    if (q->stats.first_token_s > 0) q->stats.decode_s = q->stats.finish_s - q->stats.first_token_s;
+    q->stats.finish_reason = reason;
+    q->stats.n_preempted = q->seq.n_preempted;
+    tm_sched_finish(&e->sched, &q->seq, strcmp(reason, "abort") ? TM_SEQ_FINISHED : TM_SEQ_ABORTED);
+    if (q->cb) {
+        tm_gen_event ev = {q->seq.id, -1, q->ot.buf ? q->ot.buf + q->ot.emitted : "", q->ot.len - q->ot.emitted, {0, 0},
+                           NULL, 0, reason, &q->stats};
+        q->cb(q->user, &ev);
+    }
+    e->live[live_idx] = e->live[--e->n_live];
+    request_free(q);
+}
+
+tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp, tm_gen_cb cb,
+                        void *user, uint64_t *id, tm_error *err) {
+    const tm_runner *r = e->runner;
+    if (n_prompt == 0) return tm_err(err, TM_ERR_INVALID, "the prompt is empty");
+    if (n_prompt >= (size_t)r->cfg.n_ctx)
+        return tm_err(err, TM_ERR_RANGE, "the prompt has %zu tokens but the context is %d", n_prompt, r->cfg.n_ctx);
+    for (size_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->model->hp.n_vocab)
+            return tm_err(err, TM_ERR_RANGE, "prompt token %d outside the vocabulary (%d)", prompt[i], e->model->hp.n_vocab);
+    if (gp->max_tokens < 0) return tm_err(err, TM_ERR_INVALID, "max_tokens must be >= 0");
+    tm_status s = tm_sampling_validate(&gp->sampling, err);
+    if (s != TM_OK) return s;
+    if (e->n_live == e->cap_live) {
+        int32_t c = e->cap_live ? e->cap_live * 2 : 16;
+        tm_request **nl = realloc(e->live, (size_t)c * sizeof(*nl));
+        if (!nl) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+        e->live = nl;
+        e->cap_live = c;
+    }
+    tm_request *q = tm_calloc(1, sizeof *q);
+    if (!q) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    int64_t cap = (int64_t)n_prompt + gp->max_tokens + 1;
+    q->cap = (int32_t)(cap < r->cfg.n_ctx + 1 ? cap : r->cfg.n_ctx + 1);
+    q->tokens = tm_malloc_array((size_t)q->cap, sizeof(int32_t));
+    q->gp = *gp;
+    q->stops = gp->n_stop ? tm_calloc(gp->n_stop, sizeof(char *)) : NULL;
+    if (!q->tokens || (gp->n_stop && !q->stops)) goto nomem;
+    for (size_t i = 0; i < gp->n_stop; i++)
+        if (!(q->stops[i] = tm_strndup(gp->stop[i], strlen(gp->stop[i])))) goto nomem;
+    q->gp.stop = (const char *const *)q->stops;
+    if ((s = tm_sampler_create(&gp->sampling, e->model->hp.n_vocab, &q->sampler, err)) != TM_OK) {
+        request_free(q);
+        return s;
+    }
+    memcpy(q->tokens, prompt, n_prompt * sizeof(int32_t));
+    q->cb = cb;
+    q->user = user;
+    q->seq.id = e->next_id++;
+    q->seq.priority = gp->priority;
+    q->seq.arrival = tm_time_s();
+    q->seq.n_prompt = q->seq.n_tokens = (int32_t)n_prompt;
+    q->seq.user = q;
+    q->stats.prompt_tokens = (int32_t)n_prompt;
+    q->stats.arrival_s = q->seq.arrival;
+    if ((s = tm_sched_add(&e->sched, &q->seq, err)) != TM_OK) {
+        request_free(q);
+        return s;
+    }
+    e->live[e->n_live++] = q;
+    if (id) *id = q->seq.id;
+    if (gp->max_tokens == 0) finish(e, e->n_live - 1, "length");
+    return TM_OK;
+nomem:
+    request_free(q);
+    return tm_err(err, TM_ERR_NOMEM, "out of memory");
+}
+
+static int32_t live_index(const tm_engine *e, const tm_request *q) {
+    for (int32_t i = 0; i < e->n_live; i++)
+        if (e->live[i] == q) return i;
+    return -1;
+}
+
+bool tm_engine_abort(tm_engine *e, uint64_t id) {
+    for (int32_t i = 0; i < e->n_live; i++)
+        if (e->live[i]->seq.id == id) {
+            finish(e, i, "abort");
+            return true;
+        }
+    return false;
+}
+
+/* A sampled token: append, stream its text, decide whether the request is done (returns the reason). */
+static const char *postprocess(tm_engine *e, tm_request *q, int32_t tok, const tm_logprob *chosen, double now,
+                               tm_error *err, tm_status *st) {
+    const tm_runner *r = e->runner;
+    if (q->stats.gen_tokens == 0) {
+        q->stats.first_token_s = now;
+        q->stats.ttft_s = now - q->stats.arrival_s;
+        q->stats.prefill_s = now - q->stats.first_scheduled_s;
+    }
+    if (!q->gp.ignore_eos && tm_tok_is_eog(e->model->tok, tok)) return "stop";
+    q->tokens[q->seq.n_tokens++] = tok;
+    q->stats.gen_tokens++;
+    if ((*st = out_push(&q->ot, e->model->tok, &q->dt, tok, err)) != TM_OK) return "abort";
+    size_t stop_at, hold;
+    bool stop = find_stop(&q->ot, q->stops, q->gp.n_stop, &stop_at, &hold);
+    size_t release_to = stop ? stop_at : q->ot.len - hold;
+    if (release_to < q->ot.emitted) release_to = q->ot.emitted;
+    bool go_on = true;
+    if (q->cb) {
+        tm_gen_event ev = {q->seq.id, tok, q->ot.buf + q->ot.emitted, release_to - q->ot.emitted, *chosen, q->top,
+                           q->gp.sampling.n_logprobs, NULL, NULL};
+        go_on = q->cb(q->user, &ev);
+    }
+    q->ot.emitted = release_to;
+    if (stop) {
+        q->stopped_by_string = true;
+        q->ot.len = stop_at;
+        return "stop";
+    }
+    if (!go_on) return "abort";
+    if (q->stats.gen_tokens >= q->gp.max_tokens) return "length";
+    if (q->seq.n_tokens >= r->cfg.n_ctx || q->seq.n_tokens >= q->cap) return "length"; /* context full */
+    return NULL;
+}
+
+tm_status tm_engine_step(tm_engine *e, tm_error *err) {
+    tm_runner *r = e->runner;
+    double now = tm_time_s();
+    const tm_sched_plan *p;
+    tm_status s = tm_sched_schedule(&e->sched, now, &p, err);
+    if (s != TM_OK) return s;
+    if (p->n == 0) return TM_OK;
+    for (int32_t i = 0; i < p->n; i++) {
+        tm_request *q = p->seqs[i]->user;
+        if (q->stats.first_scheduled_s == 0) q->stats.first_scheduled_s = now;
+        e->st_kv[i] = &q->seq.kv;
+        e->st_ids[i] = q->tokens + q->seq.n_computed;
+        e->st_n[i] = p->n_new[i];
+        e->st_logits[i] = q->seq.n_computed + p->n_new[i] == q->seq.n_tokens;
+    }
+    if ((s = tm_runner_step(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, p->n, err)) != TM_OK) return s;
+    tm_sched_commit(&e->sched, p);
+    now = tm_time_s();
+    /* sample; finishing reorders e->live but not the plan */
+    int32_t row = 0, n = p->n;
+    for (int32_t i = 0; i < n; i++) {
+        if (!e->st_logits[i]) continue;
+        tm_request *q = p->seqs[i]->user;
+        tm_logprob chosen = {0, 0};
+        float *logits = r->logits + (size_t)row++ * (size_t)e->model->hp.n_vocab;
+        int32_t tok = tm_sampler_sample(q->sampler, logits, q->tokens + q->seq.n_prompt,
+                                        (size_t)(q->seq.n_tokens - q->seq.n_prompt), &chosen, q->top);
+        const char *reason = postprocess(e, q, tok, &chosen, now, err, &s);
+        if (reason) finish(e, live_index(e, q), reason);
+        if (s != TM_OK) return s;
+    }
+    return TM_OK;
+}
+
+typedef struct gen_capture {
+    tm_gen_cb cb;
+    void *user;
+    tm_gen_stats *stats;
+} gen_capture;
+
+static bool capture_cb(void *user, const tm_gen_event *ev) {
+    gen_capture *c = user;
+    if (ev->finish_reason && c->stats) *c->stats = *ev->stats;
+    return c->cb ? c->cb(c->user, ev) : true;
+}
+
+tm_status tm_engine_generate(tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp,
+                             tm_gen_cb cb, void *user, tm_gen_stats *stats, tm_error *err) {
+    gen_capture cap = {cb, user, stats};
+    if (stats) memset(stats, 0, sizeof *stats);
+    tm_status s = tm_engine_add(e, prompt, n_prompt, gp, capture_cb, &cap, NULL, err);
+    while (s == TM_OK && tm_engine_has_work(e)) s = tm_engine_step(e, err);
+    return s;
+}

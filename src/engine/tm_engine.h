@@ -1,0 +1,80 @@
+/* tm_engine.h -- the step loop: requests become sequences, the scheduler plans each step, the runner
+ * executes it, the sampler picks tokens, and outputs stream back (schedule → run → postprocess). */
+#ifndef TM_ENGINE_H
+#define TM_ENGINE_H
+
+#include "engine/tm_runner.h"
+#include "engine/tm_sampler.h"
+#include "engine/tm_sched.h"
+
+typedef struct tm_gen_params {
+    tm_sampling_params sampling;
+    int32_t max_tokens;         /* generated tokens (>= 0) */
+    bool ignore_eos;
+    const char *const *stop;    /* (n_stop) stop strings; the output ends before the first match (copied) */
+    size_t n_stop;
+    int32_t priority;           /* lower = more urgent */
+} tm_gen_params;
+
+typedef struct tm_gen_event {
+    uint64_t request;           /* request id */
+    int32_t token;              /* -1 for the final event / a flush of held-back text */
+    const char *text;           /* text released by this token (may be empty: held back for UTF-8 or a stop prefix) */
+    size_t text_len;
+    tm_logprob chosen;          /* when sampling.n_logprobs > 0 */
+    const tm_logprob *top;      /* (n_top) */
+    int32_t n_top;
+    const char *finish_reason;  /* NULL while running; "stop", "length", "abort" on the final event */
+    const struct tm_gen_stats *stats; /* the request's timings, on the final event only */
+} tm_gen_event;
+
+/* Called on the engine's thread for every token and once more with finish_reason set. Return false to
+ * abort the request (finish reason "abort"). Must not block. */
+typedef bool (*tm_gen_cb)(void *user, const tm_gen_event *ev);
+
+typedef struct tm_gen_stats {
+    int32_t prompt_tokens, gen_tokens;
+    double arrival_s, first_scheduled_s, first_token_s, finish_s; /* engine clock (tm_time_s) */
+    double ttft_s;              /* arrival -> first token */
+    double prefill_s, decode_s; /* first scheduled -> first token, first token -> finish */
+    int32_t n_preempted;
+    const char *finish_reason;  /* "stop", "length", "abort" */
+} tm_gen_stats;
+
+typedef struct tm_engine_cfg {
+    tm_runner_cfg runner;       /* runner.n_seqs sizes the KV pool (n_seqs full contexts) */
+    tm_sched_cfg sched;         /* max_batched_tokens defaults to runner.max_batch_tokens */
+} tm_engine_cfg;
+
+typedef struct tm_request tm_request;
+
+typedef struct tm_engine {
+    const tm_model *model;      /* borrowed */
+    tm_runner *runner;          /* owned */
+    tm_sched sched;
+    tm_request **live;          /* (n_live, cap_live) requests not yet finished */
+    int32_t n_live, cap_live;
+    uint64_t next_id;
+    /* per-step staging, (max_seqs) each */
+    tm_kv_seq **st_kv;
+    const int32_t **st_ids;
+    int32_t *st_n;
+    bool *st_logits;
+} tm_engine;
+
+tm_status tm_engine_create(const tm_model *m, const tm_engine_cfg *cfg, tm_engine **out, tm_error *err);
+void tm_engine_free(tm_engine *e);
+/* Queue a request; cb gets its tokens and final event. *id (may be NULL) gets its id. The prompt is copied. */
+tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp, tm_gen_cb cb,
+                        void *user, uint64_t *id, tm_error *err);
+/* Abort a request in any state; its blocks return to the pool now and its callback gets the final event. */
+bool tm_engine_abort(tm_engine *e, uint64_t id);
+/* One step: schedule -> forward -> sample -> postprocess. Finished requests free their blocks. */
+tm_status tm_engine_step(tm_engine *e, tm_error *err);
+static inline bool tm_engine_has_work(const tm_engine *e) { return e->n_live > 0; }
+
+/* Convenience: one request run to completion (the CLI's `run`). */
+tm_status tm_engine_generate(tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp,
+                             tm_gen_cb cb, void *user, tm_gen_stats *stats, tm_error *err);
+
+#endif /* TM_ENGINE_H */
