@@ -2,7 +2,8 @@
 /*
  * Build and run (from the repo root):
  *   gcc -std=c11 -O3 -D_GNU_SOURCE -Iinclude -Isrc -mavx2 -mfma -mf16c -c src/backend/cpu/tm_quant_avx2.c -o /tmp/tq8.o
- *   gcc -std=c11 -O3 -D_GNU_SOURCE -Iinclude -Isrc -mavx2 -mfma -mf16c -c src/backend/cpu/tm_quant16_avx2.c -o /tmp/tq16.o
+ *   gcc -std=c11 -O3 -D_GNU_SOURCE -Iinclude -Isrc -mavx2 -mfma -mf16c -c src/backend/cpu/tm_quant16_avx2.c \
+ *       -o /tmp/tq16.o
  *   gcc -std=c11 -O3 -D_GNU_SOURCE -Iinclude -Isrc bench/bench_quant16.c src/backend/cpu/tm_quant.c \
  *       src/backend/cpu/tm_quant16.c src/core/tm_core.c src/core/tm_dtype.c /tmp/tq8.o /tmp/tq16.o -lm -lpthread \
  *       -o /tmp/bench_quant16 && /tmp/bench_quant16 [rows cols [type [quick]]]

@@ -1,4 +1,4 @@
-/* test_quant16.c -- 16-bit activation quantizers and dots: error bounds, exact-integer references, scalar vs AVX2, multi-row. */
+/* test_quant16.c -- 16-bit activation quantizers and dots: error bounds, exact references, scalar vs AVX2, multi. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -133,7 +133,8 @@ static void check_act_block(const float *x, int nq, float d, const int16_t *qs) 
         if (d == 0.0f) assert_int_equal(qs[j], 0);
         assert_true(qs[j] >= -32767 && qs[j] <= 32767);
         const double err = fabs((double)x[j] - (double)d * qs[j]);
-        if (err > bound) fail_msg("element %d: x %.9g d %.9g q %d err %.3g > %.3g", j, (double)x[j], (double)d, qs[j], err, bound);
+        if (err > bound)
+            fail_msg("element %d: x %.9g d %.9g q %d err %.3g > %.3g", j, (double)x[j], (double)d, qs[j], err, bound);
     }
 }
 
@@ -384,7 +385,8 @@ static void test_dot_extremes(void **state) {
                 }
             }
             /* activations: all at +-amax (variant < 2: same sign everywhere; else alternating) */
-            for (int64_t i = 0; i < n; i++) x[i] = (variant < 2 || i % 2 == 0 ? 60000.0f : -60000.0f) * (float)(1 + i / 256);
+            for (int64_t i = 0; i < n; i++)
+                x[i] = (variant < 2 || i % 2 == 0 ? 60000.0f : -60000.0f) * (float)(1 + i / 256);
             const tm_quant_ops *s = tm_quant16_ops_get_isa(t, TM_ISA_SCALAR);
             uint8_t *a = malloc(row_bytes(s->act_type, n));
             assert_non_null(a);
@@ -485,8 +487,8 @@ static void test_multi_and_mat(void **state) {
                     for (int j = 0; j < rows; j++) {
                         const float single = v->vec_dot(n, wr, a + (size_t)(c0 + j) * as);
                         if (memcmp(&single, &m[j], sizeof single) != 0)
-                            fail_msg("%s n=%lld rows=%d j=%d: multi %.9g != vec_dot %.9g", tm_dtype_name(t), (long long)n,
-                                     rows, j, (double)m[j], (double)single);
+                            fail_msg("%s n=%lld rows=%d j=%d: multi %.9g != vec_dot %.9g", tm_dtype_name(t),
+                                     (long long)n, rows, j, (double)m[j], (double)single);
                     }
                 }
             }
@@ -503,9 +505,11 @@ static void test_multi_and_mat(void **state) {
                         const float want = v->vec_dot(n, w + (size_t)k * ws, a + (size_t)c * as);
                         const float got = out[(size_t)c * os + (size_t)k];
                         assert_memory_equal(&got, &want, sizeof got);
-                        assert_true(outs[(size_t)c * os + (size_t)k] == s->vec_dot(n, w + (size_t)k * ws, a + (size_t)c * as));
+                        const float want_s = s->vec_dot(n, w + (size_t)k * ws, a + (size_t)c * as);
+                        assert_true(outs[(size_t)c * os + (size_t)k] == want_s);
                     }
-                    for (size_t k = (size_t)nr; k < os; k++) assert_true(out[(size_t)c * os + k] == 0.0f); /* untouched */
+                    for (size_t k = (size_t)nr; k < os; k++) /* padding columns stay untouched */
+                        assert_true(out[(size_t)c * os + k] == 0.0f);
                 }
             }
             free(x);
@@ -524,7 +528,8 @@ static void test_dispatch(void **state) {
     const tm_dtype floats[] = {TM_DT_F32, TM_DT_F16, TM_DT_BF16};
     for (size_t i = 0; i < 3; i++) {
         assert_ptr_equal(tm_quant16_ops_get(floats[i]), tm_quant_ops_get(floats[i]));
-        assert_ptr_equal(tm_quant16_ops_get_isa(floats[i], TM_ISA_SCALAR), tm_quant_ops_get_isa(floats[i], TM_ISA_SCALAR));
+        assert_ptr_equal(tm_quant16_ops_get_isa(floats[i], TM_ISA_SCALAR),
+                         tm_quant_ops_get_isa(floats[i], TM_ISA_SCALAR));
         assert_int_equal(tm_quant16_ops_get(floats[i])->act_type, TM_DT_F32);
         assert_null(tm_quant16_multi_get(floats[i]));
     }

@@ -12,15 +12,19 @@
  * activation rows, serves vec_dot (nr = 1) and the multi-row entry: each weight block is unpacked once
  * and reused for all rows, and because every row runs the very same float operations in the same order,
  * the multi-row results are bit-identical to vec_dot.
- *  - 32-element blocks (Q8_0, Q4_0, Q4_1): per group of four blocks the scale products d_w * d_a are
- *    formed with one vector multiply and kept on the stack; each block's int32 sums are converted and
- *    multiplied by their broadcast scale, two blocks chained per add into the row's accumulator (keeps
- *    the FMA latency chain short for a single row). Q4_0's offset 8 is subtracted from the int16 weights;
- *    Q4_1's m_w * d_a * sum_a terms ride in the odd lanes of the same accumulator.
+ *  - 32-element blocks (Q8_0, Q4_0, Q4_1): a block's int32 lane sums are converted to f32 and scaled;
+ *    four blocks are chained (one mul, three FMAs) before one add into the row's accumulator, which keeps
+ *    the FMA latency chain of a single row short. Q8_0/Q4_0 scale by d_a (broadcast from the activation
+ *    block) and then d_w (the group's four weight scales, shared by all rows); Q4_1 forms the group's
+ *    [d_w d_a, m_w d_a] pairs per row with one vector multiply, and its m_w d_a sum_a terms ride in the
+ *    odd lanes of the accumulator. Q4_0's offset 8 is subtracted from the int16 weights.
  *  - K-quants: the sub-block scales are integers, so the weights are multiplied by them in int16 (Q4_K:
  *    q * sc <= 945, Q6_K: |(q - 32) * sc| <= 4096) and a whole super-block (Q4_K; per lane at most
  *    8 * 4 * 945 * 32767 < 2^31) or half super-block (Q6_K; per lane at most 16 * 4096 * 32767 < 2^31)
- *    accumulates in int32 before one conversion. Q4_K's mins use the activation bsums. */
+ *    accumulates in int32 before one conversion. Q4_K's mins use the activation bsums (in f32).
+ * Measured on the 2-core Zen 4 (bench/bench_quant16.c): the dot core needs two vpmaddwd and two 32-byte
+ * activation loads per 32 elements where the 8-bit kernels need one vpmaddubsw and one load, so a single
+ * row costs 1.1-2x the Q8 kernel; the multi-row tile gains 1.3-1.8x per row over separate vec_dot calls. */
 
 #define TM_AI static inline __attribute__((always_inline))
 #define TM_UNROLL _Pragma("GCC unroll 8")
@@ -68,8 +72,9 @@ TM_AI __m256i bcast32(const int32_t *p) { return _mm256_broadcastd_epi32(_mm_loa
 /* 8 floats -> 8 int32 round-half-even(x / d), the quotient in double (bit-identical to the scalar code) */
 TM_AI __m256i q16x8(const float *x, __m256d vd, __m256d lo, __m256d hi) {
     const __m256 v = _mm256_loadu_ps(x);
-    const __m256d a = _mm256_min_pd(_mm256_max_pd(_mm256_div_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), vd), lo), hi);
-    const __m256d b = _mm256_min_pd(_mm256_max_pd(_mm256_div_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), vd), lo), hi);
+    const __m256d qa = _mm256_div_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), vd);
+    const __m256d qb = _mm256_div_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), vd);
+    const __m256d a = _mm256_min_pd(_mm256_max_pd(qa, lo), hi), b = _mm256_min_pd(_mm256_max_pd(qb, lo), hi);
     const __m128i ia = _mm256_cvtpd_epi32(_mm256_round_pd(a, TM_ROUND_NEAREST));
     const __m128i ib = _mm256_cvtpd_epi32(_mm256_round_pd(b, TM_ROUND_NEAREST));
     return _mm256_inserti128_si256(_mm256_castsi128_si256(ia), ib, 1);
@@ -183,17 +188,16 @@ TM_AI __m256i dsum4(const uint8_t *a) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-TM_AI __m128 d4(const uint8_t *a) {
-    const size_t bs = sizeof(tm_block_q16);
-    return _mm_setr_ps(ldf(a), ldf(a + bs), ldf(a + 2 * bs), ldf(a + 3 * bs));
-}
-
-/* out[r] = dot(weight row w, activation row r) for r < NR */
+/* out[r] = dot(weight row w, activation row r) for r < NR. Per row and group of four blocks the float work is
+ * fixed (this is what makes every nr give the same bits):
+ *   Q8_0, Q4_0: u_k = S_k * d_a,k;  v = u_0 d_w,0 + u_1 d_w,1 + u_2 d_w,2 + u_3 d_w,3 (mul, 3 FMAs); acc += v
+ *   Q4_1:       p = [d_w,k d_a,k, m_w,k d_a,k]; acc += (m_w,k d_a,k) * sum_a,k (one FMA on odd lanes);
+ *               v = S_0 c_0 + S_1 c_1 + S_2 c_2 + S_3 c_3 with c_k = d_w,k d_a,k; acc += v
+ * S_k is block k's exact int32 lane sums converted to f32. Leftover blocks: acc = fma(S, c, acc). */
 TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const uint8_t *act, size_t as, float *out) {
     const size_t wb = wbytes32(T), ab = sizeof(tm_block_q16);
-    /* per row: the group's scale products; Q4_1: [dw0 da0, mw0 da0, dw1 da1, ...] (c_k at index 2k) */
+    /* Q4_1, per row: the group's [d_w d_a, m_w d_a] pairs (c_k at index 2k); others: the group's d_w */
     float cst[TM_QUANT16_MULTI_MAX][8] __attribute__((aligned(32)));
-    const int cs = T == K32_Q4_1 ? 2 : 1;
     __m256 acc[TM_QUANT16_MULTI_MAX];
     TM_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     int64_t i = 0;
@@ -209,22 +213,26 @@ TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const
                 acc[r] = _mm256_fmadd_ps(p, _mm256_and_ps(_mm256_cvtepi32_ps(v), odd), acc[r]);
             }
         } else {
-            const __m128 wd = f16x4(x, wb);
-            TM_UNROLL for (int r = 0; r < NR; r++) _mm_store_ps(cst[r], _mm_mul_ps(wd, d4(ACT(act, as, r) + (size_t)i * ab)));
+            _mm_store_ps(cst[0], f16x4(x, wb));
         }
-        for (int k = 0; k < 4; k += 2) {
-            __m256i w0[2], w1[2];
-            unpack32(T, x + (size_t)k * wb, w0);
-            unpack32(T, x + (size_t)(k + 1) * wb, w1);
+        __m256 t[TM_QUANT16_MULTI_MAX];
+        for (int k = 0; k < 4; k++) {
+            __m256i wk[2];
+            unpack32(T, x + (size_t)k * wb, wk);
             TM_UNROLL for (int r = 0; r < NR; r++) {
                 const uint8_t *a = ACT(act, as, r) + (size_t)(i + k) * ab;
-                const __m256 s0 = _mm256_cvtepi32_ps(isum32(w0, a));
-                const __m256 s1 = _mm256_cvtepi32_ps(isum32(w1, a + ab));
-                __m256 t = _mm256_mul_ps(s0, _mm256_broadcast_ss(&cst[r][cs * k]));
-                t = _mm256_fmadd_ps(s1, _mm256_broadcast_ss(&cst[r][cs * (k + 1)]), t);
-                acc[r] = _mm256_add_ps(acc[r], t);
+                __m256 s = _mm256_cvtepi32_ps(isum32(wk, a));
+                __m256 c;
+                if (T == K32_Q4_1) {
+                    c = _mm256_broadcast_ss(&cst[r][2 * k]);
+                } else {
+                    s = _mm256_mul_ps(s, _mm256_broadcast_ss((const float *)a));
+                    c = _mm256_broadcast_ss(&cst[0][k]);
+                }
+                t[r] = k == 0 ? _mm256_mul_ps(s, c) : _mm256_fmadd_ps(s, c, t[r]);
             }
         }
+        TM_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm256_add_ps(acc[r], t[r]);
     }
     for (; i < nb; i++) { /* leftover blocks */
         const uint8_t *x = w + (size_t)i * wb;
@@ -260,40 +268,40 @@ TM_AI void kern_q4_K(const int NR, int64_t nb, const uint8_t *w, const uint8_t *
         const uint32_t sc_lo = w0 & 0x3f3f3f3fu, mn_lo = w1 & 0x3f3f3f3fu;
         const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
         const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
-        /* scales as int16 pairs (for broadcasts), mins duplicated per bsum (int32) */
+        /* scales as int16 pairs (one 32-bit broadcast fills a vector with sc) */
         int32_t scp[8] __attribute__((aligned(32)));
         const __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)(sc_lo | (uint64_t)sc_hi << 32)));
         _mm_store_si128((__m128i *)scp, _mm_unpacklo_epi16(sc16, sc16));
         _mm_store_si128((__m128i *)(scp + 4), _mm_unpackhi_epi16(sc16, sc16));
+        /* dmin * m_j once per bsum (each sub-block's two bsums): exact in f32 (6 x 11 bits) */
         const __m128i mn = _mm_cvtsi64_si128((long long)(mn_lo | (uint64_t)mn_hi << 32));
         const __m128i mn2 = _mm_unpacklo_epi8(mn, mn);
-        const __m256i mm0 = _mm256_cvtepu8_epi32(mn2), mm1 = _mm256_cvtepu8_epi32(_mm_srli_si128(mn2, 8));
-        const float d = f16(&x->d), dmin = f16(&x->dmin);
+        const __m256 vdmin = _mm256_set1_ps(f16(&x->dmin)), vd = _mm256_set1_ps(f16(&x->d));
+        const __m256 mf0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn2)), vdmin);
+        const __m256 mf1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mn2, 8))), vdmin);
         __m256i iacc[TM_QUANT16_MULTI_MAX];
         TM_UNROLL for (int r = 0; r < NR; r++) iacc[r] = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            const __m256i t0 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * j));
-            const __m256i t1 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * j + 16));
-            const __m256i m4 = _mm256_set1_epi16(15), s_lo = bcast32(&scp[2 * j]), s_hi = bcast32(&scp[2 * j + 1]);
-            const __m256i lo0 = _mm256_mullo_epi16(_mm256_and_si256(t0, m4), s_lo);
-            const __m256i lo1 = _mm256_mullo_epi16(_mm256_and_si256(t1, m4), s_lo);
-            const __m256i hi0 = _mm256_mullo_epi16(_mm256_srli_epi16(t0, 4), s_hi);
-            const __m256i hi1 = _mm256_mullo_epi16(_mm256_srli_epi16(t1, 4), s_hi);
+        /* one 32-element sub-block at a time (two weight registers live beside the row accumulators):
+         * sub-block 2j is the low nibbles of qs[32j .. 32j+31], 2j+1 the high nibbles */
+        for (int j = 0; j < 8; j++) {
+            const __m256i t0 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * (j / 2)));
+            const __m256i t1 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * (j / 2) + 16));
+            const __m256i m4 = _mm256_set1_epi16(15), sc = bcast32(&scp[j]);
+            const __m256i w0 = _mm256_mullo_epi16(j & 1 ? _mm256_srli_epi16(t0, 4) : _mm256_and_si256(t0, m4), sc);
+            const __m256i w1 = _mm256_mullo_epi16(j & 1 ? _mm256_srli_epi16(t1, 4) : _mm256_and_si256(t1, m4), sc);
             TM_UNROLL for (int r = 0; r < NR; r++) {
-                const int16_t *a = ((const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab))->qs + 64 * j;
-                __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo0, ld256(a)), _mm256_madd_epi16(lo1, ld256(a + 16)));
-                s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(hi0, ld256(a + 32)),
-                                                         _mm256_madd_epi16(hi1, ld256(a + 48))));
-                iacc[r] = _mm256_add_epi32(iacc[r], s);
+                const int16_t *a = ((const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab))->qs + 32 * j;
+                iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(_mm256_madd_epi16(w0, ld256(a)),
+                                                                     _mm256_madd_epi16(w1, ld256(a + 16))));
             }
         }
         TM_UNROLL for (int r = 0; r < NR; r++) {
+            /* acc += d_a * (d * isum - sum_k dmin m_k bsums_k) */
             const tm_block_q16_K *y = (const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab);
-            const float da = ldf(&y->d);
-            const __m256i mi = _mm256_add_epi32(_mm256_mullo_epi32(mm0, ld256(y->bsums)),
-                                                _mm256_mullo_epi32(mm1, ld256(y->bsums + 8)));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_set1_ps(da * d), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(da * dmin), acc[r]);
+            const __m256 m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld256(y->bsums)), mf0,
+                                             _mm256_mul_ps(_mm256_cvtepi32_ps(ld256(y->bsums + 8)), mf1));
+            const __m256 z = _mm256_fmsub_ps(_mm256_cvtepi32_ps(iacc[r]), vd, m);
+            acc[r] = _mm256_fmadd_ps(z, _mm256_broadcast_ss(&y->d), acc[r]);
         }
     }
     TM_UNROLL for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
@@ -335,7 +343,8 @@ TM_AI void kern_q6_K(const int NR, int64_t nb, const uint8_t *w, const uint8_t *
                 const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qc, 1)),
                                                       bcast32(&scp[8 * h + 2 * c + 1]));
                 TM_UNROLL for (int r = 0; r < NR; r++) {
-                    const int16_t *a = ((const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab))->qs + 128 * h + 32 * c;
+                    const tm_block_q16_K *y = (const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab);
+                    const int16_t *a = y->qs + 128 * h + 32 * c;
                     iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(_mm256_madd_epi16(w0, ld256(a)),
                                                                          _mm256_madd_epi16(w1, ld256(a + 16))));
                 }
