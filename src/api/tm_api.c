@@ -26,7 +26,8 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
     if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     tm_status s = tm_model_load(p->model, &c->model, err);
     if (s == TM_OK) {
-        tm_engine_cfg ec = {{p->n_threads, p->n_ctx, p->max_batch_tokens, p->block_size, 1, p->act_bits}, {0}};
+        tm_engine_cfg ec = {.runner = {.n_threads = p->n_threads, .n_ctx = p->n_ctx, .max_batch_tokens = p->max_batch_tokens,
+                                       .block_size = p->block_size, .n_seqs = 1, .act_bits = p->act_bits}};
         s = tm_engine_create(c->model, &ec, &c->engine, err);
     }
     if (s != TM_OK) {

@@ -83,6 +83,7 @@ struct tm_request {
     tm_gen_cb cb;
     void *user;
     tm_gen_stats stats;
+    tm_req_timing timing;       /* feeds the metrics histograms */
     tm_logprob top[TM_MAX_LOGPROBS];
 };
 
@@ -104,6 +105,7 @@ tm_status tm_engine_create(const tm_model *m, const tm_engine_cfg *cfg, tm_engin
     if (!e) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     e->model = m;
     e->next_id = 1;
+    e->metrics = cfg->metrics;
     tm_status s = tm_runner_create(m, &cfg->runner, &e->runner, err);
     if (s != TM_OK) goto fail;
     tm_sched_cfg sc = cfg->sched;
@@ -160,7 +162,10 @@ static void finish(tm_engine *e, int32_t live_idx, const char *reason) {
     if (q->stats.first_token_s > 0) q->stats.decode_s = q->stats.finish_s - q->stats.first_token_s;
     q->stats.finish_reason = reason;
     q->stats.n_preempted = q->seq.n_preempted;
-    tm_sched_finish(&e->sched, &q->seq, strcmp(reason, "abort") ? TM_SEQ_FINISHED : TM_SEQ_ABORTED);
+    tm_finish_reason fr = !strcmp(reason, "stop") ? TM_FINISH_STOP : !strcmp(reason, "length") ? TM_FINISH_LENGTH
+                                                                                            : TM_FINISH_ABORT;
+    tm_req_on_finish(&q->timing, e->metrics, q->stats.finish_s, fr);
+    tm_sched_finish(&e->sched, &q->seq, fr == TM_FINISH_ABORT ? TM_SEQ_ABORTED : TM_SEQ_FINISHED);
     if (q->cb) {
         tm_gen_event ev = {q->seq.id, -1, q->ot.buf ? q->ot.buf + q->ot.emitted : "", q->ot.len - q->ot.emitted, {0, 0},
                            NULL, 0, reason, &q->stats};
@@ -212,8 +217,10 @@ tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, co
     q->seq.arrival = tm_time_s();
     q->seq.n_prompt = q->seq.n_tokens = (int32_t)n_prompt;
     q->seq.user = q;
+    q->seq.tokens = q->tokens;
     q->stats.prompt_tokens = (int32_t)n_prompt;
     q->stats.arrival_s = q->seq.arrival;
+    tm_req_on_arrival(&q->timing, q->seq.arrival, n_prompt);
     if ((s = tm_sched_add(&e->sched, &q->seq, err)) != TM_OK) {
         request_free(q);
         return s;
@@ -251,6 +258,7 @@ static const char *postprocess(tm_engine *e, tm_request *q, int32_t tok, const t
         q->stats.ttft_s = now - q->stats.arrival_s;
         q->stats.prefill_s = now - q->stats.first_scheduled_s;
     }
+    tm_req_on_token(&q->timing, e->metrics, now);
     if (!q->gp.ignore_eos && tm_tok_is_eog(e->model->tok, tok)) return "stop";
     q->tokens[q->seq.n_tokens++] = tok;
     q->stats.gen_tokens++;
@@ -283,10 +291,24 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
     const tm_sched_plan *p;
     tm_status s = tm_sched_schedule(&e->sched, now, &p, err);
     if (s != TM_OK) return s;
+    if (e->metrics) {
+        tm_metrics_std *ms = tm_metrics_get_std(e->metrics);
+        if (ms && p->n_preempted) tm_counter_add(ms->preemptions, (uint64_t)p->n_preempted);
+        tm_kv_stats ks;
+        tm_kv_get_stats(&r->pool, &ks);
+        if (ms) {
+            tm_counter_add(ms->prefix_queries, ks.query_tokens - e->kv_seen.query_tokens);
+            tm_counter_add(ms->prefix_hits, ks.hit_tokens - e->kv_seen.hit_tokens);
+        }
+        e->kv_seen = ks;
+        tm_metrics_set_sched(e->metrics, (uint64_t)e->sched.n_running, (uint64_t)e->sched.n_waiting,
+                             tm_kv_usage(&r->pool));
+    }
     if (p->n == 0) return TM_OK;
     for (int32_t i = 0; i < p->n; i++) {
         tm_request *q = p->seqs[i]->user;
         if (q->stats.first_scheduled_s == 0) q->stats.first_scheduled_s = now;
+        if (q->seq.n_computed == 0) tm_req_on_scheduled(&q->timing, now); /* an admission (or re-admission) */
         e->st_kv[i] = &q->seq.kv;
         e->st_ids[i] = q->tokens + q->seq.n_computed;
         e->st_n[i] = p->n_new[i];

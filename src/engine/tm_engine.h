@@ -6,6 +6,7 @@
 #include "engine/tm_runner.h"
 #include "engine/tm_sampler.h"
 #include "engine/tm_sched.h"
+#include "metrics/tm_metrics.h"
 
 typedef struct tm_gen_params {
     tm_sampling_params sampling;
@@ -44,6 +45,7 @@ typedef struct tm_gen_stats {
 typedef struct tm_engine_cfg {
     tm_runner_cfg runner;       /* runner.n_seqs sizes the KV pool (n_seqs full contexts) */
     tm_sched_cfg sched;         /* max_batched_tokens defaults to runner.max_batch_tokens */
+    tm_metrics *metrics;        /* borrowed; NULL = no metrics. Recorded on the engine thread, lock-free */
 } tm_engine_cfg;
 
 typedef struct tm_request tm_request;
@@ -52,6 +54,8 @@ typedef struct tm_engine {
     const tm_model *model;      /* borrowed */
     tm_runner *runner;          /* owned */
     tm_sched sched;
+    tm_metrics *metrics;        /* borrowed, may be NULL */
+    tm_kv_stats kv_seen;        /* pool counters already added to the metrics */
     tm_request **live;          /* (n_live, cap_live) requests not yet finished */
     int32_t n_live, cap_live;
     uint64_t next_id;

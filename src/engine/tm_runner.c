@@ -25,9 +25,10 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     if (s != TM_OK) goto fail;
     if ((s = tm_workspace_init(&r->ws, m, r->be, cfg.max_batch_tokens, err)) != TM_OK) goto fail;
     r->max_blocks = (cfg.n_ctx + cfg.block_size - 1) / cfg.block_size;
-    int64_t n_blocks = (int64_t)r->max_blocks * cfg.n_seqs;
+    int64_t n_blocks = cfg.kv_blocks > 0 ? cfg.kv_blocks : (int64_t)r->max_blocks * cfg.n_seqs;
     if (n_blocks > INT32_MAX) { s = tm_err(err, TM_ERR_RANGE, "KV pool too large"); goto fail; }
-    if ((s = tm_kv_pool_init(&r->pool, (int32_t)n_blocks, cfg.block_size, err)) != TM_OK) goto fail;
+    tm_kv_pool_cfg pc = {(int32_t)n_blocks, cfg.block_size, cfg.no_prefix_cache, 0};
+    if ((s = tm_kv_pool_init_cfg(&r->pool, &pc, err)) != TM_OK) goto fail;
     tm_kv_cfg kc = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, cfg.block_size, (int32_t)n_blocks, TM_DT_F32};
     if ((s = r->be->ops->kv_init(r->be, &kc, err)) != TM_OK) goto fail;
     size_t T = (size_t)cfg.max_batch_tokens;
@@ -105,7 +106,9 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
     };
     tm_status st = tm_model_forward(r->model, r->be, &r->ws, &b, r->logits, err);
     if (st != TM_OK) return st;
-    for (int32_t k = 0; k < n_seqs; k++) seqs[k]->n_tokens += n_new[k];
+    /* the entries are written: record their tokens (full blocks become shareable prefix-cache blocks) */
+    for (int32_t k = 0; k < n_seqs; k++)
+        if ((st = tm_kv_seq_append_tokens(&r->pool, seqs[k], new_ids[k], n_new[k], err)) != TM_OK) return st;
     return TM_OK;
 }
 

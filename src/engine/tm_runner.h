@@ -14,6 +14,8 @@ typedef struct tm_runner_cfg {
     int32_t block_size;         /* KV block size, default 16 */
     int32_t n_seqs;             /* sequences the KV pool is sized for, default 1 */
     int32_t act_bits;           /* cpu activation blocks for integer dots: 16 (default) or 8 */
+    int32_t kv_blocks;          /* KV pool size in blocks; 0 = n_seqs full contexts */
+    bool no_prefix_cache;       /* true: full blocks are not hashed and shared (prefix caching off) */
 } tm_runner_cfg;
 
 typedef struct tm_runner {

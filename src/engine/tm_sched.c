@@ -163,9 +163,20 @@ tm_status tm_sched_schedule(tm_sched *s, double now, const tm_sched_plan **out, 
         int32_t wi = next_waiting(s, now);
         tm_sched_seq *q = s->waiting[wi];
         if (index_of(p->preempted, p->n_preempted, q) >= 0) break; /* preempted this step: not back in it */
+        if (q->kv.n_blocks == 0 && q->tokens) {
+            /* prefix cache: attach the longest chain of cached full blocks (always leaving one token to run) */
+            int32_t n_cached = 0;
+            if (tm_kv_seq_match_prefix(s->pool, &q->kv, q->tokens, q->n_tokens, &n_cached, err) != TM_OK)
+                return err ? err->code : TM_ERR_INTERNAL;
+            q->n_computed = n_cached;
+        }
         int32_t need = q->n_tokens - q->n_computed;
         int32_t take = need < budget ? need : budget;
-        if (tm_kv_seq_reserve(s->pool, &q->kv, q->n_computed + take - q->kv.n_tokens, NULL) != TM_OK) break;
+        if (tm_kv_seq_reserve(s->pool, &q->kv, q->n_computed + take - q->kv.n_tokens, NULL) != TM_OK) {
+            tm_kv_seq_release(s->pool, &q->kv); /* matched blocks go back to the cache */
+            q->n_computed = 0;
+            break;
+        }
         remove_at(s->waiting, &s->n_waiting, wi, false);
         q->state = TM_SEQ_RUNNING;
         s->running[s->n_running++] = q;

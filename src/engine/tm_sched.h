@@ -28,6 +28,7 @@ typedef struct tm_sched_seq {
     int32_t n_computed;     /* tokens whose K/V are in the cache */
     int32_t n_preempted;    /* times preempted */
     tm_kv_seq kv;
+    const int32_t *tokens;  /* (n_tokens) the sequence's tokens, for prefix-cache lookups; may be NULL */
     void *user;             /* the engine's request */
 } tm_sched_seq;
 
