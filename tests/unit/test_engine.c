@@ -199,11 +199,52 @@ static void test_metrics_follow_requests(void **st) {
     unlink(path);
 }
 
+/* A repeated prompt reuses the cached full blocks of the first run and produces the same tokens. */
+static void test_prefix_cache_hits_and_matches(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.wtype = TM_DT_Q8_0;
+    const char *path = write_tiny(&o);
+    tm_model *m = NULL;
+    tm_error err = {0};
+    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
+    int32_t p[50];
+    for (int i = 0; i < 50; i++) p[i] = (int32_t)((i * 31 + 7) % 300);
+    for (int off = 0; off < 2; off++) {
+        bool no_cache = off == 1;
+        tm_metrics *mx = NULL;
+        assert_int_equal(tm_metrics_create(128, &mx, &err), TM_OK);
+        tm_engine_cfg cfg = {{2, 128, 64, 16, 4, 16, 0, no_cache}, {64, 4, TM_SCHED_CONTINUOUS, 0}, mx};
+        tm_engine *e = NULL;
+        assert_int_equal(tm_engine_create(m, &cfg, &e, &err), TM_OK);
+        out_rec a = {{0}, 0, NULL, 0}, b = {{0}, 0, NULL, 0};
+        tm_gen_params gp = {0};
+        gp.sampling = tm_sampling_default();
+        gp.sampling.temperature = 0.0f;
+        gp.ignore_eos = true;
+        gp.max_tokens = 10;
+        assert_int_equal(tm_engine_generate(e, p, 50, &gp, record, &a, NULL, &err), TM_OK);
+        assert_int_equal(tm_engine_generate(e, p, 50, &gp, record, &b, NULL, &err), TM_OK);
+        assert_int_equal(a.n, 10);
+        assert_memory_equal(a.ids, b.ids, sizeof(int32_t) * 10);
+        tm_metrics_std *ms = tm_metrics_get_std(mx);
+        uint64_t hits = tm_counter_get(ms->prefix_hits);
+        if (no_cache) assert_int_equal(hits, 0);
+        else assert_int_equal(hits, 48); /* 3 full blocks of the 50-token prompt (the 4th is partial) */
+        assert_int_equal(tm_kv_n_free(&e->runner->pool), e->runner->pool.n_blocks);
+        tm_engine_free(e);
+        tm_metrics_free(mx);
+    }
+    tm_model_free(m);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_equals_alone),
         cmocka_unit_test(test_abort_frees_blocks),
         cmocka_unit_test(test_metrics_follow_requests),
+        cmocka_unit_test(test_prefix_cache_hits_and_matches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
