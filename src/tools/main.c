@@ -1,5 +1,6 @@
 /* main.c -- the tokenmill command line: run, chat, tokenize, inspect (over the public C API). */
 #include "tokenmill.h"
+#include "tm_bench.h"
 #include "tm_membw.h"
 
 #include <cjson/cJSON.h>
@@ -27,6 +28,9 @@ static const char *k_usage =
     "  inspect  MODEL [--no-tensors]\n"
     "  bench latency [-m MODEL] [--input-len I] [--output-len O] [-r REPS] [-t THREADS] [--json]\n"
     "           prefill (I-token prompt, one pass) and decode (O tokens) speed, like llama-bench pp/tg\n"
+    "  bench throughput [-m MODEL] [--num-prompts N] [--input-len I] [--output-len O]\n"
+    "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
+    "           [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache] [--json]   offline, EOS ignored\n"
     "  bench memory [-t THREADS] [--json]   DRAM read bandwidth (the decode floor's denominator)\n"
     "  eval     [-m MODEL] --ids-file F --out DIR [-n N]   (parity: logits + greedy ids per prompt line)\n"
     "MODEL is a GGUF file or dummy:NAME[:TYPE] (smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b).\n"
@@ -80,6 +84,8 @@ typedef struct cli_opts {
     const char *positional;
     const char *ids_file, *out_dir;
     int32_t input_len, output_len, reps;
+    int32_t num_prompts, out_min, out_max, shared_prefix, max_seqs;
+    bool static_batching, no_prefix_cache;
 } cli_opts;
 
 /* Parse options shared by the commands; returns 0 or the exit status of a usage error. */
@@ -152,6 +158,27 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "--output-len")) {
             NEED_VALUE();
             if (!parse_i32(v, 1, 1 << 20, &o->output_len)) return usage_error("bad output length '%s'", v);
+        } else if (!strcmp(a, "--num-prompts")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 1, 1 << 20, &o->num_prompts)) return usage_error("bad prompt count '%s'", v);
+        } else if (!strcmp(a, "--output-len-dist")) {
+            NEED_VALUE();
+            char extra;
+            if (sscanf(v, "uniform:%d:%d%c", &o->out_min, &o->out_max, &extra) != 2 || o->out_min < 1 ||
+                o->out_max < o->out_min || o->out_max > 1 << 20)
+                return usage_error("bad output length distribution '%s' (uniform:A:B, 1 <= A <= B)", v);
+        } else if (!strcmp(a, "--shared-prefix")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 0, 1 << 20, &o->shared_prefix)) return usage_error("bad shared prefix length '%s'", v);
+        } else if (!strcmp(a, "--max-seqs")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 1, 4096, &o->max_seqs)) return usage_error("bad max sequences '%s' (1..4096)", v);
+        } else if (!strcmp(a, "--schedule")) {
+            NEED_VALUE();
+            if (strcmp(v, "static") && strcmp(v, "continuous")) return usage_error("bad schedule '%s' (static|continuous)", v);
+            o->static_batching = !strcmp(v, "static");
+        } else if (!strcmp(a, "--no-prefix-cache")) {
+            o->no_prefix_cache = true;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
             NEED_VALUE();
             if (!parse_i32(v, 1, 1000, &o->reps)) return usage_error("bad repetition count '%s'", v);
@@ -387,8 +414,21 @@ static int cmd_bench(cli_opts *o) {
         else printf("DRAM read bandwidth, %d thread(s), 1 GiB buffer, best of 5: %.2f GB/s\n", nt, gbs);
         return 0;
     }
+    if (o->positional && !strcmp(o->positional, "throughput")) {
+        tm_bench_tp_cfg bc = {
+            .model = o->load.model, .n_threads = o->load.n_threads, .num_prompts = o->num_prompts ? o->num_prompts : 64,
+            .input_len = o->input_len ? o->input_len : 128, .output_len = o->output_len ? o->output_len : 128,
+            .out_min = o->out_min, .out_max = o->out_max, .shared_prefix = o->shared_prefix,
+            .static_batching = o->static_batching, .max_seqs = o->max_seqs, .max_batched_tokens = o->load.max_batch_tokens,
+            .act_bits = o->load.act_bits, .no_prefix_cache = o->no_prefix_cache, .json = o->json, .seed = o->gen.seed,
+        };
+        tm_error err = {0};
+        if (tm_bench_throughput(&bc, &err) != TM_OK) return fail(&err);
+        return 0;
+    }
     if (!o->positional || strcmp(o->positional, "latency") != 0)
-        return usage_error("bench needs a mode: latency or memory (got '%s')", o->positional ? o->positional : "");
+        return usage_error("bench needs a mode: latency, throughput or memory (got '%s')",
+                           o->positional ? o->positional : "");
     int32_t I = o->input_len ? o->input_len : 512, O = o->output_len ? o->output_len : 128, R = o->reps ? o->reps : 3;
     if (!o->load.max_batch_tokens) o->load.max_batch_tokens = I;
     if (!o->load.n_ctx) o->load.n_ctx = (I > O ? I : O) + 16;

@@ -1,0 +1,141 @@
+/* tm_bench.c -- `tokenmill bench throughput`: offline throughput and latency through the engine. */
+#include "tm_bench.h"
+
+#include "engine/tm_engine.h"
+#include "metrics/tm_metrics.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct req_result {
+    double ttft, tpot, e2e;
+    int32_t n_gen;
+    bool done;
+} req_result;
+
+static bool on_event(void *user, const tm_gen_event *ev) {
+    req_result *r = user;
+    if (!ev->finish_reason) return true;
+    const tm_gen_stats *s = ev->stats;
+    r->done = true;
+    r->n_gen = s->gen_tokens;
+    r->ttft = s->ttft_s;
+    r->tpot = s->gen_tokens > 1 ? s->decode_s / (s->gen_tokens - 1) : NAN;
+    r->e2e = s->finish_s - s->arrival_s;
+    return true;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+static void print_summary(const char *name, tm_summary s, double scale, bool json, bool last) {
+    if (json)
+        printf("\"%s_ms_mean\": %.3f, \"%s_ms_p50\": %.3f, \"%s_ms_p99\": %.3f%s", name, s.mean * scale, name, s.p50 * scale, name,
+               s.p99 * scale, last ? "" : ", ");
+    else
+        printf("%-6s mean %9.2f ms   p50 %9.2f ms   p99 %9.2f ms\n", name, s.mean * scale, s.p50 * scale, s.p99 * scale);
+}
+
+tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
+    if (c->num_prompts < 1 || c->input_len < 1 || (c->out_max <= 0 && c->output_len < 1) || c->shared_prefix < 0 ||
+        c->shared_prefix > c->input_len || (c->out_max > 0 && (c->out_min < 1 || c->out_min > c->out_max)))
+        return tm_err(err, TM_ERR_INVALID, "bad benchmark shape (prompts %d, input %d, output %d or %d..%d, prefix %d)",
+                      c->num_prompts, c->input_len, c->output_len, c->out_min, c->out_max, c->shared_prefix);
+    tm_model *m = NULL;
+    tm_engine *e = NULL;
+    int32_t *prompts = NULL, *outlen = NULL;
+    req_result *res = NULL;
+    double *v = NULL;
+    tm_status s = tm_model_load(c->model, &m, err);
+    if (s != TM_OK) return s;
+    int32_t omax = c->out_max > 0 ? c->out_max : c->output_len;
+    int32_t max_seqs = c->max_seqs > 0 ? c->max_seqs : 32;
+    tm_engine_cfg ec = {
+        .runner = {.n_threads = c->n_threads, .n_ctx = c->input_len + omax + 1,
+                   .max_batch_tokens = c->max_batched_tokens > 0 ? c->max_batched_tokens : 512, .block_size = 16,
+                   .n_seqs = max_seqs, .act_bits = c->act_bits, .no_prefix_cache = c->no_prefix_cache},
+        .sched = {.max_seqs = max_seqs, .policy = c->static_batching ? TM_SCHED_STATIC : TM_SCHED_CONTINUOUS},
+    };
+    if (ec.runner.n_ctx > m->hp.n_ctx_train) {
+        s = tm_err(err, TM_ERR_RANGE, "input %d + output %d exceeds the model's context %d", c->input_len, omax,
+                   m->hp.n_ctx_train);
+        goto done;
+    }
+    if ((s = tm_engine_create(m, &ec, &e, err)) != TM_OK) goto done;
+    size_t N = (size_t)c->num_prompts, I = (size_t)c->input_len;
+    prompts = tm_malloc_array(N * I, sizeof(int32_t));
+    outlen = tm_malloc_array(N, sizeof(int32_t));
+    res = tm_calloc(N, sizeof(req_result));
+    v = tm_malloc_array(N, sizeof(double));
+    if (!prompts || !outlen || !res || !v) {
+        s = tm_err(err, TM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    uint64_t st = c->seed ? c->seed : 1;
+    int32_t lo_id = m->hp.n_vocab > 1000 ? 256 : 0; /* random ids away from the specials */
+    for (size_t r = 0; r < N; r++) {
+        for (size_t i = 0; i < I; i++)
+            prompts[r * I + i] = (int64_t)i < c->shared_prefix && r > 0
+                                     ? prompts[i]
+                                     : lo_id + (int32_t)(rng_next(&st) % (uint64_t)(m->hp.n_vocab - lo_id));
+        outlen[r] = c->out_max > 0 ? c->out_min + (int32_t)(rng_next(&st) % (uint64_t)(c->out_max - c->out_min + 1))
+                                   : c->output_len;
+    }
+    double t0 = tm_time_s();
+    for (size_t r = 0; r < N; r++) {
+        tm_gen_params gp = {0};
+        gp.sampling = tm_sampling_default();
+        gp.sampling.temperature = 0.0f;
+        gp.max_tokens = outlen[r];
+        gp.ignore_eos = true;
+        if ((s = tm_engine_add(e, prompts + r * I, I, &gp, on_event, &res[r], NULL, err)) != TM_OK) goto done;
+    }
+    int64_t steps = 0;
+    while (tm_engine_has_work(e)) {
+        if ((s = tm_engine_step(e, err)) != TM_OK) goto done;
+        steps++;
+    }
+    double wall = tm_time_s() - t0;
+    uint64_t out_tokens = 0;
+    for (size_t r = 0; r < N; r++) out_tokens += (uint64_t)res[r].n_gen;
+    uint64_t total_tokens = out_tokens + (uint64_t)N * I;
+    tm_kv_stats ks;
+    tm_kv_get_stats(&e->runner->pool, &ks);
+    if (c->json)
+        printf("{\"model\": \"%s\", \"schedule\": \"%s\", \"num_prompts\": %d, \"input_len\": %d, \"output_len_max\": %d, "
+               "\"shared_prefix\": %d, \"threads\": %d, \"max_seqs\": %d, \"duration_s\": %.3f, \"steps\": %lld, "
+               "\"requests_per_s\": %.4f, \"output_tok_s\": %.2f, \"total_tok_s\": %.2f, \"output_tokens\": %llu, "
+               "\"prefix_hit_tokens\": %llu, \"preemptions\": %llu, ",
+               m->name, c->static_batching ? "static" : "continuous", c->num_prompts, c->input_len, omax,
+               c->shared_prefix, e->runner->cfg.n_threads, max_seqs, wall, (long long)steps, (double)N / wall,
+               (double)out_tokens / wall, (double)total_tokens / wall, (unsigned long long)out_tokens,
+               (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);
+    else
+        printf("%s: %d requests (input %d, output %s%d), %s batching, %d threads, max %d seqs\n"
+               "duration %.2f s, %lld steps: %.3f req/s, output %.1f tok/s, total %.1f tok/s; prefix hits %llu tokens, "
+               "preemptions %llu\n",
+               m->name, c->num_prompts, c->input_len, c->out_max > 0 ? "<=" : "", omax,
+               c->static_batching ? "static" : "continuous", e->runner->cfg.n_threads, max_seqs, wall, (long long)steps,
+               (double)N / wall, (double)out_tokens / wall, (double)total_tokens / wall,
+               (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);
+    for (size_t r = 0; r < N; r++) v[r] = res[r].ttft;
+    print_summary("ttft", tm_stats_summary(v, N), 1e3, c->json, false);
+    size_t n_tpot = 0;
+    for (size_t r = 0; r < N; r++)
+        if (!isnan(res[r].tpot)) v[n_tpot++] = res[r].tpot;
+    print_summary("tpot", tm_stats_summary(v, n_tpot), 1e3, c->json, false);
+    for (size_t r = 0; r < N; r++) v[r] = res[r].e2e;
+    print_summary("e2e", tm_stats_summary(v, N), 1e3, c->json, true);
+    if (c->json) printf("}\n");
+done:
+    free(prompts);
+    free(outlen);
+    free(res);
+    free(v);
+    tm_engine_free(e);
+    tm_model_free(m);
+    return s;
+}
