@@ -132,10 +132,7 @@ fail:
 
 void tm_engine_free(tm_engine *e) {
     if (!e) return;
-    for (int32_t i = 0; i < e->n_live; i++) {
-        tm_sched_finish(&e->sched, &e->live[i]->seq, TM_SEQ_ABORTED);
-        request_free(e->live[i]);
-    }
+    if (e->runner) tm_engine_abort_all(e); /* callbacks get their final events */
     free(e->live);
     if (e->runner) tm_sched_free(&e->sched);
     tm_runner_free(e->runner);
@@ -247,6 +244,10 @@ bool tm_engine_abort(tm_engine *e, uint64_t id) {
             return true;
         }
     return false;
+}
+
+void tm_engine_abort_all(tm_engine *e) {
+    while (e->n_live > 0) finish(e, e->n_live - 1, "abort");
 }
 
 /* A sampled token: append, stream its text, decide whether the request is done (returns the reason). */

@@ -73,6 +73,8 @@ tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, co
                         void *user, uint64_t *id, tm_error *err);
 /* Abort a request in any state; its blocks return to the pool now and its callback gets the final event. */
 bool tm_engine_abort(tm_engine *e, uint64_t id);
+/* Abort every live request (final "abort" events). */
+void tm_engine_abort_all(tm_engine *e);
 /* One step: schedule -> forward -> sample -> postprocess. Finished requests free their blocks. */
 tm_status tm_engine_step(tm_engine *e, tm_error *err);
 static inline bool tm_engine_has_work(const tm_engine *e) { return e->n_live > 0; }
