@@ -43,6 +43,9 @@ typedef struct tm_load_params {
     int32_t max_batch_tokens;   /* tokens per forward pass; 0: 512 */
     int32_t block_size;         /* KV cache block size in tokens; 0: 16 */
     int32_t act_bits;           /* cpu: activations quantized to 16-bit (default, fp32-accurate) or 8-bit blocks */
+    int32_t max_seqs;           /* sequences batched together (continuous batching); the KV cache holds this many
+                                 * full contexts; 0: 1 */
+    bool no_prefix_cache;       /* turn off sharing of cached prompt blocks between requests */
 } tm_load_params;
 
 tm_load_params tm_load_params_default(void);
@@ -95,6 +98,7 @@ typedef struct tm_generate_params {
     bool ignore_eos;
     const char *const *stop;    /* (n_stop) stop strings; output ends before the first match */
     size_t n_stop;
+    int32_t priority;           /* lower = more urgent; FCFS within a priority (batch submission) */
 } tm_generate_params;
 tm_generate_params tm_generate_params_default(void);
 
@@ -125,6 +129,20 @@ typedef struct tm_generate_result {
 /* Generate a continuation of prompt ids, streaming text through cb (may be NULL). */
 tm_status tm_generate(tm_ctx *ctx, const int32_t *prompt, size_t n_prompt, const tm_generate_params *p, tm_token_cb cb,
                       void *user, tm_generate_result *res, tm_error *err);
+
+/* Batch submission: every request runs through the continuous-batching scheduler together (up to
+ * max_seqs at a time); callbacks are called on the calling thread as tokens come. Each request's
+ * result (may be NULL) is filled when it finishes. A request refused at submission (empty prompt,
+ * over the context, ...) fails the whole call before anything runs. */
+typedef struct tm_request_spec {
+    const int32_t *prompt;      /* (n_prompt) */
+    size_t n_prompt;
+    const tm_generate_params *params;
+    tm_token_cb cb;             /* may be NULL */
+    void *user;
+    tm_generate_result *result; /* may be NULL */
+} tm_request_spec;
+tm_status tm_generate_batch(tm_ctx *ctx, const tm_request_spec *reqs, size_t n_reqs, tm_error *err);
 
 /* Run a prompt and copy the logits of its last token (n_vocab floats) to out (parity tests, scoring). */
 tm_status tm_prompt_logits(tm_ctx *ctx, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err);

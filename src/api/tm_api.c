@@ -26,8 +26,11 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
     if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     tm_status s = tm_model_load(p->model, &c->model, err);
     if (s == TM_OK) {
+        int32_t ms = p->max_seqs > 0 ? p->max_seqs : 1;
         tm_engine_cfg ec = {.runner = {.n_threads = p->n_threads, .n_ctx = p->n_ctx, .max_batch_tokens = p->max_batch_tokens,
-                                       .block_size = p->block_size, .n_seqs = 1, .act_bits = p->act_bits}};
+                                       .block_size = p->block_size, .n_seqs = ms, .act_bits = p->act_bits,
+                                       .no_prefix_cache = p->no_prefix_cache},
+                            .sched = {.max_seqs = ms}};
         s = tm_engine_create(c->model, &ec, &c->engine, err);
     }
     if (s != TM_OK) {
@@ -125,24 +128,35 @@ tm_generate_params tm_generate_params_default(void) {
 typedef struct gen_bridge {
     tm_token_cb cb;
     void *user;
-    tm_token_logprob top[32];
+    tm_generate_result *res;
+    tm_token_logprob top[TM_MAX_LOGPROBS];
 } gen_bridge;
+
+static void fill_result(tm_generate_result *res, const tm_gen_stats *st) {
+    memset(res, 0, sizeof *res);
+    res->prompt_tokens = st->prompt_tokens;
+    res->tokens = st->gen_tokens;
+    res->ttft_ms = st->ttft_s * 1e3;
+    res->prefill_tok_s = st->prefill_s > 0 ? (double)st->prompt_tokens / st->prefill_s : 0.0;
+    res->decode_tok_s = st->decode_s > 0 && st->gen_tokens > 1 ? (double)(st->gen_tokens - 1) / st->decode_s : 0.0;
+    res->finish_reason = st->finish_reason ? st->finish_reason : "abort";
+}
 
 static bool bridge_cb(void *user, const tm_gen_event *ev) {
     gen_bridge *gb = user;
+    if (ev->finish_reason && gb->res) fill_result(gb->res, ev->stats);
     if (!gb->cb) return true;
-    int32_t n = ev->n_top < 32 ? ev->n_top : 32;
+    if (ev->finish_reason && ev->text_len == 0) return true; /* the final event carries no text */
+    int32_t n = ev->n_top < TM_MAX_LOGPROBS ? ev->n_top : TM_MAX_LOGPROBS;
     for (int32_t i = 0; i < n; i++) {
         gb->top[i].id = ev->top[i].id;
         gb->top[i].logprob = ev->top[i].logprob;
     }
-    if (ev->finish_reason && ev->text_len == 0) return true; /* the final event carries no text */
     tm_token_event te = {ev->token, ev->text, ev->text_len, ev->chosen.logprob, gb->top, n};
     return gb->cb(gb->user, &te);
 }
 
-tm_status tm_generate(tm_ctx *c, const int32_t *prompt, size_t n_prompt, const tm_generate_params *p, tm_token_cb cb,
-                      void *user, tm_generate_result *res, tm_error *err) {
+static tm_gen_params to_gen_params(const tm_generate_params *p) {
     tm_gen_params gp = {0};
     gp.sampling = tm_sampling_default();
     gp.sampling.temperature = p->temperature;
@@ -158,18 +172,33 @@ tm_status tm_generate(tm_ctx *c, const int32_t *prompt, size_t n_prompt, const t
     gp.ignore_eos = p->ignore_eos;
     gp.stop = p->stop;
     gp.n_stop = p->n_stop;
-    gen_bridge gb = {cb, user, {{0}}};
-    tm_gen_stats st;
-    tm_status s = tm_engine_generate(c->engine, prompt, n_prompt, &gp, bridge_cb, &gb, &st, err);
-    if (res) {
-        memset(res, 0, sizeof *res);
-        res->prompt_tokens = st.prompt_tokens;
-        res->tokens = st.gen_tokens;
-        res->ttft_ms = st.ttft_s * 1e3;
-        res->prefill_tok_s = st.prefill_s > 0 ? (double)st.prompt_tokens / st.prefill_s : 0.0;
-        res->decode_tok_s = st.decode_s > 0 && st.gen_tokens > 1 ? (double)(st.gen_tokens - 1) / st.decode_s : 0.0;
-        res->finish_reason = st.finish_reason ? st.finish_reason : "abort";
+    gp.priority = p->priority;
+    return gp;
+}
+
+tm_status tm_generate(tm_ctx *c, const int32_t *prompt, size_t n_prompt, const tm_generate_params *p, tm_token_cb cb,
+                      void *user, tm_generate_result *res, tm_error *err) {
+    tm_request_spec one = {prompt, n_prompt, p, cb, user, res};
+    return tm_generate_batch(c, &one, 1, err);
+}
+
+tm_status tm_generate_batch(tm_ctx *c, const tm_request_spec *reqs, size_t n_reqs, tm_error *err) {
+    gen_bridge *gb = tm_calloc(n_reqs, sizeof *gb);
+    if (!gb) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    tm_status s = TM_OK;
+    for (size_t i = 0; i < n_reqs && s == TM_OK; i++) {
+        gb[i].cb = reqs[i].cb;
+        gb[i].user = reqs[i].user;
+        gb[i].res = reqs[i].result;
+        if (gb[i].res) memset(gb[i].res, 0, sizeof *gb[i].res);
+        tm_gen_params gp = to_gen_params(reqs[i].params);
+        s = tm_engine_add(c->engine, reqs[i].prompt, reqs[i].n_prompt, &gp, bridge_cb, &gb[i], NULL, err);
+        if (s != TM_OK) tm_err_prefix(err, "request %zu", i);
     }
+    if (s != TM_OK) tm_engine_abort_all(c->engine); /* nothing runs: the whole batch is refused */
+    while (s == TM_OK && tm_engine_has_work(c->engine)) s = tm_engine_step(c->engine, err);
+    if (s != TM_OK) tm_engine_abort_all(c->engine);
+    free(gb);
     return s;
 }
 
