@@ -298,7 +298,10 @@ static tm_weight dummy_weight(dummy_alloc *da, tm_dtype type, int64_t rows, int6
     return w;
 }
 
-static tm_status load_dummy(const char *spec, tm_model *m, tm_error *err) {
+/* Find the shape and weight type of "dummy:NAME[:TYPE]" and fill hp from the shape (nothing allocated). */
+static tm_status parse_dummy(const char *spec, const dummy_shape **shape, tm_dtype *wtype, tm_hparams *hp,
+                             tm_error *err) {
+    if (strncmp(spec, "dummy:", 6)) return tm_err(err, TM_ERR_INVALID, "'%s' is not a dummy model spec", spec);
     const char *name = spec + 6;
     const char *colon = strchr(name, ':');
     size_t nlen = colon ? (size_t)(colon - name) : strlen(name);
@@ -319,7 +322,7 @@ static tm_status load_dummy(const char *spec, tm_model *m, tm_error *err) {
         if (!found)
             return tm_err(err, TM_ERR_INVALID, "unknown dummy weight type '%s' (known: f32, f16, bf16, q8_0, q4_0, q4_1)", tn);
     }
-    tm_hparams *hp = &m->hp;
+    memset(hp, 0, sizeof *hp);
     hp->arch = TM_ARCH_LLAMA;
     hp->n_vocab = sh->n_vocab;
     hp->dim = sh->dim;
@@ -335,6 +338,23 @@ static tm_status load_dummy(const char *spec, tm_model *m, tm_error *err) {
     hp->rope_scale_linear = 1.0f;
     hp->tied_embeddings = sh->tied;
     tm_status s = check_hparams(hp, err);
+    if (s != TM_OK) return s;
+    *shape = sh;
+    *wtype = wt;
+    return TM_OK;
+}
+
+tm_status tm_model_dummy_hparams(const char *spec, tm_hparams *hp, tm_dtype *weight_type, tm_error *err) {
+    const dummy_shape *sh;
+    if (!spec) return tm_err(err, TM_ERR_INVALID, "no model given");
+    return parse_dummy(spec, &sh, weight_type, hp, err);
+}
+
+static tm_status load_dummy(const char *spec, tm_model *m, tm_error *err) {
+    const dummy_shape *sh;
+    tm_dtype wt;
+    tm_hparams *hp = &m->hp;
+    tm_status s = parse_dummy(spec, &sh, &wt, hp, err);
     if (s != TM_OK) return s;
 
     int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;

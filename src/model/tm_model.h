@@ -56,6 +56,9 @@ typedef struct tm_model {
  * llama3-8b, llama2-7b; TYPE in f32,f16,bf16,q8_0,q4_0,q4_1 (default f16)). */
 tm_status tm_model_load(const char *spec, tm_model **out, tm_error *err);
 void tm_model_free(tm_model *m);
+/* Hyper-parameters and weight type of a dummy spec ("dummy:NAME[:TYPE]") without allocating its weights
+ * (for planning); the shape tm_model_load would give. */
+tm_status tm_model_dummy_hparams(const char *spec, tm_hparams *hp, tm_dtype *weight_type, tm_error *err);
 /* Names of the dummy shapes, NULL-terminated. */
 const char *const *tm_model_dummy_names(void);
 

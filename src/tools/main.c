@@ -2,6 +2,7 @@
 #include "tokenmill.h"
 #include "tm_bench.h"
 #include "tm_membw.h"
+#include "tm_plan.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -31,6 +32,8 @@ static const char *k_usage =
     "  bench throughput [-m MODEL] [--num-prompts N] [--input-len I] [--output-len O]\n"
     "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
     "           [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache] [--json]   offline, EOS ignored\n"
+    "  plan     --mem SIZE [-m MODEL] [--ctx N] [--kv-dtype f16|bf16|f32] [--block-size N]\n"
+    "           [--workspace-tokens N] [--json]   weights, KV bytes per token, blocks, max sequences\n"
     "  bench memory [-t THREADS] [--json]   DRAM read bandwidth (the decode floor's denominator)\n"
     "  eval     [-m MODEL] --ids-file F --out DIR [-n N]   (parity: logits + greedy ids per prompt line)\n"
     "MODEL is a GGUF file or dummy:NAME[:TYPE] (smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b).\n"
@@ -573,6 +576,7 @@ int main(int argc, char **argv) {
         fputs(k_usage, stdout);
         return 0;
     }
+    if (!strcmp(cmd, "plan")) return tm_cmd_plan(argc, argv);
     cli_opts o = {0};
     o.gen = tm_generate_params_default();
     int rc = parse_opts(argc, argv, &o);

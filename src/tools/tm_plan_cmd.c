@@ -41,20 +41,11 @@ static bool parse_int(const char *s, long long lo, long long hi, long long *out)
 static tm_status model_shape(const char *spec, tm_hparams *hp, uint64_t *weight_bytes, char *wdesc, size_t wdesc_cap,
                              tm_error *err) {
     if (!strncmp(spec, "dummy:", 6)) {
-#ifdef TM_MODEL_HAS_DUMMY_HPARAMS
         tm_dtype wt;
         tm_status s = tm_model_dummy_hparams(spec, hp, &wt, err);
         if (s != TM_OK) return s;
         snprintf(wdesc, wdesc_cap, "%s weights, f32 norms", tm_dtype_name(wt));
         return tm_plan_dense_weight_bytes(hp, wt, weight_bytes, err);
-#else
-        (void)hp;
-        (void)weight_bytes;
-        (void)wdesc;
-        (void)wdesc_cap;
-        return tm_err(err, TM_ERR_UNSUPPORTED,
-                      "planning a dummy model needs tm_model_dummy_hparams (not in this build); use a GGUF file");
-#endif
     }
     tm_model *m = NULL;
     tm_status s = tm_model_load(spec, &m, err);
