@@ -27,10 +27,10 @@ fi
 # Test tools: a small venv with pytest and numpy (the heavy oracles live in .deps/venv, made by
 # `make parity`), and the Gemma 3 GGUF whose SentencePiece tokenizer the unit tests check.
 if [ "${1:-}" = "--test" ]; then
-  if [ ! -x .deps/venv-test/bin/pytest ]; then
-    echo "deps: creating .deps/venv-test with pytest"
-    python3 -m venv .deps/venv-test
-    .deps/venv-test/bin/pip install -q pytest numpy
+  if ! .deps/venv-test/bin/python -c "import pytest, numpy, gguf" 2>/dev/null; then
+    echo "deps: creating .deps/venv-test with pytest, numpy, gguf"
+    [ -x .deps/venv-test/bin/python ] || python3 -m venv .deps/venv-test
+    .deps/venv-test/bin/pip install -q pytest numpy gguf
   fi
   scripts/get_gemma.sh python3 >/dev/null
 fi
