@@ -23,12 +23,14 @@ static const char *k_usage =
     "  run      -p PROMPT [-m MODEL] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
     "           [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--stop STR]...\n"
     "           [--ignore-eos] [--logprobs N] [--chat] [--system TEXT] [--chat-template NAME] [--json]\n"
-    "           [-t THREADS] [-c CTX] [-b BATCH] [--act-bits 16|8]\n"
+    "           [-t THREADS] [-c CTX] [-b TOKENS_PER_PASS] [--act-bits 16|8]\n"
     "  chat     [-m MODEL] [same sampling options] [--system TEXT] [--chat-template NAME]\n"
     "  tokenize [-m MODEL] [--no-special] [--no-bos] TEXT\n"
     "  inspect  MODEL [--no-tensors]\n"
     "  bench latency [-m MODEL] [--input-len I] [--output-len O] [-r REPS] [-t THREADS] [--json]\n"
     "           prefill (I-token prompt, one pass) and decode (O tokens) speed, like llama-bench pp/tg\n"
+    "           --batch B [--bw GB/s] [--compute-tok-s R]: B sequences decoded together, step time\n"
+    "           against the roofline floor max(weights / bandwidth, B / compute rate)\n"
     "  bench throughput [-m MODEL] [--num-prompts N] [--input-len I] [--output-len O]\n"
     "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
     "           [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache] [--json]   offline, EOS ignored\n"
@@ -87,7 +89,8 @@ typedef struct cli_opts {
     const char *positional;
     const char *ids_file, *out_dir;
     int32_t input_len, output_len, reps;
-    int32_t num_prompts, out_min, out_max, shared_prefix, max_seqs;
+    int32_t num_prompts, out_min, out_max, shared_prefix, max_seqs, batch;
+    float bw_gb_s, compute_tok_s;
     bool static_batching, no_prefix_cache;
 } cli_opts;
 
@@ -145,7 +148,7 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
             NEED_VALUE();
             if (!parse_i32(v, 16, 1 << 24, &o->load.n_ctx)) return usage_error("bad context size '%s'", v);
-        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch")) {
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-tokens")) {
             NEED_VALUE();
             if (!parse_i32(v, 1, 65536, &o->load.max_batch_tokens)) return usage_error("bad batch size '%s' (1..65536)", v);
         } else if (!strcmp(a, "--act-bits")) {
@@ -180,6 +183,15 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             NEED_VALUE();
             if (strcmp(v, "static") && strcmp(v, "continuous")) return usage_error("bad schedule '%s' (static|continuous)", v);
             o->static_batching = !strcmp(v, "static");
+        } else if (!strcmp(a, "--batch")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 1, 4096, &o->batch)) return usage_error("bad batch '%s' (1..4096)", v);
+        } else if (!strcmp(a, "--bw")) {
+            NEED_VALUE();
+            if (!parse_f32(v, 0.001f, 1e6f, &o->bw_gb_s)) return usage_error("bad bandwidth '%s' (GB/s)", v);
+        } else if (!strcmp(a, "--compute-tok-s")) {
+            NEED_VALUE();
+            if (!parse_f32(v, 0.001f, 1e9f, &o->compute_tok_s)) return usage_error("bad compute rate '%s' (tok/s)", v);
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o->no_prefix_cache = true;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
@@ -432,6 +444,16 @@ static int cmd_bench(cli_opts *o) {
     if (!o->positional || strcmp(o->positional, "latency") != 0)
         return usage_error("bench needs a mode: latency, throughput or memory (got '%s')",
                            o->positional ? o->positional : "");
+    if (o->batch > 0) {
+        tm_bench_tp_cfg bc = {
+            .model = o->load.model, .n_threads = o->load.n_threads, .num_prompts = o->batch,
+            .input_len = o->input_len ? o->input_len : 512, .output_len = o->output_len ? o->output_len : 128,
+            .act_bits = o->load.act_bits, .json = o->json, .seed = o->gen.seed, .compute_tok_s = o->compute_tok_s,
+        };
+        tm_error err = {0};
+        if (tm_bench_latency_batch(&bc, o->bw_gb_s, &err) != TM_OK) return fail(&err);
+        return 0;
+    }
     int32_t I = o->input_len ? o->input_len : 512, O = o->output_len ? o->output_len : 128, R = o->reps ? o->reps : 3;
     if (!o->load.max_batch_tokens) o->load.max_batch_tokens = I;
     if (!o->load.n_ctx) o->load.n_ctx = (I > O ? I : O) + 16;

@@ -139,3 +139,78 @@ done:
     tm_model_free(m);
     return s;
 }
+
+tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_error *err) {
+    int32_t B = c->num_prompts, I = c->input_len, O = c->output_len;
+    if (B < 1 || I < 1 || O < 2) return tm_err(err, TM_ERR_INVALID, "bad batch %d / input %d / output %d (>= 2)", B, I, O);
+    tm_model *m = NULL;
+    tm_engine *e = NULL;
+    int32_t *prompts = NULL;
+    tm_status s = tm_model_load(c->model, &m, err);
+    if (s != TM_OK) return s;
+    int64_t pp_budget = (int64_t)B * I;
+    tm_engine_cfg ec = {
+        .runner = {.n_threads = c->n_threads, .n_ctx = I + O + 1,
+                   .max_batch_tokens = (int32_t)(pp_budget < 4096 ? pp_budget : 4096), .block_size = 16, .n_seqs = B,
+                   .act_bits = c->act_bits, .no_prefix_cache = true},
+        .sched = {.max_seqs = B},
+    };
+    if (ec.runner.max_batch_tokens < B) ec.runner.max_batch_tokens = B;
+    if ((s = tm_engine_create(m, &ec, &e, err)) != TM_OK) goto done;
+    prompts = tm_malloc_array((size_t)B * (size_t)I, sizeof(int32_t));
+    if (!prompts) {
+        s = tm_err(err, TM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    uint64_t st = c->seed ? c->seed : 7;
+    for (int64_t i = 0; i < (int64_t)B * I; i++) prompts[i] = 256 + (int32_t)(rng_next(&st) % (uint64_t)(m->hp.n_vocab - 256));
+    for (int32_t b = 0; b < B; b++) {
+        tm_gen_params gp = {0};
+        gp.sampling = tm_sampling_default();
+        gp.sampling.temperature = 0.0f;
+        gp.max_tokens = O;
+        gp.ignore_eos = true;
+        if ((s = tm_engine_add(e, prompts + (size_t)b * (size_t)I, (size_t)I, &gp, NULL, NULL, NULL, err)) != TM_OK)
+            goto done;
+    }
+    /* prefill: steps until every sequence has its first token (all are decoding after that) */
+    double t0 = tm_time_s();
+    int64_t steps = 0;
+    bool all_decoding = false;
+    while (!all_decoding) {
+        if ((s = tm_engine_step(e, err)) != TM_OK) goto done;
+        steps++;
+        all_decoding = e->sched.n_waiting == 0;
+        for (int32_t i = 0; i < e->sched.n_running && all_decoding; i++)
+            if (e->sched.running[i]->n_computed < e->sched.running[i]->n_prompt) all_decoding = false;
+    }
+    double t1 = tm_time_s();
+    int64_t dec_steps = 0;
+    while (tm_engine_has_work(e)) {
+        if ((s = tm_engine_step(e, err)) != TM_OK) goto done;
+        dec_steps++;
+    }
+    double t2 = tm_time_s();
+    double pp = (double)B * I / (t1 - t0), step_ms = (t2 - t1) / (double)dec_steps * 1e3;
+    double tg = (double)B * (double)dec_steps / (t2 - t1);
+    double mem_ms = bw_gb_s > 0 ? (double)m->weight_bytes / (bw_gb_s * 1e9) * 1e3 : 0.0;
+    /* B tokens at the compute ceiling: a given GEMM-shaped rate, else this run's prefill rate */
+    double comp_ms = (double)B / (c->compute_tok_s > 0 ? c->compute_tok_s : pp) * 1e3;
+    double floor_ms = mem_ms > comp_ms ? mem_ms : comp_ms;
+    if (c->json)
+        printf("{\"model\": \"%s\", \"batch\": %d, \"input_len\": %d, \"output_len\": %d, \"threads\": %d, "
+               "\"pp_tok_s\": %.2f, \"tg_tok_s\": %.2f, \"step_ms\": %.3f, \"floor_mem_ms\": %.3f, "
+               "\"floor_compute_ms\": %.3f, \"floor_ms\": %.3f, \"pct_of_floor\": %.1f, \"bound\": \"%s\"}\n",
+               m->name, B, I, O, e->runner->cfg.n_threads, pp, tg, step_ms, mem_ms, comp_ms, floor_ms,
+               100.0 * floor_ms / step_ms, mem_ms >= comp_ms ? "memory" : "compute");
+    else
+        printf("batch %d: pp %.1f tok/s, tg %.1f tok/s, decode step %.2f ms (floor %.2f ms: memory %.2f, compute %.2f; "
+               "%.0f%% of floor, %s bound)\n",
+               B, pp, tg, step_ms, floor_ms, mem_ms, comp_ms, 100.0 * floor_ms / step_ms,
+               mem_ms >= comp_ms ? "memory" : "compute");
+done:
+    free(prompts);
+    tm_engine_free(e);
+    tm_model_free(m);
+    return s;
+}
