@@ -33,7 +33,8 @@ static const char *k_usage =
     "           against the roofline floor max(weights / bandwidth, B / compute rate)\n"
     "  bench throughput [-m MODEL] [--num-prompts N] [--input-len I] [--output-len O]\n"
     "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
-    "           [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache] [--json]   offline, EOS ignored\n"
+    "           [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache] [--sequential] [--json]\n"
+    "           offline, EOS ignored; --sequential: each request arrives when the previous finished\n"
     "  plan     --mem SIZE [-m MODEL] [--ctx N] [--kv-dtype f16|bf16|f32] [--block-size N]\n"
     "           [--workspace-tokens N] [--json]   weights, KV bytes per token, blocks, max sequences\n"
     "  bench memory [-t THREADS] [--json]   DRAM read bandwidth (the decode floor's denominator)\n"
@@ -91,7 +92,7 @@ typedef struct cli_opts {
     int32_t input_len, output_len, reps;
     int32_t num_prompts, out_min, out_max, shared_prefix, max_seqs, batch;
     float bw_gb_s, compute_tok_s;
-    bool static_batching, no_prefix_cache;
+    bool static_batching, no_prefix_cache, sequential;
 } cli_opts;
 
 /* Parse options shared by the commands; returns 0 or the exit status of a usage error. */
@@ -192,6 +193,8 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "--compute-tok-s")) {
             NEED_VALUE();
             if (!parse_f32(v, 0.001f, 1e9f, &o->compute_tok_s)) return usage_error("bad compute rate '%s' (tok/s)", v);
+        } else if (!strcmp(a, "--sequential")) {
+            o->sequential = true;
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o->no_prefix_cache = true;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
@@ -436,6 +439,7 @@ static int cmd_bench(cli_opts *o) {
             .out_min = o->out_min, .out_max = o->out_max, .shared_prefix = o->shared_prefix,
             .static_batching = o->static_batching, .max_seqs = o->max_seqs, .max_batched_tokens = o->load.max_batch_tokens,
             .act_bits = o->load.act_bits, .no_prefix_cache = o->no_prefix_cache, .json = o->json, .seed = o->gen.seed,
+            .sequential = o->sequential,
         };
         tm_error err = {0};
         if (tm_bench_throughput(&bc, &err) != TM_OK) return fail(&err);

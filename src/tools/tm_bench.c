@@ -85,6 +85,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
                                    : c->output_len;
     }
     double t0 = tm_time_s();
+    int64_t steps = 0;
     for (size_t r = 0; r < N; r++) {
         tm_gen_params gp = {0};
         gp.sampling = tm_sampling_default();
@@ -92,11 +93,10 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
         gp.max_tokens = outlen[r];
         gp.ignore_eos = true;
         if ((s = tm_engine_add(e, prompts + r * I, I, &gp, on_event, &res[r], NULL, err)) != TM_OK) goto done;
-    }
-    int64_t steps = 0;
-    while (tm_engine_has_work(e)) {
-        if ((s = tm_engine_step(e, err)) != TM_OK) goto done;
-        steps++;
+        while ((c->sequential || r + 1 == N) && tm_engine_has_work(e)) {
+            if ((s = tm_engine_step(e, err)) != TM_OK) goto done;
+            steps++;
+        }
     }
     double wall = tm_time_s() - t0;
     uint64_t out_tokens = 0;
@@ -105,11 +105,11 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     tm_kv_stats ks;
     tm_kv_get_stats(&e->runner->pool, &ks);
     if (c->json)
-        printf("{\"model\": \"%s\", \"schedule\": \"%s\", \"num_prompts\": %d, \"input_len\": %d, \"output_len_max\": %d, "
+        printf("{\"model\": \"%s\", \"sequential\": %s, \"schedule\": \"%s\", \"num_prompts\": %d, \"input_len\": %d, \"output_len_max\": %d, "
                "\"shared_prefix\": %d, \"threads\": %d, \"max_seqs\": %d, \"duration_s\": %.3f, \"steps\": %lld, "
                "\"requests_per_s\": %.4f, \"output_tok_s\": %.2f, \"total_tok_s\": %.2f, \"output_tokens\": %llu, "
                "\"prefix_hit_tokens\": %llu, \"preemptions\": %llu, ",
-               m->name, c->static_batching ? "static" : "continuous", c->num_prompts, c->input_len, omax,
+               m->name, c->sequential ? "true" : "false", c->static_batching ? "static" : "continuous", c->num_prompts, c->input_len, omax,
                c->shared_prefix, e->runner->cfg.n_threads, max_seqs, wall, (long long)steps, (double)N / wall,
                (double)out_tokens / wall, (double)total_tokens / wall, (unsigned long long)out_tokens,
                (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);

@@ -18,6 +18,7 @@ typedef struct tm_bench_tp_cfg {
     int32_t act_bits;
     bool no_prefix_cache;
     bool json;
+    bool sequential;             /* each request arrives when the previous one finished (TTFT = pure prefill) */
     uint64_t seed;
     double compute_tok_s;        /* latency --batch: compute ceiling in tokens/s (0 = this run's pp rate) */
 } tm_bench_tp_cfg;

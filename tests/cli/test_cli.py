@@ -149,3 +149,26 @@ def test_logprobs_in_json():
         assert len(tops) == 5 and tops == sorted(tops, reverse=True) and tops[0] <= 0
         assert e["top"][0]["id"] == e["id"] and e["logprob"] == tops[0]  # greedy picks the most likely
         assert sum(2.718281828 ** t for t in tops) <= 1.0 + 1e-6
+
+
+def test_bench_throughput_and_batched_latency_json():
+    r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "6", "--input-len", "24", "--output-len-dist",
+           "uniform:2:6", "--shared-prefix", "16", "--max-seqs", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["num_prompts"] == 6 and 12 <= j["output_tokens"] <= 36
+    assert j["prefix_hit_tokens"] >= 16  # later prompts reuse the shared 16-token block
+    assert j["ttft_ms_p50"] <= j["ttft_ms_p99"] and j["output_tok_s"] > 0
+    r = tm("bench", "latency", "-m", MODEL, "--batch", "2", "--input-len", "16", "--output-len", "4", "--bw", "20",
+           "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["batch"] == 2 and j["tg_tok_s"] > 0 and j["bound"] in ("memory", "compute")
+    assert j["floor_ms"] == max(j["floor_mem_ms"], j["floor_compute_ms"])
+
+
+def test_bench_rejects_bad_shapes():
+    r = tm("bench", "throughput", "-m", MODEL, "--output-len-dist", "uniform:9:3")
+    assert r.returncode == 2 and "bad output length distribution" in r.stderr
+    r = tm("bench", "nope")
+    assert r.returncode == 2
