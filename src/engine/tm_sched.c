@@ -88,7 +88,7 @@ static void preempt(tm_sched *s, tm_sched_seq *q) {
     tm_kv_seq_release(s->pool, &q->kv);
     q->n_computed = 0;
     q->n_preempted++;
-    q->state = TM_SEQ_WAITING;
+    q->state = TM_SEQ_PREEMPTED;
     s->waiting[s->n_waiting++] = q;
     s->plan.preempted[s->plan.n_preempted++] = q;
     s->n_preemptions++;

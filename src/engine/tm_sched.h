@@ -10,8 +10,9 @@
 #include "kv/tm_kv.h"
 
 typedef enum tm_seq_state {
-    TM_SEQ_WAITING = 0, /* queued, never scheduled or preempted (then n_computed = 0) */
+    TM_SEQ_WAITING = 0, /* queued, never scheduled yet */
     TM_SEQ_RUNNING,     /* holds KV blocks; gets tokens every step */
+    TM_SEQ_PREEMPTED,   /* queued again after preemption: no blocks, n_computed = 0, tokens kept for recompute */
     TM_SEQ_FINISHED,    /* done (stop, length); blocks released */
     TM_SEQ_ABORTED,     /* aborted by the client; blocks released */
 } tm_seq_state;

@@ -149,7 +149,7 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
             NEED_VALUE();
             if (!parse_i32(v, 16, 1 << 24, &o->load.n_ctx)) return usage_error("bad context size '%s'", v);
-        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-tokens")) {
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-tokens") || !strcmp(a, "--max-batched-tokens")) {
             NEED_VALUE();
             if (!parse_i32(v, 1, 65536, &o->load.max_batch_tokens)) return usage_error("bad batch size '%s' (1..65536)", v);
         } else if (!strcmp(a, "--act-bits")) {

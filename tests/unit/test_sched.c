@@ -26,7 +26,8 @@ static fixture *setup(int32_t n_blocks, int32_t budget, int32_t max_seqs, tm_sch
 
 static void teardown(fixture *f) {
     for (int i = 0; i < 64; i++)
-        if (f->q[i].state == TM_SEQ_WAITING || f->q[i].state == TM_SEQ_RUNNING) tm_sched_finish(&f->s, &f->q[i], TM_SEQ_ABORTED);
+        if (f->q[i].state == TM_SEQ_WAITING || f->q[i].state == TM_SEQ_RUNNING || f->q[i].state == TM_SEQ_PREEMPTED)
+            tm_sched_finish(&f->s, &f->q[i], TM_SEQ_ABORTED);
     assert_int_equal(tm_kv_n_free(&f->pool), f->pool.n_blocks); /* every block back */
     tm_sched_free(&f->s);
     tm_kv_pool_free(&f->pool);
@@ -119,7 +120,7 @@ static void test_preemption_order_and_resume(void **st) {
     /* the worst victim is c (priority 1, latest arrival), then a; b (priority 0) keeps running */
     assert_int_equal(p->n_preempted, 1);
     assert_ptr_equal(p->preempted[0], c);
-    assert_int_equal(c->state, TM_SEQ_WAITING);
+    assert_int_equal(c->state, TM_SEQ_PREEMPTED);
     assert_int_equal(c->n_computed, 0);
     assert_int_equal(c->n_tokens, 33); /* its output is kept for recompute */
     assert_true(planned(p, a) && planned(p, b));
