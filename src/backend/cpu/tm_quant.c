@@ -575,16 +575,6 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
     return sumf;
 }
 
-/* Generic many-dot loop over a vec_dot (the scalar tables' mat_dot). */
-#define TM_GENERIC_MAT_DOT(name, dot)                                                                          \
-    static void name(int64_t n, int64_t nr, const void *w, size_t w_stride, int64_t nc, const void *a,         \
-                     size_t a_stride, float *out, size_t out_stride) {                                        \
-        for (int64_t c = 0; c < nc; c++)                                                                       \
-            for (int64_t r = 0; r < nr; r++)                                                                   \
-                out[(size_t)c * out_stride + (size_t)r] =                                                      \
-                    dot(n, (const uint8_t *)w + (size_t)r * w_stride, (const uint8_t *)a + (size_t)c * a_stride); \
-    }
-
 TM_GENERIC_MAT_DOT(mat_f32, dot_f32)
 TM_GENERIC_MAT_DOT(mat_f16, dot_f16)
 TM_GENERIC_MAT_DOT(mat_bf16, dot_bf16)

@@ -174,21 +174,11 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
     return sumf;
 }
 
-/* Generic many-dot loop over a vec_dot (the scalar tables' mat_dot). */
-#define Q16_GENERIC_MAT_DOT(name, dot)                                                                         \
-    static void name(int64_t n, int64_t nr, const void *w, size_t w_stride, int64_t nc, const void *a,         \
-                     size_t a_stride, float *out, size_t out_stride) {                                        \
-        for (int64_t c = 0; c < nc; c++)                                                                       \
-            for (int64_t r = 0; r < nr; r++)                                                                   \
-                out[(size_t)c * out_stride + (size_t)r] =                                                      \
-                    dot(n, (const uint8_t *)w + (size_t)r * w_stride, (const uint8_t *)a + (size_t)c * a_stride); \
-    }
-
-Q16_GENERIC_MAT_DOT(mat_q8_0, dot_q8_0)
-Q16_GENERIC_MAT_DOT(mat_q4_0, dot_q4_0)
-Q16_GENERIC_MAT_DOT(mat_q4_1, dot_q4_1)
-Q16_GENERIC_MAT_DOT(mat_q4_K, dot_q4_K)
-Q16_GENERIC_MAT_DOT(mat_q6_K, dot_q6_K)
+TM_GENERIC_MAT_DOT(mat_q8_0, dot_q8_0)
+TM_GENERIC_MAT_DOT(mat_q4_0, dot_q4_0)
+TM_GENERIC_MAT_DOT(mat_q4_1, dot_q4_1)
+TM_GENERIC_MAT_DOT(mat_q4_K, dot_q4_K)
+TM_GENERIC_MAT_DOT(mat_q6_K, dot_q6_K)
 
 /* ---- tables and dispatch ------------------------------------------------------------------------- */
 
