@@ -29,8 +29,8 @@ static const char *k_usage =
     "  inspect  MODEL [--no-tensors]\n"
     "  bench latency [-m MODEL] [--input-len I] [--output-len O] [-r REPS] [-t THREADS] [--json]\n"
     "           prefill (I-token prompt, one pass) and decode (O tokens) speed, like llama-bench pp/tg\n"
-    "           --batch B [--bw GB/s] [--compute-tok-s R]: B sequences decoded together, step time\n"
-    "           against the roofline floor max(weights / bandwidth, B / compute rate)\n"
+    "           --batch B [--bw GB/s] [--ceiling-gflop-s G]: B sequences decoded together, step time\n"
+    "           against the roofline floor max(weights / bandwidth, step FLOPs / compute ceiling)\n"
     "  bench throughput [-m MODEL] [--num-prompts N] [--input-len I] [--output-len O]\n"
     "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
     "           [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache] [--sequential] [--json]\n"
@@ -91,7 +91,7 @@ typedef struct cli_opts {
     const char *ids_file, *out_dir;
     int32_t input_len, output_len, reps;
     int32_t num_prompts, out_min, out_max, shared_prefix, max_seqs, batch;
-    float bw_gb_s, compute_tok_s;
+    float bw_gb_s, ceiling_gflop_s;
     bool static_batching, no_prefix_cache, sequential;
 } cli_opts;
 
@@ -190,9 +190,9 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "--bw")) {
             NEED_VALUE();
             if (!parse_f32(v, 0.001f, 1e6f, &o->bw_gb_s)) return usage_error("bad bandwidth '%s' (GB/s)", v);
-        } else if (!strcmp(a, "--compute-tok-s")) {
+        } else if (!strcmp(a, "--ceiling-gflop-s")) {
             NEED_VALUE();
-            if (!parse_f32(v, 0.001f, 1e9f, &o->compute_tok_s)) return usage_error("bad compute rate '%s' (tok/s)", v);
+            if (!parse_f32(v, 0.001f, 1e9f, &o->ceiling_gflop_s)) return usage_error("bad compute ceiling '%s' (GFLOP/s)", v);
         } else if (!strcmp(a, "--sequential")) {
             o->sequential = true;
         } else if (!strcmp(a, "--no-prefix-cache")) {
@@ -452,7 +452,7 @@ static int cmd_bench(cli_opts *o) {
         tm_bench_tp_cfg bc = {
             .model = o->load.model, .n_threads = o->load.n_threads, .num_prompts = o->batch,
             .input_len = o->input_len ? o->input_len : 512, .output_len = o->output_len ? o->output_len : 128,
-            .act_bits = o->load.act_bits, .json = o->json, .seed = o->gen.seed, .compute_tok_s = o->compute_tok_s,
+            .act_bits = o->load.act_bits, .json = o->json, .seed = o->gen.seed, .ceiling_gflop_s = o->ceiling_gflop_s,
         };
         tm_error err = {0};
         if (tm_bench_latency_batch(&bc, o->bw_gb_s, &err) != TM_OK) return fail(&err);

@@ -164,6 +164,13 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     }
     uint64_t st = c->seed ? c->seed : 7;
     for (int64_t i = 0; i < (int64_t)B * I; i++) prompts[i] = 256 + (int32_t)(rng_next(&st) % (uint64_t)(m->hp.n_vocab - 256));
+    {   /* warm-up: page the weights in and spin the threads up before anything is timed */
+        tm_gen_params wp = {0};
+        wp.sampling = tm_sampling_default();
+        wp.max_tokens = 2;
+        wp.ignore_eos = true;
+        if ((s = tm_engine_generate(e, prompts, (size_t)(I < 32 ? I : 32), &wp, NULL, NULL, NULL, err)) != TM_OK) goto done;
+    }
     for (int32_t b = 0; b < B; b++) {
         tm_gen_params gp = {0};
         gp.sampling = tm_sampling_default();
@@ -193,20 +200,31 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     double t2 = tm_time_s();
     double pp = (double)B * I / (t1 - t0), step_ms = (t2 - t1) / (double)dec_steps * 1e3;
     double tg = (double)B * (double)dec_steps / (t2 - t1);
+    /* FLOPs (2 per MAC): matmuls per token, the output projection per logits row, attention per
+     * (token, layer) over its context (QK and PV). The compute ceiling is this run's prefill, a
+     * GEMM-shaped pass: its FLOPs over its time. */
+    const tm_hparams *hp = &m->hp;
+    double qd = (double)hp->n_heads * hp->head_dim, kvd = (double)hp->n_kv_heads * hp->head_dim;
+    double mm = (double)hp->n_layers * ((double)hp->dim * (2 * qd + 2 * kvd) + 3.0 * hp->dim * hp->ffn_dim);
+    double out = (double)hp->n_vocab * hp->dim, attn_tok = 2.0 * qd * hp->n_layers; /* x context length */
+    double pre_flops = 2.0 * ((double)B * I * mm + (double)B * out + (double)B * attn_tok * I * (I + 1) / 2.0);
+    double avg_ctx = I + dec_steps / 2.0;
+    double step_flops = 2.0 * ((double)B * (mm + out) + (double)B * attn_tok * avg_ctx);
+    double ceiling = c->ceiling_gflop_s > 0 ? c->ceiling_gflop_s * 1e9 : pre_flops / (t1 - t0);
     double mem_ms = bw_gb_s > 0 ? (double)m->weight_bytes / (bw_gb_s * 1e9) * 1e3 : 0.0;
-    /* B tokens at the compute ceiling: a given GEMM-shaped rate, else this run's prefill rate */
-    double comp_ms = (double)B / (c->compute_tok_s > 0 ? c->compute_tok_s : pp) * 1e3;
+    double comp_ms = step_flops / ceiling * 1e3;
     double floor_ms = mem_ms > comp_ms ? mem_ms : comp_ms;
     if (c->json)
         printf("{\"model\": \"%s\", \"batch\": %d, \"input_len\": %d, \"output_len\": %d, \"threads\": %d, "
-               "\"pp_tok_s\": %.2f, \"tg_tok_s\": %.2f, \"step_ms\": %.3f, \"floor_mem_ms\": %.3f, "
+               "\"pp_tok_s\": %.2f, \"ceiling_gflop_s\": %.2f, \"step_gflop\": %.4f, \"tg_tok_s\": %.2f, \"step_ms\": %.3f, \"floor_mem_ms\": %.3f, "
                "\"floor_compute_ms\": %.3f, \"floor_ms\": %.3f, \"pct_of_floor\": %.1f, \"bound\": \"%s\"}\n",
-               m->name, B, I, O, e->runner->cfg.n_threads, pp, tg, step_ms, mem_ms, comp_ms, floor_ms,
+               m->name, B, I, O, e->runner->cfg.n_threads, pp, ceiling / 1e9, step_flops / 1e9, tg, step_ms, mem_ms, comp_ms,
+               floor_ms,
                100.0 * floor_ms / step_ms, mem_ms >= comp_ms ? "memory" : "compute");
     else
-        printf("batch %d: pp %.1f tok/s, tg %.1f tok/s, decode step %.2f ms (floor %.2f ms: memory %.2f, compute %.2f; "
-               "%.0f%% of floor, %s bound)\n",
-               B, pp, tg, step_ms, floor_ms, mem_ms, comp_ms, 100.0 * floor_ms / step_ms,
+        printf("batch %d: pp %.1f tok/s (%.1f GFLOP/s), tg %.1f tok/s, decode step %.2f ms (floor %.2f ms: memory %.2f, "
+               "compute %.2f; %.0f%% of floor, %s bound)\n",
+               B, pp, ceiling / 1e9, tg, step_ms, floor_ms, mem_ms, comp_ms, 100.0 * floor_ms / step_ms,
                mem_ms >= comp_ms ? "memory" : "compute");
 done:
     free(prompts);

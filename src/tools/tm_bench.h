@@ -20,7 +20,7 @@ typedef struct tm_bench_tp_cfg {
     bool json;
     bool sequential;             /* each request arrives when the previous one finished (TTFT = pure prefill) */
     uint64_t seed;
-    double compute_tok_s;        /* latency --batch: compute ceiling in tokens/s (0 = this run's pp rate) */
+    double ceiling_gflop_s;      /* latency --batch: compute ceiling in GFLOP/s (0 = this run's prefill rate) */
 } tm_bench_tp_cfg;
 
 /* Runs the benchmark and prints the report (text or one JSON object) to stdout. */
@@ -28,8 +28,10 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *cfg, tm_error *err);
 
 /* Batched latency: B sequences of input_len random tokens prefilled together, then output_len decode
  * steps of B tokens each. Uses num_prompts as B and output_len; reports pp and tg tok/s, the step time,
- * and, given the DRAM bandwidth (GB/s, 0 = skip) and a compute rate (tokens/s of a large GEMM-shaped
- * pass, 0 = measure it: the pp rate of this run), the roofline floor of a decode step. */
+ * and the roofline floor of a decode step: max(weight bytes / DRAM bandwidth (GB/s, 0 = skip),
+ * step FLOPs / compute ceiling). Step FLOPs count the matmuls, the output projection of every row and
+ * attention over the average context; the ceiling is ceiling_gflop_s when given, else the FLOP rate of
+ * this run's prefill (a GEMM-shaped pass). */
 tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *cfg, double bw_gb_s, tm_error *err);
 
 #endif /* TM_BENCH_H */
