@@ -45,7 +45,6 @@ struct tm_async {
     submission *subs, *subs_tail;
     abort_node *aborts;
     bool stop;
-    int32_t n_ctx, n_vocab;     /* for validating submissions off the engine thread */
 };
 
 static void stream_unref(tm_stream *s) {
@@ -159,8 +158,6 @@ tm_status tm_async_create(const tm_model *m, const tm_engine_cfg *cfg, tm_async 
         free(a);
         return s;
     }
-    a->n_ctx = a->engine->runner->cfg.n_ctx;
-    a->n_vocab = m->hp.n_vocab;
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     if (pthread_create(&a->thread, NULL, engine_main, a) != 0) {
@@ -201,14 +198,7 @@ void tm_async_free(tm_async *a) {
 tm_status tm_async_submit(tm_async *a, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp, tm_stream **out,
                           tm_error *err) {
     *out = NULL;
-    if (n_prompt == 0) return tm_err(err, TM_ERR_INVALID, "the prompt is empty");
-    if (n_prompt >= (size_t)a->n_ctx)
-        return tm_err(err, TM_ERR_RANGE, "the prompt has %zu tokens but the context is %d", n_prompt, a->n_ctx);
-    for (size_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= a->n_vocab)
-            return tm_err(err, TM_ERR_RANGE, "prompt token %d outside the vocabulary (%d)", prompt[i], a->n_vocab);
-    if (gp->max_tokens < 0) return tm_err(err, TM_ERR_INVALID, "max_tokens must be >= 0");
-    tm_status st = tm_sampling_validate(&gp->sampling, err);
+    tm_status st = tm_engine_check_request(a->engine, prompt, n_prompt, gp, err); /* immutable fields only */
     if (st != TM_OK) return st;
     submission *sub = tm_calloc(1, sizeof *sub);
     tm_stream *s = tm_calloc(1, sizeof *s);

@@ -172,17 +172,18 @@ static void finish(tm_engine *e, int32_t live_idx, const char *reason) {
     request_free(q);
 }
 
+tm_status tm_engine_check_request(const tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp,
+                                  tm_error *err) {
+    tm_status s = tm_runner_check_prompt(e->runner, prompt, n_prompt, err);
+    if (s != TM_OK) return s;
+    if (gp->max_tokens < 0) return tm_err(err, TM_ERR_INVALID, "max_tokens must be >= 0");
+    return tm_sampling_validate(&gp->sampling, err);
+}
+
 tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp, tm_gen_cb cb,
                         void *user, uint64_t *id, tm_error *err) {
     const tm_runner *r = e->runner;
-    if (n_prompt == 0) return tm_err(err, TM_ERR_INVALID, "the prompt is empty");
-    if (n_prompt >= (size_t)r->cfg.n_ctx)
-        return tm_err(err, TM_ERR_RANGE, "the prompt has %zu tokens but the context is %d", n_prompt, r->cfg.n_ctx);
-    for (size_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= e->model->hp.n_vocab)
-            return tm_err(err, TM_ERR_RANGE, "prompt token %d outside the vocabulary (%d)", prompt[i], e->model->hp.n_vocab);
-    if (gp->max_tokens < 0) return tm_err(err, TM_ERR_INVALID, "max_tokens must be >= 0");
-    tm_status s = tm_sampling_validate(&gp->sampling, err);
+    tm_status s = tm_engine_check_request(e, prompt, n_prompt, gp, err);
     if (s != TM_OK) return s;
     if (e->n_live == e->cap_live) {
         int32_t c = e->cap_live ? e->cap_live * 2 : 16;

@@ -68,6 +68,10 @@ typedef struct tm_engine {
 
 tm_status tm_engine_create(const tm_model *m, const tm_engine_cfg *cfg, tm_engine **out, tm_error *err);
 void tm_engine_free(tm_engine *e);
+/* The checks tm_engine_add makes (prompt length and ids, max_tokens, sampling values); reads only fields
+ * fixed at creation, so any thread may call it. */
+tm_status tm_engine_check_request(const tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp,
+                                  tm_error *err);
 /* Queue a request; cb gets its tokens and final event. *id (may be NULL) gets its id. The prompt is copied. */
 tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp, tm_gen_cb cb,
                         void *user, uint64_t *id, tm_error *err);

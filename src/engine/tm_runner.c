@@ -127,7 +127,7 @@ static tm_status prefill(tm_runner *r, tm_kv_seq *seq, const int32_t *prompt, si
     return TM_OK;
 }
 
-static tm_status check_prompt(const tm_runner *r, const int32_t *prompt, size_t n_prompt, tm_error *err) {
+tm_status tm_runner_check_prompt(const tm_runner *r, const int32_t *prompt, size_t n_prompt, tm_error *err) {
     if (n_prompt == 0) return tm_err(err, TM_ERR_INVALID, "the prompt is empty");
     if (n_prompt >= (size_t)r->cfg.n_ctx)
         return tm_err(err, TM_ERR_RANGE, "the prompt has %zu tokens but the context is %d", n_prompt, r->cfg.n_ctx);
@@ -138,7 +138,7 @@ static tm_status check_prompt(const tm_runner *r, const int32_t *prompt, size_t 
 }
 
 tm_status tm_runner_prompt_logits(tm_runner *r, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err) {
-    tm_status s = check_prompt(r, prompt, n_prompt, err);
+    tm_status s = tm_runner_check_prompt(r, prompt, n_prompt, err);
     if (s != TM_OK) return s;
     tm_kv_seq seq = {0};
     s = prefill(r, &seq, prompt, n_prompt, err);

@@ -43,6 +43,10 @@ void tm_runner_free(tm_runner *r);
 tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
                          const bool *want_logits, int32_t n_seqs, tm_error *err);
 
+/* A prompt the runner can take: non-empty, shorter than the context, ids inside the vocabulary. Reads
+ * only fields fixed at creation, so any thread may call it. */
+tm_status tm_runner_check_prompt(const tm_runner *r, const int32_t *prompt, size_t n_prompt, tm_error *err);
+
 /* Logits of the prompt's last token only (for parity tests): writes n_vocab floats. */
 tm_status tm_runner_prompt_logits(tm_runner *r, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err);
 
