@@ -25,6 +25,7 @@ run: build
 
 test: deps-test build build-asan
 	cd build && ctest --output-on-failure -j $(JOBS)
+	cd build && TM_FORCE_SCALAR=1 ctest --output-on-failure -j $(JOBS)   # the scalar fallback kernels end to end
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 	.deps/venv-test/bin/pytest -q tests/cli
 
