@@ -600,9 +600,7 @@ static const tm_quant_ops k_scalar[] = {
 const tm_quant_ops *tm_quant_ops_get_isa(tm_dtype t, tm_isa isa) {
     if (isa == TM_ISA_AVX2) return tm_quant_ops_avx2(t);
     if (isa != TM_ISA_SCALAR) return NULL;
-    for (size_t i = 0; i < sizeof k_scalar / sizeof k_scalar[0]; i++)
-        if (k_scalar[i].wtype == t) return &k_scalar[i];
-    return NULL;
+    return tm_quant_ops_find(k_scalar, sizeof k_scalar / sizeof k_scalar[0], t);
 }
 
 const tm_quant_ops *tm_quant_ops_get(tm_dtype t) {

@@ -61,4 +61,11 @@ void tm_quant_act_q8_K(const float *x, void *y, int64_t n);
                     dot(n, (const uint8_t *)w + (size_t)r * w_stride, (const uint8_t *)a + (size_t)c * a_stride); \
     }
 
+/* The entry for weight type t in an ops table of n entries, or NULL. */
+static inline const tm_quant_ops *tm_quant_ops_find(const tm_quant_ops *tab, size_t n, tm_dtype t) {
+    for (size_t i = 0; i < n; i++)
+        if (tab[i].wtype == t) return &tab[i];
+    return NULL;
+}
+
 #endif /* TM_QUANT_H */

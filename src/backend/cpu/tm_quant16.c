@@ -196,9 +196,7 @@ const tm_quant_ops *tm_quant16_ops_get_isa(tm_dtype t, tm_isa isa) {
     if (is_float_type(t)) return tm_quant_ops_get_isa(t, isa);
     if (isa == TM_ISA_AVX2) return tm_quant16_ops_avx2(t);
     if (isa != TM_ISA_SCALAR) return NULL;
-    for (size_t i = 0; i < sizeof k_scalar16 / sizeof k_scalar16[0]; i++)
-        if (k_scalar16[i].wtype == t) return &k_scalar16[i];
-    return NULL;
+    return tm_quant_ops_find(k_scalar16, sizeof k_scalar16 / sizeof k_scalar16[0], t);
 }
 
 const tm_quant_ops *tm_quant16_ops_get(tm_dtype t) {

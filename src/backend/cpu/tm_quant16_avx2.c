@@ -435,9 +435,7 @@ static const tm_quant_ops k_avx2_16[] = {
 };
 
 const tm_quant_ops *tm_quant16_ops_avx2(tm_dtype t) {
-    for (size_t i = 0; i < sizeof k_avx2_16 / sizeof k_avx2_16[0]; i++)
-        if (k_avx2_16[i].wtype == t) return &k_avx2_16[i];
-    return NULL;
+    return tm_quant_ops_find(k_avx2_16, sizeof k_avx2_16 / sizeof k_avx2_16[0], t);
 }
 
 tm_vec_dot_multi_fn tm_quant16_multi_avx2(tm_dtype t) {

@@ -844,9 +844,7 @@ static const tm_quant_ops k_avx2[] = {
 };
 
 const tm_quant_ops *tm_quant_ops_avx2(tm_dtype t) {
-    for (size_t i = 0; i < sizeof k_avx2 / sizeof k_avx2[0]; i++)
-        if (k_avx2[i].wtype == t) return &k_avx2[i];
-    return NULL;
+    return tm_quant_ops_find(k_avx2, sizeof k_avx2 / sizeof k_avx2[0], t);
 }
 
 #else /* not built with AVX2/FMA/F16C */
