@@ -20,6 +20,7 @@ typedef enum tm_status {
     TM_ERR_UNSUPPORTED, /* valid but not supported (architecture, tensor type, template) */
     TM_ERR_RANGE,       /* value out of range (prompt longer than the context, ...) */
     TM_ERR_INTERNAL,    /* a bug */
+    TM_ERR_DEVICE,      /* accelerator error: no device, a failed launch or copy, a library call */
 } tm_status;
 
 /* An error: a code and one human-readable line. Every fallible call takes a `tm_error *` (may be NULL). */
@@ -46,6 +47,8 @@ typedef struct tm_load_params {
     int32_t max_seqs;           /* sequences batched together (continuous batching); the KV cache holds this many
                                  * full contexts; 0: 1 */
     bool no_prefix_cache;       /* turn off sharing of cached prompt blocks between requests */
+    const char *device;         /* "cpu" (default), "cuda" or "cuda:N" */
+    bool no_graphs;             /* cuda: run decode steps without CUDA graphs */
 } tm_load_params;
 
 tm_load_params tm_load_params_default(void);

@@ -24,10 +24,15 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
     *out = NULL;
     tm_ctx *c = tm_calloc(1, sizeof *c);
     if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
-    tm_status s = tm_model_load(p->model, &c->model, err);
+    tm_device dev;
+    int32_t ordinal;
+    tm_status s = tm_device_parse(p->device, &dev, &ordinal, err);
+    tm_model_load_opts lo = {.defer_dummy = dev == TM_DEVICE_CUDA};
+    if (s == TM_OK) s = tm_model_load_ex(p->model, &lo, &c->model, err);
     if (s == TM_OK) {
         int32_t ms = p->max_seqs > 0 ? p->max_seqs : 1;
-        tm_engine_cfg ec = {.runner = {.n_threads = p->n_threads, .n_ctx = p->n_ctx, .max_batch_tokens = p->max_batch_tokens,
+        tm_engine_cfg ec = {.runner = {.device = dev, .cuda_device = ordinal, .no_graphs = p->no_graphs,
+                                       .n_threads = p->n_threads, .n_ctx = p->n_ctx, .max_batch_tokens = p->max_batch_tokens,
                                        .block_size = p->block_size, .n_seqs = ms, .act_bits = p->act_bits,
                                        .no_prefix_cache = p->no_prefix_cache},
                             .sched = {.max_seqs = ms}};

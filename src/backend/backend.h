@@ -11,6 +11,11 @@ typedef struct tm_weight {
     const void *data;   /* (rows, cols) of type */
     tm_dtype type;
     int64_t rows, cols;
+    /* A deferred dummy weight (data NULL until a backend places it): scale * uniform(-1, 1) from a hash of
+     * (dummy_seed, index), or dummy_constant everywhere when it is non-zero. */
+    bool dummy;
+    uint64_t dummy_seed;
+    float dummy_scale, dummy_constant;
 } tm_weight;
 
 /* One engine step's batch: flat and ragged. Token i belongs to sequence seq_index[i]; the tokens of
@@ -56,10 +61,23 @@ typedef struct tm_matmul_job {
     const tm_weight *w;
     const tm_weight *bias;       /* (1, w->rows) f32 or NULL */
     void *out;                   /* (n, w->rows) */
+    bool out_f32;                /* keep the output in f32 (logits) where activations are narrower */
 } tm_matmul_job;
 #define TM_MATMUL_MAX_JOBS 4
 
-/* Activations are backend buffers of `act` elements (cpu: f32), row-major (n_tokens, width). */
+/* What a backend does with a forward pass (begin_step): the sizes its ops run at, and whether a captured graph
+ * already ran the whole pass. A graph pads a batch to a bucket of tokens: padded tokens write a scratch cache
+ * block and their rows are ignored. */
+typedef struct tm_step_plan {
+    int32_t n_tokens;            /* rows the ops run on (>= batch n_tokens) */
+    int32_t n_logits;            /* rows of logits computed (>= batch n_logits) */
+    bool replayed;               /* true: the pass already ran (graph replay); skip the ops */
+} tm_step_plan;
+
+/* Activations are backend buffers of `act` elements, row-major (n_tokens, width). cpu: f32 everywhere; cuda:
+ * the residual stream (x) and logits f32, every other activation bf16 (tm_cuda_kernels.h). Ops that take token
+ * ids or row indices (embed, get_rows) get pointers into the step's tm_batch, which a device backend already
+ * holds in device memory after begin_step. */
 typedef struct tm_backend_ops {
     const char *name;
     void (*free)(tm_backend *be);
@@ -94,6 +112,24 @@ typedef struct tm_backend_ops {
     void (*to_host)(tm_backend *be, const void *x, size_t n, float *dst);
     /* copy n host f32 elements into an activation buffer (tests) */
     void (*from_host)(tm_backend *be, const float *src, size_t n, void *x);
+
+    /* ---- optional (NULL on the cpu backend) ---- */
+    /* Before a forward pass: upload the batch metadata (one copy) and plan the pass; end_step after the last
+     * op (finishes a graph capture and runs it; *rerun = true when the capture failed and the pass must be
+     * issued again, eagerly). */
+    tm_status (*begin_step)(tm_backend *be, const tm_batch *b, tm_step_plan *plan, tm_error *err);
+    tm_status (*end_step)(tm_backend *be, bool *rerun, tm_error *err);
+    /* out (n, gate->rows) = silu(x · gateᵀ) * (x · upᵀ), fused where the backend can */
+    void (*matmul_swiglu)(tm_backend *be, const tm_weight *gate, const tm_weight *up, const void *x, int32_t n,
+                          void *out);
+    /* Move a weight into backend memory: w->data (host) is copied, or a deferred dummy weight is made there;
+     * w->data then points to backend memory, released with weight_release. */
+    tm_status (*weight_place)(tm_backend *be, tm_weight *w, tm_error *err);
+    void (*weight_release)(tm_backend *be, tm_weight *w);
+    /* bytes of backend memory still free */
+    uint64_t (*mem_free)(tm_backend *be);
+    /* ops stopped early on a device error: the first error since the last call (TM_OK if none), then cleared */
+    tm_status (*last_error)(tm_backend *be, tm_error *err);
 } tm_backend_ops;
 
 struct tm_backend {
@@ -108,5 +144,15 @@ typedef struct tm_cpu_cfg {
     int32_t act_bits;            /* 8 or 16; 0 = 16 */
 } tm_cpu_cfg;
 tm_status tm_backend_cpu_create(const tm_cpu_cfg *cfg, tm_backend **out, tm_error *err);
+
+/* CUDA backend on device `device` (TM_ERR_UNSUPPORTED in a build without CUDA, TM_ERR_DEVICE without a GPU). */
+typedef struct tm_cuda_cfg {
+    int32_t device;              /* CUDA device ordinal */
+    int32_t max_tokens;          /* most tokens of a step (sizes scratch buffers) */
+    int32_t max_logits;          /* rows of the workspace's logits buffer (graph padding stays within it) */
+    bool no_graphs;              /* true: never capture CUDA graphs */
+} tm_cuda_cfg;
+tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_error *err);
+bool tm_backend_cuda_available(void);
 
 #endif /* TM_BACKEND_H */

@@ -24,6 +24,7 @@ const char *tm_status_name(tm_status s) {
     case TM_ERR_UNSUPPORTED: return "unsupported";
     case TM_ERR_RANGE: return "out of range";
     case TM_ERR_INTERNAL: return "internal error";
+    case TM_ERR_DEVICE: return "device error";
     }
     return "unknown status";
 }

@@ -3,6 +3,24 @@
 
 #include <stdlib.h>
 
+tm_status tm_device_parse(const char *spec, tm_device *dev, int32_t *ordinal, tm_error *err) {
+    *dev = TM_DEVICE_CPU;
+    *ordinal = 0;
+    if (!spec || !*spec || !strcmp(spec, "cpu")) return TM_OK;
+    if (!strncmp(spec, "cuda", 4) && (spec[4] == 0 || spec[4] == ':')) {
+        *dev = TM_DEVICE_CUDA;
+        if (spec[4] == ':') {
+            char *end;
+            long v = strtol(spec + 5, &end, 10);
+            if (end == spec + 5 || *end || v < 0 || v > 64)
+                return tm_err(err, TM_ERR_INVALID, "bad device '%s' (cpu, cuda or cuda:N)", spec);
+            *ordinal = (int32_t)v;
+        }
+        return TM_OK;
+    }
+    return tm_err(err, TM_ERR_INVALID, "unknown device '%s' (cpu, cuda or cuda:N)", spec);
+}
+
 tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_runner **out, tm_error *err) {
     *out = NULL;
     tm_runner_cfg cfg = *cfg_in;
@@ -20,20 +38,49 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     if (!r) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     r->model = m;
     r->cfg = cfg;
-    tm_cpu_cfg cc = {cfg.n_threads, cfg.act_bits};
-    tm_status s = tm_backend_cpu_create(&cc, &r->be, err);
-    if (s != TM_OK) goto fail;
-    if ((s = tm_workspace_init(&r->ws, m, r->be, cfg.max_batch_tokens, err)) != TM_OK) goto fail;
+    r->max_seqs = cfg.max_batch_tokens < cfg.n_seqs ? cfg.max_batch_tokens : cfg.n_seqs;
+    /* logits rows: one per sequence, rounded up to 32 so a device backend can pad a decode step into a graph */
+    int32_t max_logits = (r->max_seqs + 31) / 32 * 32;
+    if (max_logits > cfg.max_batch_tokens) max_logits = cfg.max_batch_tokens;
+    tm_status s;
+    if (cfg.device == TM_DEVICE_CUDA) {
+        tm_cuda_cfg cc = {.device = cfg.cuda_device, .max_tokens = cfg.max_batch_tokens, .max_logits = max_logits,
+                          .no_graphs = cfg.no_graphs};
+        if ((s = tm_backend_cuda_create(&cc, &r->be, err)) != TM_OK) goto fail;
+        if ((s = tm_model_place(m, r->be, &r->placed, err)) != TM_OK) goto fail;
+        r->model = r->placed;
+    } else {
+        if (tm_model_has_deferred(m)) {
+            s = tm_err(err, TM_ERR_INVALID, "the model's dummy weights were left for a device backend to make");
+            goto fail;
+        }
+        tm_cpu_cfg cc = {cfg.n_threads, cfg.act_bits};
+        if ((s = tm_backend_cpu_create(&cc, &r->be, err)) != TM_OK) goto fail;
+    }
+    if ((s = tm_workspace_init(&r->ws, r->model, r->be, cfg.max_batch_tokens, max_logits, err)) != TM_OK) goto fail;
     r->max_blocks = (cfg.n_ctx + cfg.block_size - 1) / cfg.block_size;
     int64_t n_blocks = cfg.kv_blocks > 0 ? cfg.kv_blocks : (int64_t)r->max_blocks * cfg.n_seqs;
+    tm_dtype kv_type = cfg.device == TM_DEVICE_CUDA ? TM_DT_BF16 : TM_DT_F32;
+    if (cfg.device == TM_DEVICE_CUDA && cfg.kv_blocks <= 0 && r->be->ops->mem_free) {
+        /* what the device has left after weights and activations, less a margin, bounds the pool */
+        uint64_t free_b = r->be->ops->mem_free(r->be), margin = (uint64_t)2 << 30;
+        uint64_t per_block = 2ull * (uint64_t)m->hp.n_layers * (uint64_t)m->hp.n_kv_heads * (uint64_t)m->hp.head_dim *
+                             (uint64_t)cfg.block_size * 2ull;
+        uint64_t fit = free_b > margin ? (uint64_t)((double)(free_b - margin) * 0.92) / per_block : 0;
+        if ((uint64_t)n_blocks > fit) n_blocks = (int64_t)fit;
+        if (n_blocks < r->max_blocks) {
+            s = tm_err(err, TM_ERR_NOMEM, "device memory holds %lld KV blocks, fewer than one %d-token context",
+                       (long long)n_blocks, cfg.n_ctx);
+            goto fail;
+        }
+    }
     if (n_blocks > INT32_MAX) { s = tm_err(err, TM_ERR_RANGE, "KV pool too large"); goto fail; }
     tm_kv_pool_cfg pc = {(int32_t)n_blocks, cfg.block_size, cfg.no_prefix_cache, 0};
     if ((s = tm_kv_pool_init_cfg(&r->pool, &pc, err)) != TM_OK) goto fail;
-    tm_kv_cfg kc = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, cfg.block_size, (int32_t)n_blocks, TM_DT_F32};
+    tm_kv_cfg kc = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, cfg.block_size, (int32_t)n_blocks, kv_type};
     if ((s = r->be->ops->kv_init(r->be, &kc, err)) != TM_OK) goto fail;
     size_t T = (size_t)cfg.max_batch_tokens;
-    r->max_seqs = cfg.max_batch_tokens < cfg.n_seqs ? cfg.max_batch_tokens : cfg.n_seqs;
-    r->logits = tm_malloc_array(T * (size_t)m->hp.n_vocab, sizeof(float));
+    r->logits = tm_malloc_array((size_t)max_logits * (size_t)m->hp.n_vocab, sizeof(float));
     r->b_ids = tm_malloc_array(T, sizeof(int32_t));
     r->b_pos = tm_malloc_array(T, sizeof(int32_t));
     r->b_seq = tm_malloc_array(T, sizeof(int32_t));
@@ -58,6 +105,7 @@ void tm_runner_free(tm_runner *r) {
     if (!r) return;
     if (r->be) {
         tm_workspace_free(&r->ws, r->be);
+        tm_model_unplace(r->placed, r->be);
         r->be->ops->free(r->be);
     }
     tm_kv_pool_free(&r->pool);

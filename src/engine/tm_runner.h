@@ -7,6 +7,8 @@
 #include "kv/tm_kv.h"
 #include "model/tm_model.h"
 
+typedef enum tm_device { TM_DEVICE_CPU = 0, TM_DEVICE_CUDA = 1 } tm_device;
+
 typedef struct tm_runner_cfg {
     int32_t n_threads;          /* cpu threads (default: all cores) */
     int32_t n_ctx;              /* max tokens per sequence (default: min(model's, 4096)) */
@@ -16,10 +18,14 @@ typedef struct tm_runner_cfg {
     int32_t act_bits;           /* cpu activation blocks for integer dots: 16 (default) or 8 */
     int32_t kv_blocks;          /* KV pool size in blocks; 0 = n_seqs full contexts */
     bool no_prefix_cache;       /* true: full blocks are not hashed and shared (prefix caching off) */
+    tm_device device;           /* cpu (default) or cuda */
+    int32_t cuda_device;        /* CUDA device ordinal */
+    bool no_graphs;             /* cuda: no CUDA graphs for decode steps */
 } tm_runner_cfg;
 
 typedef struct tm_runner {
-    const tm_model *model;      /* borrowed */
+    const tm_model *model;      /* the model the forward runs: borrowed, or `placed` */
+    tm_model *placed;           /* owned copy with weights in device memory (cuda), or NULL */
     tm_backend *be;             /* owned */
     tm_workspace ws;
     tm_kv_pool pool;
@@ -33,6 +39,9 @@ typedef struct tm_runner {
     int32_t *b_btab;            /* (max_seqs, max_blocks) */
     int32_t max_seqs, max_blocks;
 } tm_runner;
+
+/* "cpu", "cuda" or "cuda:N" (NULL or "" = cpu) */
+tm_status tm_device_parse(const char *spec, tm_device *dev, int32_t *ordinal, tm_error *err);
 
 tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg, tm_runner **out, tm_error *err);
 void tm_runner_free(tm_runner *r);

@@ -59,7 +59,7 @@ static void llama3_freq_factors(float *ff, int32_t half, int32_t rope_dim, float
 }
 
 static uint64_t weight_bytes(const tm_weight *w) {
-    if (!w->data) return 0;
+    if (!w->data && !w->dummy) return 0;
     return tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows;
 }
 
@@ -275,7 +275,7 @@ static inline float rnd_uniform(uint64_t *state) {
 }
 
 typedef struct dummy_alloc {
-    uint8_t *base; /* (cap) */
+    uint8_t *base; /* (cap); NULL when the weights are deferred to the backend */
     uint64_t used, cap;
     uint64_t seed;
     float *row;    /* (max_cols) scratch */
@@ -284,10 +284,18 @@ typedef struct dummy_alloc {
 static tm_weight dummy_weight(dummy_alloc *da, tm_dtype type, int64_t rows, int64_t cols, float scale, float constant) {
     tm_weight w = {0};
     uint64_t rb = tm_dtype_row_bytes(type, (uint64_t)cols);
-    w.data = da->base + da->used;
     w.type = type;
     w.rows = rows;
     w.cols = cols;
+    if (!da->base) { /* deferred: the backend makes it from this recipe */
+        w.dummy = true;
+        w.dummy_seed = da->seed ^ (da->used * 0x9e3779b97f4a7c15ull);
+        w.dummy_scale = scale;
+        w.dummy_constant = constant;
+        da->used += (rb * (uint64_t)rows + 63) & ~(uint64_t)63;
+        return w;
+    }
+    w.data = da->base + da->used;
     uint8_t *dst = da->base + da->used;
     for (int64_t r = 0; r < rows; r++) {
         uint64_t st = da->seed ^ (da->used + (uint64_t)r * 0x9e3779b97f4a7c15ull);
@@ -350,7 +358,7 @@ tm_status tm_model_dummy_hparams(const char *spec, tm_hparams *hp, tm_dtype *wei
     return parse_dummy(spec, &sh, weight_type, hp, err);
 }
 
-static tm_status load_dummy(const char *spec, tm_model *m, tm_error *err) {
+static tm_status load_dummy(const char *spec, bool defer, tm_model *m, tm_error *err) {
     const dummy_shape *sh;
     tm_dtype wt;
     tm_hparams *hp = &m->hp;
@@ -366,9 +374,9 @@ static tm_status load_dummy(const char *spec, tm_model *m, tm_error *err) {
     dummy_alloc da = {0};
     da.cap = total;
     da.seed = 0x746f6b656e6d696cull;
-    da.base = tm_aligned_alloc(64, total);
+    da.base = defer ? NULL : tm_aligned_alloc(64, total);
     da.row = tm_malloc_array((size_t)(hp->ffn_dim > dim ? hp->ffn_dim : dim) + 64, sizeof(float));
-    if (!da.base || !da.row) {
+    if ((!defer && !da.base) || !da.row) {
         tm_aligned_free(da.base);
         free(da.row);
         return tm_err(err, TM_ERR_NOMEM, "cannot allocate %.2f GB of dummy weights", (double)total / 1e9);
@@ -414,11 +422,16 @@ static tm_status load_dummy(const char *spec, tm_model *m, tm_error *err) {
 }
 
 tm_status tm_model_load(const char *spec, tm_model **out, tm_error *err) {
+    return tm_model_load_ex(spec, NULL, out, err);
+}
+
+tm_status tm_model_load_ex(const char *spec, const tm_model_load_opts *opts, tm_model **out, tm_error *err) {
     *out = NULL;
+    bool defer = opts && opts->defer_dummy;
     if (!spec || !*spec) return tm_err(err, TM_ERR_INVALID, "no model given");
     tm_model *m = tm_calloc(1, sizeof *m);
     if (!m) return tm_err(err, TM_ERR_NOMEM, "out of memory");
-    tm_status s = !strncmp(spec, "dummy:", 6) ? load_dummy(spec, m, err) : load_gguf(spec, m, err);
+    tm_status s = !strncmp(spec, "dummy:", 6) ? load_dummy(spec, defer, m, err) : load_gguf(spec, m, err);
     if (s != TM_OK) {
         tm_model_free(m);
         return s;
@@ -438,6 +451,102 @@ void tm_model_free(tm_model *m) {
     tm_aligned_free(m->dummy_mem);
     tm_gguf_close(m->gguf);
     free(m);
+}
+
+/* ---- placement in backend memory ------------------------------------------------------------------- */
+
+/* Every weight slot of a model, in a fixed order: tok_embd, output_norm, output, then 12 per layer. */
+static size_t weight_slots(tm_model *m, tm_weight **slots) {
+    size_t k = 0;
+    slots[k++] = &m->tok_embd;
+    slots[k++] = &m->output_norm;
+    slots[k++] = &m->output;
+    for (int32_t l = 0; l < m->hp.n_layers; l++) {
+        tm_layer *L = &m->layers[l];
+        tm_weight *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk,
+                           &L->bv,        &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) slots[k++] = ws[i];
+    }
+    return k;
+}
+
+void tm_model_unplace(tm_model *placed, tm_backend *be) {
+    if (!placed) return;
+    if (placed->layers) {
+        size_t cap = 3 + 12 * (size_t)placed->hp.n_layers;
+        tm_weight **slots = tm_malloc_array(cap, sizeof *slots);
+        if (slots) {
+            size_t n = weight_slots(placed, slots);
+            bool tied = placed->output.data == placed->tok_embd.data;
+            for (size_t i = 0; i < n; i++) {
+                if (i == 2 && tied) continue;
+                if (slots[i]->data) be->ops->weight_release(be, slots[i]);
+            }
+            free(slots);
+        }
+    }
+    free(placed->layers);
+    free(placed);
+}
+
+tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_error *err) {
+    *out = NULL;
+    if (!be->ops->weight_place) return tm_err(err, TM_ERR_INVALID, "backend %s has no memory of its own", be->ops->name);
+    tm_model *p = tm_calloc(1, sizeof *p);
+    tm_weight **slots = tm_malloc_array(3 + 12 * (size_t)m->hp.n_layers, sizeof *slots);
+    if (!p || !slots) {
+        free(p);
+        free(slots);
+        return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    }
+    *p = *m; /* borrows tokenizer, names, rope table; owns only its layer array */
+    p->gguf = NULL;
+    p->dummy_mem = NULL;
+    p->layers = tm_malloc_array((size_t)m->hp.n_layers, sizeof(tm_layer));
+    if (!p->layers) {
+        free(p);
+        free(slots);
+        return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    }
+    memcpy(p->layers, m->layers, (size_t)m->hp.n_layers * sizeof(tm_layer));
+    bool tied = m->output.data == m->tok_embd.data && m->output.dummy_seed == m->tok_embd.dummy_seed;
+    size_t n = weight_slots(p, slots);
+    /* clear first, so a failure part-way releases only what was placed */
+    tm_weight *orig = tm_malloc_array(n, sizeof *orig);
+    if (!orig) {
+        free(slots);
+        free(p->layers);
+        free(p);
+        return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        orig[i] = *slots[i];
+        if (!slots[i]->dummy) slots[i]->data = NULL;
+    }
+    tm_status s = TM_OK;
+    for (size_t i = 0; i < n && s == TM_OK; i++) {
+        if (i == 2 && tied) continue;
+        if (!orig[i].data && !orig[i].dummy) continue; /* absent (biases) */
+        *slots[i] = orig[i];
+        s = be->ops->weight_place(be, slots[i], err);
+        if (s != TM_OK) slots[i]->data = NULL;
+    }
+    if (tied) p->output = p->tok_embd;
+    free(orig);
+    free(slots);
+    if (s != TM_OK) {
+        tm_model_unplace(p, be);
+        return tm_err_prefix(err, "placing the weights on %s", be->ops->name);
+    }
+    *out = p;
+    return TM_OK;
+}
+
+bool tm_model_has_deferred(const tm_model *m) {
+    if (m->tok_embd.dummy || m->output.dummy) return true;
+    for (int32_t l = 0; l < m->hp.n_layers; l++)
+        if (m->layers[l].wq.dummy) return true;
+    return false;
 }
 
 tm_attn_cfg tm_model_attn_cfg(const tm_model *m) {

@@ -56,6 +56,16 @@ typedef struct tm_model {
  * llama3-8b, llama2-7b; TYPE in f32,f16,bf16,q8_0,q4_0,q4_1 (default f16)). */
 tm_status tm_model_load(const char *spec, tm_model **out, tm_error *err);
 void tm_model_free(tm_model *m);
+typedef struct tm_model_load_opts {
+    bool defer_dummy;           /* dummy weights are left as recipes (data NULL) for a backend to make */
+} tm_model_load_opts;
+tm_status tm_model_load_ex(const char *spec, const tm_model_load_opts *opts, tm_model **out, tm_error *err);
+/* A copy of m whose weights live in the backend's memory (ops->weight_place: uploaded, or dummy recipes made
+ * there). It borrows everything else from m (tokenizer, names, rope table), so m must outlive it. */
+tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_error *err);
+void tm_model_unplace(tm_model *placed, tm_backend *be);
+/* true when some weight is a deferred dummy recipe (only a device backend can run the model) */
+bool tm_model_has_deferred(const tm_model *m);
 /* Hyper-parameters and weight type of a dummy spec ("dummy:NAME[:TYPE]") without allocating its weights
  * (for planning); the shape tm_model_load would give. */
 tm_status tm_model_dummy_hparams(const char *spec, tm_hparams *hp, tm_dtype *weight_type, tm_error *err);
@@ -65,6 +75,7 @@ const char *const *tm_model_dummy_names(void);
 /* Activation workspace of a forward pass for up to max_tokens tokens per step. */
 typedef struct tm_workspace {
     int32_t max_tokens;
+    int32_t max_logits;
     void *x;       /* (max_tokens, dim) residual stream */
     void *xb;      /* (max_tokens, dim) normed input */
     void *q;       /* (max_tokens, n_heads*hd) */
@@ -74,11 +85,13 @@ typedef struct tm_workspace {
     void *proj;    /* (max_tokens, dim) */
     void *hb;      /* (max_tokens, ffn) */
     void *hb2;     /* (max_tokens, ffn) */
-    void *hsel;    /* (max_tokens, dim) rows that need logits */
-    void *logits;  /* (max_tokens, n_vocab) */
+    void *hsel;    /* (max_logits, dim) rows that need logits */
+    void *logits;  /* (max_logits, n_vocab) */
 } tm_workspace;
 
-tm_status tm_workspace_init(tm_workspace *ws, const tm_model *m, tm_backend *be, int32_t max_tokens, tm_error *err);
+/* max_logits: most rows of logits a pass computes (<= max_tokens; <= 0 means max_tokens) */
+tm_status tm_workspace_init(tm_workspace *ws, const tm_model *m, tm_backend *be, int32_t max_tokens, int32_t max_logits,
+                            tm_error *err);
 void tm_workspace_free(tm_workspace *ws, tm_backend *be);
 tm_attn_cfg tm_model_attn_cfg(const tm_model *m);
 

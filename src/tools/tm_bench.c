@@ -50,12 +50,17 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     int32_t *prompts = NULL, *outlen = NULL;
     req_result *res = NULL;
     double *v = NULL;
-    tm_status s = tm_model_load(c->model, &m, err);
+    tm_device dev;
+    int32_t ordinal;
+    tm_status s = tm_device_parse(c->device, &dev, &ordinal, err);
     if (s != TM_OK) return s;
+    tm_model_load_opts lo = {.defer_dummy = dev == TM_DEVICE_CUDA};
+    if ((s = tm_model_load_ex(c->model, &lo, &m, err)) != TM_OK) return s;
     int32_t omax = c->out_max > 0 ? c->out_max : c->output_len;
     int32_t max_seqs = c->max_seqs > 0 ? c->max_seqs : 32;
     tm_engine_cfg ec = {
-        .runner = {.n_threads = c->n_threads, .n_ctx = c->input_len + omax + 1,
+        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs,
+                   .n_threads = c->n_threads, .n_ctx = c->input_len + omax + 1,
                    .max_batch_tokens = c->max_batched_tokens > 0 ? c->max_batched_tokens : 512, .block_size = 16,
                    .n_seqs = max_seqs, .act_bits = c->act_bits, .no_prefix_cache = c->no_prefix_cache},
         .sched = {.max_seqs = max_seqs, .policy = c->static_batching ? TM_SCHED_STATIC : TM_SCHED_CONTINUOUS},
@@ -166,10 +171,10 @@ static double gemm_ceiling(tm_engine *e, int32_t n) {
         double t0 = tm_time_s();
         for (int32_t l = 0; l < hp->n_layers; l++) {
             const tm_layer *L = &m->layers[l];
-            tm_matmul_job qkv[3] = {{&L->wq, NULL, ws->q}, {&L->wk, NULL, ws->k}, {&L->wv, NULL, ws->v}};
-            tm_matmul_job o = {&L->wo, NULL, ws->proj};
-            tm_matmul_job gu[2] = {{&L->w_gate, NULL, ws->hb2}, {&L->w_up, NULL, ws->hb2}};
-            tm_matmul_job down = {&L->w_down, NULL, ws->proj};
+            tm_matmul_job qkv[3] = {{&L->wq, NULL, ws->q, false}, {&L->wk, NULL, ws->k, false}, {&L->wv, NULL, ws->v, false}};
+            tm_matmul_job o = {&L->wo, NULL, ws->proj, false};
+            tm_matmul_job gu[2] = {{&L->w_gate, NULL, ws->hb2, false}, {&L->w_up, NULL, ws->hb2, false}};
+            tm_matmul_job down = {&L->w_down, NULL, ws->proj, false};
             be->ops->matmul(be, qkv, 3, ws->xb, n);
             be->ops->matmul(be, &o, 1, ws->att, n);
             be->ops->matmul(be, gu, 2, ws->xb, n);
@@ -187,11 +192,16 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     tm_model *m = NULL;
     tm_engine *e = NULL;
     int32_t *prompts = NULL;
-    tm_status s = tm_model_load(c->model, &m, err);
+    tm_device dev;
+    int32_t ordinal;
+    tm_status s = tm_device_parse(c->device, &dev, &ordinal, err);
     if (s != TM_OK) return s;
+    tm_model_load_opts lo = {.defer_dummy = dev == TM_DEVICE_CUDA};
+    if ((s = tm_model_load_ex(c->model, &lo, &m, err)) != TM_OK) return s;
     int64_t pp_budget = (int64_t)B * I;
     tm_engine_cfg ec = {
-        .runner = {.n_threads = c->n_threads, .n_ctx = I + O + 1,
+        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs,
+                   .n_threads = c->n_threads, .n_ctx = I + O + 1,
                    .max_batch_tokens = (int32_t)(pp_budget < 4096 ? pp_budget : 4096), .block_size = 16, .n_seqs = B,
                    .act_bits = c->act_bits, .no_prefix_cache = true},
         .sched = {.max_seqs = B},

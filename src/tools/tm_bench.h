@@ -6,6 +6,8 @@
 
 typedef struct tm_bench_tp_cfg {
     const char *model;
+    const char *device;          /* "cpu" (NULL) or "cuda[:N]" */
+    bool no_graphs;
     int32_t n_threads;
     int32_t num_prompts;
     int32_t input_len;

@@ -1,0 +1,710 @@
+/* tm_cuda_backend.c -- the CUDA backend: device memory, one-copy batch upload, op dispatch, CUDA graphs. */
+#include "backend/backend.h"
+#include "backend/cuda/tm_cuda_blas.h"
+#include "backend/cuda/tm_cuda_kernels.h"
+
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+
+/* Activation buffers remember whether they currently hold f32 (residual, logits) or bf16 values. */
+typedef struct cu_buf {
+    void *p;
+    size_t bytes;
+    bool f32;
+} cu_buf;
+
+/* A captured decode pass: key = (padded tokens, padded logits, context bucket). */
+typedef struct cu_graph {
+    int32_t n_tokens, n_logits, ctx_bucket;
+    cudaGraphExec_t exec;
+} cu_graph;
+
+#define CU_MAX_GRAPHS 256
+
+typedef struct cu_backend {
+    tm_backend base;
+    tm_cuda_cfg cfg;
+    cudaStream_t stream;
+    tm_cuda_blas *blas;
+    /* first error since last_error() */
+    tm_status err_code;
+    tm_error err;
+    /* activation buffers */
+    cu_buf *bufs;                /* (n_bufs) */
+    int32_t n_bufs, cap_bufs;
+    /* KV pool: per layer K then V, each (n_blocks + 1, n_kv_heads, block_size, head_dim) bf16; block n_blocks
+     * is the scratch block that padded tokens write */
+    tm_kv_cfg kv;
+    int32_t n_heads;             /* query heads (from the first attention call) */
+    uint16_t *kv_mem;            /* (n_layers, 2, n_blocks + 1, n_kv_heads, block_size, head_dim) */
+    size_t layer_elems;          /* elements of one layer's K (or V) */
+    /* step metadata: pinned host staging and its device twin, one copy per step */
+    uint8_t *meta_host, *meta_dev;
+    size_t meta_cap;
+    cudaEvent_t meta_done;
+    bool meta_pending;
+    /* device views of the current step (into meta_dev) */
+    int32_t n_tokens, n_seqs, n_logits, stride, max_q, max_ctx, ctx_bucket;
+    int32_t *d_ids, *d_pos, *d_seq, *d_qstart, *d_ctx, *d_btab, *d_lidx;
+    int64_t *d_slots;
+    const tm_batch *host_batch;
+    /* scratch */
+    float *d_inv_freq;           /* (rope_dim / 2) */
+    const float *inv_freq_src;
+    void *attn_work;
+    size_t attn_work_bytes;
+    uint16_t *deq;               /* (deq_elems) dequantized weight for large-batch GEMMs */
+    size_t deq_elems, deq_need;
+    uint16_t *ffn_tmp;           /* (ffn_elems) up projection for large-batch SwiGLU */
+    size_t ffn_elems;
+    int64_t max_ffn_rows;
+    int32_t max_tokens;
+    float *host_stage;           /* (stage_elems) pinned staging for to_host / from_host */
+    size_t stage_bytes;
+    /* graphs */
+    cu_graph graphs[CU_MAX_GRAPHS];
+    int32_t n_graphs;
+    bool capturing;
+    cu_graph pending;
+    bool graphs_off;
+} cu_backend;
+
+static cu_backend *cu(tm_backend *be) { return (cu_backend *)be; }
+
+/* Record the first error; ops after it do nothing until last_error() clears it. */
+static bool cu_fail(cu_backend *c, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return false;
+    if (c->err_code == TM_OK) c->err_code = tm_err(&c->err, TM_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
+    return true;
+}
+static bool cu_failed(cu_backend *c) { return c->err_code != TM_OK; }
+
+static cu_buf *buf_find(cu_backend *c, const void *p) {
+    for (int32_t i = 0; i < c->n_bufs; i++)
+        if (c->bufs[i].p == p) return &c->bufs[i];
+    return NULL;
+}
+static void buf_mark(cu_backend *c, const void *p, bool f32) {
+    cu_buf *b = buf_find(c, p);
+    if (b) b->f32 = f32;
+}
+
+/* ---- memory ---------------------------------------------------------------------------------------- */
+
+static void *cu_alloc(tm_backend *be, size_t n_elems) {
+    cu_backend *c = cu(be);
+    if (c->n_bufs == c->cap_bufs) {
+        int32_t cap = c->cap_bufs ? 2 * c->cap_bufs : 32;
+        cu_buf *nb = realloc(c->bufs, (size_t)cap * sizeof *nb);
+        if (!nb) return NULL;
+        c->bufs = nb;
+        c->cap_bufs = cap;
+    }
+    void *p = NULL;
+    size_t bytes = (n_elems ? n_elems : 1) * sizeof(float); /* room for f32 */
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    c->bufs[c->n_bufs++] = (cu_buf){p, bytes, false};
+    return p;
+}
+
+static void cu_release(tm_backend *be, void *p) {
+    cu_backend *c = cu(be);
+    for (int32_t i = 0; i < c->n_bufs; i++) {
+        if (c->bufs[i].p != p) continue;
+        cudaFree(p);
+        c->bufs[i] = c->bufs[--c->n_bufs];
+        return;
+    }
+}
+
+static tm_status cu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
+    cu_backend *c = cu(be);
+    if (!tm_cuda_weight_type_supported((int32_t)w->type))
+        return tm_err(err, TM_ERR_UNSUPPORTED, "weight type %s has no CUDA kernels", tm_dtype_name(w->type));
+    uint64_t bytes = tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows;
+    void *d = NULL;
+    cudaError_t e = cudaMalloc(&d, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tm_err(err, TM_ERR_NOMEM, "device memory for a %lld x %lld %s weight (%.1f MB): %s", (long long)w->rows,
+                      (long long)w->cols, tm_dtype_name(w->type), (double)bytes / 1e6, cudaGetErrorString(e));
+    }
+    if (w->dummy) {
+        if (w->type != TM_DT_F32 && w->type != TM_DT_F16 && w->type != TM_DT_BF16) {
+            cudaFree(d);
+            return tm_err(err, TM_ERR_UNSUPPORTED, "deferred dummy weights are made on the device in f32/f16/bf16 only");
+        }
+        e = tm_cuda_fill_random(d, (int32_t)w->type, (size_t)w->rows * (size_t)w->cols, w->dummy_seed, w->dummy_scale,
+                                w->dummy_constant, c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    } else {
+        e = cudaMemcpy(d, w->data, bytes, cudaMemcpyHostToDevice);
+    }
+    if (e != cudaSuccess) {
+        cudaFree(d);
+        return tm_err(err, TM_ERR_DEVICE, "placing a weight: %s", cudaGetErrorString(e));
+    }
+    w->data = d;
+    w->dummy = false;
+    bool quant = w->type != TM_DT_BF16;
+    if (quant && (size_t)(w->rows * w->cols) > c->deq_need) c->deq_need = (size_t)(w->rows * w->cols);
+    if (w->rows > c->max_ffn_rows) c->max_ffn_rows = w->rows;
+    return TM_OK;
+}
+
+static void cu_weight_release(tm_backend *be, tm_weight *w) {
+    (void)be;
+    cudaFree((void *)w->data);
+    w->data = NULL;
+}
+
+static tm_status cu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err) {
+    cu_backend *c = cu(be);
+    cudaFree(c->kv_mem);
+    c->kv_mem = NULL;
+    c->kv = *cfg;
+    c->layer_elems = (size_t)(cfg->n_blocks + 1) * (size_t)cfg->n_kv_heads * (size_t)cfg->block_size * (size_t)cfg->head_dim;
+    size_t bytes = c->layer_elems * 2 * (size_t)cfg->n_layers * sizeof(uint16_t);
+    cudaError_t e = cudaMalloc((void **)&c->kv_mem, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        c->kv_mem = NULL;
+        return tm_err(err, TM_ERR_NOMEM, "KV cache of %.2f GB on the device: %s", (double)bytes / 1e9,
+                      cudaGetErrorString(e));
+    }
+    /* zero, so that the scratch block of padded tokens never holds NaN bit patterns */
+    if ((e = cudaMemset(c->kv_mem, 0, bytes)) != cudaSuccess)
+        return tm_err(err, TM_ERR_DEVICE, "clearing the KV cache: %s", cudaGetErrorString(e));
+    return TM_OK;
+}
+
+static uint16_t *kv_layer(cu_backend *c, int32_t layer, int32_t which) {
+    return c->kv_mem + ((size_t)layer * 2 + (size_t)which) * c->layer_elems;
+}
+
+/* ---- step planning and metadata upload -------------------------------------------------------------- */
+
+static int32_t bucket_tokens(int32_t n) {
+    if (n <= 8) {
+        int32_t b = 1;
+        while (b < n) b *= 2;
+        return b;
+    }
+    if (n <= 64) return (n + 7) / 8 * 8;
+    if (n <= 256) return (n + 31) / 32 * 32;
+    return (n + 127) / 128 * 128;
+}
+
+static int32_t bucket_ctx(int32_t n, int32_t cap) {
+    int32_t b = 256;
+    while (b < n) b *= 2;
+    return b < cap ? b : cap;
+}
+
+static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
+
+/* Grow a device scratch buffer (never while capturing: begin_step runs before a capture starts). */
+static tm_status grow(void **p, size_t *have, size_t need, const char *what, tm_error *err) {
+    if (need <= *have) return TM_OK;
+    cudaFree(*p);
+    *p = NULL;
+    *have = 0;
+    cudaError_t e = cudaMalloc(p, need);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *p = NULL;
+        return tm_err(err, TM_ERR_NOMEM, "device %s of %zu bytes: %s", what, need, cudaGetErrorString(e));
+    }
+    *have = need;
+    return TM_OK;
+}
+
+static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *plan, tm_error *err) {
+    cu_backend *c = cu(be);
+    if (!c->kv_mem) return tm_err(err, TM_ERR_INVALID, "cuda backend: no KV cache (kv_init first)");
+    if (cu_failed(c)) return tm_err(err, c->err_code, "%s", c->err.msg);
+    int32_t n = b->n_tokens, ns = b->n_seqs, max_q = 0, max_ctx = 0;
+    for (int32_t s = 0; s < ns; s++) {
+        int32_t q = b->query_start[s + 1] - b->query_start[s];
+        if (q > max_q) max_q = q;
+        if (b->context_len[s] > max_ctx) max_ctx = b->context_len[s];
+    }
+    int32_t cap_ctx = b->max_blocks * c->kv.block_size;
+    /* decode-only steps that want every row's logits run as CUDA graphs, padded to a bucket */
+    bool graph = !c->cfg.no_graphs && !c->graphs_off && max_q == 1 && b->n_logits == n && n == ns;
+    int32_t nt = graph ? bucket_tokens(n) : n, nsp = graph ? nt : ns, nl = graph ? nt : b->n_logits;
+    if (nt > c->max_tokens || nl > c->cfg.max_logits) {
+        graph = false;
+        nt = n;
+        nsp = ns;
+        nl = b->n_logits;
+    }
+    int32_t ctxb = graph ? bucket_ctx(max_ctx, cap_ctx) : max_ctx;
+    int32_t stride = graph ? (ctxb + c->kv.block_size - 1) / c->kv.block_size : (max_ctx + c->kv.block_size - 1) / c->kv.block_size;
+    if (stride < 1) stride = 1;
+    if (stride > b->max_blocks) stride = b->max_blocks;
+
+    /* scratch sized before any capture: attention work, dequant buffer, SwiGLU temp, staging */
+    tm_status s;
+    size_t aw = 0;
+    if (c->n_heads > 0) {
+        size_t d = tm_cuda_attn_decode_work_bytes(c->max_tokens, c->n_heads, c->kv.head_dim, cap_ctx);
+        size_t p = tm_cuda_attn_prefill_work_bytes(c->max_tokens, c->n_heads, c->kv.head_dim);
+        aw = d > p ? d : p;
+    }
+    if ((s = grow(&c->attn_work, &c->attn_work_bytes, aw ? aw : 256, "attention work", err)) != TM_OK) return s;
+    size_t deq_bytes = c->deq_elems * 2;
+    if ((s = grow((void **)&c->deq, &deq_bytes, c->deq_need * 2, "dequant buffer", err)) != TM_OK) return s;
+    c->deq_elems = deq_bytes / 2;
+    size_t ffn_bytes = c->ffn_elems * 2;
+    if ((s = grow((void **)&c->ffn_tmp, &ffn_bytes, (size_t)c->max_tokens * (size_t)c->max_ffn_rows * 2, "ffn buffer",
+                  err)) != TM_OK)
+        return s;
+    c->ffn_elems = ffn_bytes / 2;
+
+    /* layout: slots (i64) | ids | pos | seq | lidx | qstart | ctx | btab */
+    size_t o_slots = 0, o_ids = align8(o_slots + (size_t)nt * 8), o_pos = align8(o_ids + (size_t)nt * 4),
+           o_seq = align8(o_pos + (size_t)nt * 4), o_lidx = align8(o_seq + (size_t)nt * 4),
+           o_qs = align8(o_lidx + (size_t)(nl > 0 ? nl : 1) * 4), o_ctx = align8(o_qs + (size_t)(nsp + 1) * 4),
+           o_bt = align8(o_ctx + (size_t)nsp * 4), total = align8(o_bt + (size_t)nsp * (size_t)stride * 4);
+    if (total > c->meta_cap) {
+        if (c->meta_pending) cudaEventSynchronize(c->meta_done);
+        c->meta_pending = false;
+        cudaFreeHost(c->meta_host);
+        cudaFree(c->meta_dev);
+        c->meta_host = c->meta_dev = NULL;
+        c->meta_cap = 0;
+        size_t cap = total * 2;
+        if (cudaMallocHost((void **)&c->meta_host, cap) != cudaSuccess || cudaMalloc((void **)&c->meta_dev, cap) != cudaSuccess) {
+            cudaGetLastError();
+            return tm_err(err, TM_ERR_NOMEM, "batch metadata buffers of %zu bytes", cap);
+        }
+        c->meta_cap = cap;
+    }
+    if (c->meta_pending) { /* the previous step's copy must be done before the staging is rewritten */
+        cudaEventSynchronize(c->meta_done);
+        c->meta_pending = false;
+    }
+    uint8_t *h = c->meta_host;
+    int64_t *slots = (int64_t *)(h + o_slots);
+    int32_t *ids = (int32_t *)(h + o_ids), *pos = (int32_t *)(h + o_pos), *seq = (int32_t *)(h + o_seq),
+            *lidx = (int32_t *)(h + o_lidx), *qs = (int32_t *)(h + o_qs), *ctx = (int32_t *)(h + o_ctx),
+            *bt = (int32_t *)(h + o_bt);
+    int64_t scratch_slot = (int64_t)c->kv.n_blocks * c->kv.block_size;
+    for (int32_t i = 0; i < nt; i++) {
+        bool real = i < n;
+        slots[i] = real ? b->slot_mapping[i] : scratch_slot;
+        ids[i] = real ? b->token_ids[i] : 0;
+        pos[i] = real ? b->positions[i] : 0;
+        seq[i] = real ? b->seq_index[i] : i;
+    }
+    for (int32_t j = 0; j < nl; j++) lidx[j] = j < b->n_logits ? b->logits_index[j] : j;
+    for (int32_t k = 0; k <= nsp; k++) qs[k] = k <= ns ? b->query_start[k] : b->query_start[ns] + (k - ns);
+    for (int32_t k = 0; k < nsp; k++) {
+        int32_t *row = bt + (size_t)k * (size_t)stride;
+        if (k < ns) {
+            ctx[k] = b->context_len[k];
+            int32_t used = (b->context_len[k] + c->kv.block_size - 1) / c->kv.block_size;
+            if (used > stride) used = stride;
+            memcpy(row, b->block_table + (size_t)k * (size_t)b->max_blocks, (size_t)used * 4);
+            for (int32_t j = used; j < stride; j++) row[j] = c->kv.n_blocks;
+        } else { /* padded sequence: one entry in the scratch block */
+            ctx[k] = 1;
+            for (int32_t j = 0; j < stride; j++) row[j] = c->kv.n_blocks;
+        }
+    }
+    if (cu_fail(c, cudaMemcpyAsync(c->meta_dev, h, total, cudaMemcpyHostToDevice, c->stream), "batch upload") ||
+        cu_fail(c, cudaEventRecord(c->meta_done, c->stream), "batch upload event"))
+        return tm_err(err, c->err_code, "%s", c->err.msg);
+    c->meta_pending = true;
+    uint8_t *d = c->meta_dev;
+    c->d_slots = (int64_t *)(d + o_slots);
+    c->d_ids = (int32_t *)(d + o_ids);
+    c->d_pos = (int32_t *)(d + o_pos);
+    c->d_seq = (int32_t *)(d + o_seq);
+    c->d_lidx = (int32_t *)(d + o_lidx);
+    c->d_qstart = (int32_t *)(d + o_qs);
+    c->d_ctx = (int32_t *)(d + o_ctx);
+    c->d_btab = (int32_t *)(d + o_bt);
+    c->n_tokens = nt;
+    c->n_seqs = nsp;
+    c->n_logits = nl;
+    c->stride = stride;
+    c->max_q = max_q;
+    c->max_ctx = graph ? ctxb : max_ctx;
+    c->ctx_bucket = ctxb;
+    c->host_batch = b;
+    plan->n_tokens = nt;
+    plan->n_logits = nl;
+    plan->replayed = false;
+    if (!graph || c->n_heads == 0 || !c->d_inv_freq) return TM_OK; /* first pass runs eagerly (sets up scratch) */
+    for (int32_t g = 0; g < c->n_graphs; g++) {
+        cu_graph *G = &c->graphs[g];
+        if (G->n_tokens == nt && G->n_logits == nl && G->ctx_bucket == ctxb) {
+            if (cu_fail(c, cudaGraphLaunch(G->exec, c->stream), "graph launch")) return tm_err(err, c->err_code, "%s", c->err.msg);
+            plan->replayed = true;
+            return TM_OK;
+        }
+    }
+    if (c->n_graphs == CU_MAX_GRAPHS) return TM_OK;
+    if (cu_fail(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "graph capture"))
+        return tm_err(err, c->err_code, "%s", c->err.msg);
+    c->capturing = true;
+    c->pending = (cu_graph){.n_tokens = nt, .n_logits = nl, .ctx_bucket = ctxb, .exec = NULL};
+    return TM_OK;
+}
+
+static tm_status cu_end_step(tm_backend *be, bool *rerun, tm_error *err) {
+    cu_backend *c = cu(be);
+    *rerun = false;
+    if (!c->capturing) return TM_OK;
+    c->capturing = false;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    cudaGraphExec_t exec = NULL;
+    if (e == cudaSuccess && !cu_failed(c)) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e != cudaSuccess || cu_failed(c)) {
+        /* capture failed: graphs off for good, the pass runs again eagerly */
+        cudaGetLastError();
+        tm_log(TM_LOG_WARN, "cuda: graph capture failed (%s%s), running without graphs", cudaGetErrorString(e),
+               cu_failed(c) ? c->err.msg : "");
+        c->err_code = TM_OK;
+        c->graphs_off = true;
+        *rerun = true;
+        return TM_OK;
+    }
+    c->pending.exec = exec;
+    c->graphs[c->n_graphs++] = c->pending;
+    if (cu_fail(c, cudaGraphLaunch(exec, c->stream), "graph launch")) return tm_err(err, c->err_code, "%s", c->err.msg);
+    return TM_OK;
+}
+
+static tm_status cu_last_error(tm_backend *be, tm_error *err) {
+    cu_backend *c = cu(be);
+    if (c->err_code == TM_OK) return TM_OK;
+    tm_status s = tm_err(err, c->err_code, "%s", c->err.msg);
+    c->err_code = TM_OK;
+    return s;
+}
+
+/* ---- ops --------------------------------------------------------------------------------------------- */
+
+static const int32_t *dev_ids(cu_backend *c, const int32_t *host) {
+    const tm_batch *b = c->host_batch;
+    if (b && host == b->token_ids) return c->d_ids;
+    if (b && host == b->logits_index) return c->d_lidx;
+    return NULL;
+}
+
+static void cu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids, int32_t n, void *x) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    const int32_t *d = dev_ids(c, ids);
+    if (!d) {
+        cu_fail(c, cudaErrorInvalidValue, "embed: ids are not the step's token ids");
+        return;
+    }
+    cu_fail(c, tm_cuda_embed(table->data, (int32_t)table->type, table->cols, d, n, x, c->stream), "embed");
+    buf_mark(c, x, true);
+}
+
+static void cu_rmsnorm(tm_backend *be, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    cu_fail(c, tm_cuda_rmsnorm(x, w->data, eps, n, (int32_t)w->cols, out, c->stream), "rmsnorm");
+    buf_mark(c, out, false);
+}
+
+static void cu_add_rmsnorm(tm_backend *be, void *residual, const void *x, const tm_weight *w, float eps, int32_t n,
+                           void *out) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    cu_fail(c, tm_cuda_add_rmsnorm(residual, x, w->data, eps, n, (int32_t)w->cols, out, c->stream), "add_rmsnorm");
+    buf_mark(c, out, false);
+}
+
+/* out (n, rows) = x · wᵀ: fused dequant GEMV for small n, cuBLASLt (after dequantizing to bf16) otherwise */
+static void matmul_one(cu_backend *c, const tm_weight *w, const tm_weight *bias, const void *x, int32_t n, void *out,
+                       bool out_f32) {
+    const float *bd = bias ? bias->data : NULL;
+    if (n <= TM_CUDA_GEMV_MAX_N) {
+        cu_fail(c, tm_cuda_gemv(w->data, (int32_t)w->type, w->rows, w->cols, x, n, bd, out, out_f32, c->stream), "gemv");
+        return;
+    }
+    const uint16_t *wb = w->data;
+    if (w->type != TM_DT_BF16) {
+        if ((size_t)(w->rows * w->cols) > c->deq_elems) {
+            cu_fail(c, cudaErrorMemoryAllocation, "dequant buffer too small");
+            return;
+        }
+        if (cu_fail(c, tm_cuda_dequant_bf16(w->data, (int32_t)w->type, w->rows, w->cols, c->deq, c->stream), "dequant"))
+            return;
+        wb = c->deq;
+    }
+    tm_error e;
+    if (tm_cuda_blas_gemm(c->blas, x, wb, bd, out, out_f32, n, w->rows, w->cols, c->stream, &e) != TM_OK &&
+        c->err_code == TM_OK)
+        c->err_code = tm_err(&c->err, TM_ERR_DEVICE, "%s", e.msg);
+}
+
+static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs, const void *x, int32_t n) {
+    cu_backend *c = cu(be);
+    for (int32_t j = 0; j < n_jobs && !cu_failed(c); j++) {
+        matmul_one(c, jobs[j].w, jobs[j].bias, x, n, jobs[j].out, jobs[j].out_f32);
+        buf_mark(c, jobs[j].out, jobs[j].out_f32);
+    }
+}
+
+static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_weight *up, const void *x, int32_t n,
+                             void *out) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    buf_mark(c, out, false);
+    if (n <= TM_CUDA_GEMV_MAX_N) {
+        cu_fail(c, tm_cuda_gemv_swiglu(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x, n, out, c->stream),
+                "gemv_swiglu");
+        return;
+    }
+    if ((size_t)n * (size_t)up->rows > c->ffn_elems) {
+        cu_fail(c, cudaErrorMemoryAllocation, "ffn buffer too small");
+        return;
+    }
+    matmul_one(c, gate, NULL, x, n, out, false);
+    matmul_one(c, up, NULL, x, n, c->ffn_tmp, false);
+    if (!cu_failed(c)) cu_fail(c, tm_cuda_swiglu(out, c->ffn_tmp, n, (int32_t)gate->rows, out, c->stream), "swiglu");
+}
+
+static void cu_swiglu(tm_backend *be, const void *gate, const void *up, int32_t n, int32_t ffn, void *out) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    cu_fail(c, tm_cuda_swiglu(gate, up, n, ffn, out, c->stream), "swiglu");
+    buf_mark(c, out, false);
+}
+
+static void cu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, void *q, void *k,
+                             const void *v) {
+    cu_backend *c = cu(be);
+    (void)b;
+    if (cu_failed(c)) return;
+    if (c->inv_freq_src != a->rope_inv_freq) { /* first (eager) pass: upload the frequency table */
+        if (c->capturing) {
+            cu_fail(c, cudaErrorStreamCaptureUnsupported, "rope table upload during capture");
+            return;
+        }
+        cudaFree(c->d_inv_freq);
+        c->d_inv_freq = NULL;
+        size_t bytes = (size_t)(a->rope_dim / 2) * sizeof(float);
+        if (cu_fail(c, cudaMalloc((void **)&c->d_inv_freq, bytes), "rope table") ||
+            cu_fail(c, cudaMemcpy(c->d_inv_freq, a->rope_inv_freq, bytes, cudaMemcpyHostToDevice), "rope table"))
+            return;
+        c->inv_freq_src = a->rope_inv_freq;
+    }
+    tm_cuda_rope_args r = {
+        .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
+        .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
+        .positions = c->d_pos, .slot_mapping = c->d_slots, .q = q, .k = k, .v = v,
+        .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1),
+    };
+    cu_fail(c, tm_cuda_rope_kv_write(&r, c->stream), "rope_kv_write");
+}
+
+static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, const void *q,
+                         void *out) {
+    cu_backend *c = cu(be);
+    (void)b;
+    if (cu_failed(c)) return;
+    if (c->n_heads != a->n_heads) c->n_heads = a->n_heads; /* sizes the work buffer from the next step on */
+    tm_cuda_attn_args g = {
+        .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .block_size = c->kv.block_size,
+        .scale = a->attn_scale, .n_tokens = c->n_tokens, .n_seqs = c->n_seqs, .max_blocks = c->stride,
+        .seq_index = c->d_seq, .query_start = c->d_qstart, .context_len = c->d_ctx, .block_table = c->d_btab,
+        .max_query_len = c->max_q, .max_context_len = c->max_ctx, .q = q, .k_cache = kv_layer(c, layer, 0),
+        .v_cache = kv_layer(c, layer, 1), .out = out, .work = c->attn_work, .work_bytes = c->attn_work_bytes,
+    };
+    bool decode = c->max_q == 1 && c->n_tokens == c->n_seqs;
+    size_t need = decode ? tm_cuda_attn_decode_work_bytes(c->n_seqs, a->n_heads, a->head_dim, c->max_ctx)
+                         : tm_cuda_attn_prefill_work_bytes(c->n_tokens, a->n_heads, a->head_dim);
+    if (need > c->attn_work_bytes) {
+        if (c->capturing) {
+            cu_fail(c, cudaErrorMemoryAllocation, "attention work buffer too small during capture");
+            return;
+        }
+        size_t have = c->attn_work_bytes;
+        tm_error e;
+        if (grow(&c->attn_work, &have, need, "attention work", &e) != TM_OK) {
+            cu_fail(c, cudaErrorMemoryAllocation, "attention work");
+            return;
+        }
+        c->attn_work_bytes = have;
+        g.work = c->attn_work;
+        g.work_bytes = have;
+    }
+    cu_fail(c, decode ? tm_cuda_attn_decode(&g, c->stream) : tm_cuda_attn_prefill(&g, c->stream), "attention");
+    buf_mark(c, out, false);
+}
+
+static void cu_get_rows(tm_backend *be, const void *x, const int32_t *idx, int32_t n_idx, int32_t width, void *out) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    const int32_t *d = dev_ids(c, idx);
+    if (!d) {
+        cu_fail(c, cudaErrorInvalidValue, "get_rows: indices are not the step's logits index");
+        return;
+    }
+    cu_fail(c, tm_cuda_get_rows(x, d, n_idx, width, out, c->stream), "get_rows");
+    buf_mark(c, out, false);
+}
+
+static bool stage(cu_backend *c, size_t bytes) {
+    if (bytes <= c->stage_bytes) return true;
+    cudaFreeHost(c->host_stage);
+    c->host_stage = NULL;
+    c->stage_bytes = 0;
+    if (cu_fail(c, cudaMallocHost((void **)&c->host_stage, bytes), "host staging")) return false;
+    c->stage_bytes = bytes;
+    return true;
+}
+
+static void cu_to_host(tm_backend *be, const void *x, size_t n, float *dst) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    cu_buf *b = buf_find(c, x);
+    bool f32 = !b || b->f32;
+    size_t bytes = n * (f32 ? 4 : 2);
+    if (!stage(c, bytes)) return;
+    if (cu_fail(c, cudaMemcpyAsync(c->host_stage, x, bytes, cudaMemcpyDeviceToHost, c->stream), "to_host") ||
+        cu_fail(c, cudaStreamSynchronize(c->stream), "to_host"))
+        return;
+    c->meta_pending = false;
+    if (f32) {
+        memcpy(dst, c->host_stage, bytes);
+    } else {
+        const uint16_t *h = (const uint16_t *)c->host_stage;
+        for (size_t i = 0; i < n; i++) dst[i] = tm_bf16_to_f32(h[i]);
+    }
+}
+
+static void cu_from_host(tm_backend *be, const float *src, size_t n, void *x) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    cu_buf *b = buf_find(c, x);
+    bool f32 = b && b->f32;
+    size_t bytes = n * (f32 ? 4 : 2);
+    if (!stage(c, bytes)) return;
+    if (cu_fail(c, cudaStreamSynchronize(c->stream), "from_host")) return;
+    if (f32) {
+        memcpy(c->host_stage, src, bytes);
+    } else {
+        uint16_t *h = (uint16_t *)c->host_stage;
+        for (size_t i = 0; i < n; i++) h[i] = tm_f32_to_bf16(src[i]);
+    }
+    cu_fail(c, cudaMemcpyAsync(x, c->host_stage, bytes, cudaMemcpyHostToDevice, c->stream), "from_host");
+    cu_fail(c, cudaStreamSynchronize(c->stream), "from_host");
+}
+
+static void cu_free(tm_backend *be) {
+    cu_backend *c = cu(be);
+    if (!c) return;
+    if (c->capturing) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(c->stream, &g);
+        if (g) cudaGraphDestroy(g);
+    }
+    cudaStreamSynchronize(c->stream);
+    for (int32_t g = 0; g < c->n_graphs; g++) cudaGraphExecDestroy(c->graphs[g].exec);
+    for (int32_t i = 0; i < c->n_bufs; i++) cudaFree(c->bufs[i].p);
+    free(c->bufs);
+    cudaFree(c->kv_mem);
+    cudaFreeHost(c->meta_host);
+    cudaFree(c->meta_dev);
+    cudaFree(c->d_inv_freq);
+    cudaFree(c->attn_work);
+    cudaFree(c->deq);
+    cudaFree(c->ffn_tmp);
+    cudaFreeHost(c->host_stage);
+    if (c->meta_done) cudaEventDestroy(c->meta_done);
+    tm_cuda_blas_free(c->blas);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static uint64_t cu_mem_free(tm_backend *be) {
+    (void)be;
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return (uint64_t)f;
+}
+
+static const tm_backend_ops k_cuda_ops = {
+    .mem_free = cu_mem_free,
+    .name = "cuda",
+    .free = cu_free,
+    .alloc = cu_alloc,
+    .release = cu_release,
+    .kv_init = cu_kv_init,
+    .embed = cu_embed,
+    .rmsnorm = cu_rmsnorm,
+    .add_rmsnorm = cu_add_rmsnorm,
+    .matmul = cu_matmul,
+    .rope_kv_write = cu_rope_kv_write,
+    .attention = cu_attention,
+    .swiglu = cu_swiglu,
+    .get_rows = cu_get_rows,
+    .to_host = cu_to_host,
+    .from_host = cu_from_host,
+    .begin_step = cu_begin_step,
+    .end_step = cu_end_step,
+    .matmul_swiglu = cu_matmul_swiglu,
+    .weight_place = cu_weight_place,
+    .weight_release = cu_weight_release,
+    .last_error = cu_last_error,
+};
+
+bool tm_backend_cuda_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return n > 0;
+}
+
+tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_error *err) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return tm_err(err, TM_ERR_DEVICE, "no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    }
+    if (cfg->device < 0 || cfg->device >= n)
+        return tm_err(err, TM_ERR_INVALID, "CUDA device %d does not exist (%d found)", cfg->device, n);
+    if (cfg->max_tokens < 1) return tm_err(err, TM_ERR_INVALID, "cuda backend: max_tokens must be >= 1");
+    if ((e = cudaSetDevice(cfg->device)) != cudaSuccess)
+        return tm_err(err, TM_ERR_DEVICE, "cudaSetDevice(%d): %s", cfg->device, cudaGetErrorString(e));
+    cu_backend *c = tm_calloc(1, sizeof *c);
+    if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    c->base.ops = &k_cuda_ops;
+    c->cfg = *cfg;
+    c->max_tokens = cfg->max_tokens;
+    if (getenv("TM_CUDA_NO_GRAPHS")) c->cfg.no_graphs = true;
+    tm_status s;
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming)) != cudaSuccess) {
+        s = tm_err(err, TM_ERR_DEVICE, "cuda stream: %s", cudaGetErrorString(e));
+        goto fail;
+    }
+    if ((s = tm_cuda_blas_create((size_t)64 << 20, &c->blas, err)) != TM_OK) goto fail;
+    *out = &c->base;
+    return TM_OK;
+fail:
+    cu_free(&c->base);
+    return s;
+}

@@ -1,0 +1,19 @@
+/* tm_cuda_blas.h -- dense bf16 GEMMs through cuBLASLt: one handle, one workspace, cached algorithm choices. */
+#ifndef TM_CUDA_BLAS_H
+#define TM_CUDA_BLAS_H
+
+#include <cuda_runtime_api.h>
+
+#include "core/tm_core.h"
+
+typedef struct tm_cuda_blas tm_cuda_blas;
+
+tm_status tm_cuda_blas_create(size_t workspace_bytes, tm_cuda_blas **out, tm_error *err);
+void tm_cuda_blas_free(tm_cuda_blas *b);
+
+/* out (n, m) = x (n, k) bf16 · w (m, k) bf16 ᵀ (+ bias (m) f32 when non-NULL), f32 accumulation; out is f32 when
+ * out_f32 else bf16. All row-major, device memory; enqueued on stream (graph-capturable). */
+tm_status tm_cuda_blas_gemm(tm_cuda_blas *b, const uint16_t *x, const uint16_t *w, const float *bias, void *out,
+                            bool out_f32, int64_t n, int64_t m, int64_t k, cudaStream_t stream, tm_error *err);
+
+#endif /* TM_CUDA_BLAS_H */

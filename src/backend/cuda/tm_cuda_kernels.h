@@ -1,0 +1,140 @@
+/* tm_cuda_kernels.h -- extern "C" launchers of tokenmill's CUDA kernels (the contract between .cu files and C). */
+#ifndef TM_CUDA_KERNELS_H
+#define TM_CUDA_KERNELS_H
+
+/* Conventions (every launcher):
+ * - pointers are device memory unless the name says host; bf16 values travel as uint16_t bit patterns;
+ * - activations are row-major (rows, width); the residual stream and logits are f32, every other activation
+ *   bf16; norm weights and biases f32; weights keep their GGUF block layout (tm_dtype.h) or bf16/f16/f32;
+ * - a launcher only enqueues work on `stream`: no allocation, no host synchronisation, no device-to-host copy,
+ *   so every launcher can be captured into a CUDA graph (batch sizes and pointers fixed at capture; values
+ *   such as context lengths read from device memory at replay);
+ * - a launcher returns cudaSuccess or the error of its launch (cudaGetLastError()); it never exits. */
+
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- elementwise, norms, RoPE, sampling (tm_cuda_elementwise.cu, tm_cuda_norm.cu, tm_cuda_sample.cu) ---- */
+
+/* out[i,:] (bf16) = x[i,:] / rms(x[i,:]) * w ; x (n, dim) f32, w (dim) f32 */
+cudaError_t tm_cuda_rmsnorm(const float *x, const float *w, float eps, int32_t n, int32_t dim, uint16_t *out,
+                            cudaStream_t stream);
+/* residual (n, dim) f32 += x (n, dim) bf16 ; out (n, dim) bf16 = rmsnorm(residual) * w   (one pass) */
+cudaError_t tm_cuda_add_rmsnorm(float *residual, const uint16_t *x, const float *w, float eps, int32_t n, int32_t dim,
+                                uint16_t *out, cudaStream_t stream);
+/* out (n, ffn) = silu(gate) * up, all bf16; out may alias gate or up */
+cudaError_t tm_cuda_swiglu(const uint16_t *gate, const uint16_t *up, int32_t n, int32_t ffn, uint16_t *out,
+                           cudaStream_t stream);
+/* out (n_idx, width) = x[idx[j], :] ; bf16 ; idx device */
+cudaError_t tm_cuda_get_rows(const uint16_t *x, const int32_t *idx, int32_t n_idx, int32_t width, uint16_t *out,
+                             cudaStream_t stream);
+cudaError_t tm_cuda_bf16_to_f32(const uint16_t *x, size_t n, float *out, cudaStream_t stream);
+cudaError_t tm_cuda_f32_to_bf16(const float *x, size_t n, uint16_t *out, cudaStream_t stream);
+
+/* RoPE on q and k of this step's tokens, then k and v written to their cache slots (fused: k never goes back
+ * to global memory unrotated). Cache layout per layer: (n_blocks, n_kv_heads, block_size, head_dim) bf16;
+ * token i goes to slot_mapping[i] = block * block_size + offset. Rotation: pairs (2j, 2j+1) when !neox,
+ * (j, j + rope_dim/2) when neox, for j < rope_dim/2, angle = positions[i] * inv_freq[j]; dims >= rope_dim
+ * pass through. */
+typedef struct tm_cuda_rope_args {
+    int32_t n_tokens, n_heads, n_kv_heads, head_dim, rope_dim, block_size;
+    bool neox;
+    const float *inv_freq;        /* (rope_dim / 2) */
+    const int32_t *positions;     /* (n_tokens) */
+    const int64_t *slot_mapping;  /* (n_tokens) */
+    uint16_t *q;                  /* (n_tokens, n_heads * head_dim), rotated in place */
+    const uint16_t *k, *v;        /* (n_tokens, n_kv_heads * head_dim) */
+    uint16_t *k_cache, *v_cache;  /* this layer's (n_blocks, n_kv_heads, block_size, head_dim) */
+} tm_cuda_rope_args;
+cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStream_t stream);
+
+/* out_ids[r] = argmax_j logits[r, j] (lowest index on ties); logits (n_rows, vocab) f32 */
+cudaError_t tm_cuda_argmax(const float *logits, int32_t n_rows, int32_t vocab, int32_t *out_ids, cudaStream_t stream);
+
+/* Per-row sampling parameters (device array, one per row). temperature <= 0 means greedy. */
+typedef struct tm_cuda_sample_params {
+    float temperature, top_p, min_p;
+    int32_t top_k;                /* <= 0: off */
+    uint64_t seed;                /* the row's random stream */
+    uint64_t offset;              /* draw counter: (seed, offset) -> one uniform in [0, 1) */
+} tm_cuda_sample_params;
+/* One token per row from softmax(logits / T) restricted by top_k, then top_p (nucleus), then min_p; also the
+ * chosen token's log-probability under the unrestricted softmax(logits) (T = 1). work: scratch of
+ * tm_cuda_sample_work_bytes(n_rows, vocab) bytes. */
+size_t tm_cuda_sample_work_bytes(int32_t n_rows, int32_t vocab);
+cudaError_t tm_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const tm_cuda_sample_params *params,
+                           void *work, int32_t *out_ids, float *out_logprob, cudaStream_t stream);
+
+/* Fill n elements of type (TM_DT_F32, TM_DT_F16 or TM_DT_BF16 numbers) with scale * uniform(-1, 1) from a
+ * counter-based hash of (seed, index), or with `constant` when constant != 0 (dummy weights made on device). */
+cudaError_t tm_cuda_fill_random(void *dst, int32_t type, size_t n, uint64_t seed, float scale, float constant,
+                                cudaStream_t stream);
+
+/* ---- weights: dequantization, GEMV, embedding (tm_cuda_dequant.cu, tm_cuda_gemv.cu) ---- */
+
+/* Weight types: TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K, TM_DT_Q6_K
+ * (numbers of tm_dtype). */
+bool tm_cuda_weight_type_supported(int32_t type);
+/* x (n, cols) f32 = rows ids[i] of table (n_vocab, cols) dequantized */
+cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t cols, const int32_t *ids, int32_t n, float *x,
+                          cudaStream_t stream);
+/* out (rows, cols) bf16 = dequant(w) ; for large batches, followed by a cuBLASLt GEMM */
+cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t rows, int64_t cols, uint16_t *out,
+                                 cudaStream_t stream);
+/* Small-batch matrix product with dequantization fused into the weight read (weights read once for all n rows):
+ * out (n, rows) = x (n, cols) bf16 · wᵀ (+ bias f32 (rows) when non-NULL); out f32 when out_f32 else bf16.
+ * 1 <= n <= TM_CUDA_GEMV_MAX_N. */
+#define TM_CUDA_GEMV_MAX_N 8
+cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x, int32_t n,
+                         const float *bias, void *out, bool out_f32, cudaStream_t stream);
+/* The same over two weights of one shape sharing x, with SwiGLU in the epilogue:
+ * out (n, rows) bf16 = silu(x · w_gateᵀ) * (x · w_upᵀ) */
+cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows, int64_t cols,
+                                const uint16_t *x, int32_t n, uint16_t *out, cudaStream_t stream);
+
+/* ---- attention over the paged KV cache (tm_cuda_attn_decode.cu, tm_cuda_attn_prefill.cu) ---- */
+
+/* One layer's attention for a ragged batch (see tm_batch in backend.h for the meaning of the arrays).
+ * Token i of sequence s = seq_index[i] sits at cache index context_len[s] - (query_start[s+1] - i) and
+ * attends causally to cache entries 0 .. that index. GQA: query head h reads kv head h / (n_heads / n_kv_heads). */
+typedef struct tm_cuda_attn_args {
+    int32_t n_heads, n_kv_heads, head_dim, block_size;
+    float scale;                  /* 1/sqrt(head_dim) */
+    int32_t n_tokens, n_seqs, max_blocks;
+    const int32_t *seq_index;     /* (n_tokens) */
+    const int32_t *query_start;   /* (n_seqs + 1) */
+    const int32_t *context_len;   /* (n_seqs) */
+    const int32_t *block_table;   /* (n_seqs, max_blocks) */
+    int32_t max_query_len;        /* host-known bounds, for grid sizes (a graph fixes them at capture) */
+    int32_t max_context_len;
+    const uint16_t *q;            /* (n_tokens, n_heads * head_dim) bf16 */
+    const uint16_t *k_cache;      /* this layer's (n_blocks, n_kv_heads, block_size, head_dim) bf16 */
+    const uint16_t *v_cache;
+    uint16_t *out;                /* (n_tokens, n_heads * head_dim) bf16 */
+    void *work;                   /* scratch, work_bytes from the launcher's _work_bytes function */
+    size_t work_bytes;
+} tm_cuda_attn_args;
+
+/* FlashDecoding: every sequence has exactly one query token (n_tokens == n_seqs). The KV range of each
+ * (sequence, kv head) is split across thread blocks when there are too few sequences to fill the GPU, then a
+ * second pass merges the partial softmaxes. Splits are sized from max_context_len; splits past a sequence's
+ * actual context write an empty partial. */
+size_t tm_cuda_attn_decode_work_bytes(int32_t n_seqs, int32_t n_heads, int32_t head_dim, int32_t max_context_len);
+cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStream_t stream);
+
+/* FlashAttention for prefill chunks and mixed batches: any query lengths, causal, GQA, online softmax, Q/K/V
+ * tiles in shared memory, tensor-core (mma) products. */
+size_t tm_cuda_attn_prefill_work_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_dim);
+cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TM_CUDA_KERNELS_H */
