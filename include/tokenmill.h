@@ -49,6 +49,7 @@ typedef struct tm_load_params {
     bool no_prefix_cache;       /* turn off sharing of cached prompt blocks between requests */
     const char *device;         /* "cpu" (default), "cuda" or "cuda:N" */
     bool no_graphs;             /* cuda: run decode steps without CUDA graphs */
+    int32_t kv_blocks;          /* KV pool size in blocks; 0: max_seqs full contexts (cuda: what fits) */
 } tm_load_params;
 
 tm_load_params tm_load_params_default(void);

@@ -126,6 +126,9 @@ typedef struct tm_backend_ops {
      * w->data then points to backend memory, released with weight_release. */
     tm_status (*weight_place)(tm_backend *be, tm_weight *w, tm_error *err);
     void (*weight_release)(tm_backend *be, tm_weight *w);
+    /* out_host (n_rows) = argmax of each row of an f32 logits buffer (ties: lowest id); only ids cross to the host */
+    tm_status (*argmax)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t *out_host,
+                        tm_error *err);
     /* bytes of backend memory still free */
     uint64_t (*mem_free)(tm_backend *be);
     /* ops stopped early on a device error: the first error since the last call (TM_OK if none), then cleared */

@@ -81,6 +81,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     if ((s = r->be->ops->kv_init(r->be, &kc, err)) != TM_OK) goto fail;
     size_t T = (size_t)cfg.max_batch_tokens;
     r->logits = tm_malloc_array((size_t)max_logits * (size_t)m->hp.n_vocab, sizeof(float));
+    r->greedy = tm_malloc_array((size_t)max_logits, sizeof(int32_t));
     r->b_ids = tm_malloc_array(T, sizeof(int32_t));
     r->b_pos = tm_malloc_array(T, sizeof(int32_t));
     r->b_seq = tm_malloc_array(T, sizeof(int32_t));
@@ -89,7 +90,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     r->b_qstart = tm_malloc_array((size_t)r->max_seqs + 1, sizeof(int32_t));
     r->b_ctx = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_btab = tm_malloc_array((size_t)r->max_seqs * (size_t)r->max_blocks, sizeof(int32_t));
-    if (!r->logits || !r->b_ids || !r->b_pos || !r->b_seq || !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
+    if (!r->logits || !r->greedy || !r->b_ids || !r->b_pos || !r->b_seq || !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
         !r->b_ctx || !r->b_btab) {
         s = tm_err(err, TM_ERR_NOMEM, "out of memory allocating batch buffers");
         goto fail;
@@ -110,6 +111,7 @@ void tm_runner_free(tm_runner *r) {
     }
     tm_kv_pool_free(&r->pool);
     free(r->logits);
+    free(r->greedy);
     free(r->b_ids);
     free(r->b_pos);
     free(r->b_seq);
@@ -120,6 +122,8 @@ void tm_runner_free(tm_runner *r) {
     free(r->b_btab);
     free(r);
 }
+
+bool tm_runner_can_argmax(const tm_runner *r) { return r->be->ops->argmax != NULL; }
 
 tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
                          const bool *want_logits, int32_t n_seqs, tm_error *err) {
@@ -152,7 +156,9 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
         .query_start = r->b_qstart, .context_len = r->b_ctx, .max_blocks = r->max_blocks, .block_table = r->b_btab,
         .slot_mapping = r->b_slots, .n_logits = nl, .logits_index = r->b_logits_idx,
     };
-    tm_status st = tm_model_forward(r->model, r->be, &r->ws, &b, r->logits, err);
+    bool dev_argmax = r->greedy_on_device && r->be->ops->argmax && nl > 0;
+    tm_status st = tm_model_forward(r->model, r->be, &r->ws, &b, dev_argmax ? NULL : r->logits, err);
+    if (st == TM_OK && dev_argmax) st = r->be->ops->argmax(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->greedy, err);
     if (st != TM_OK) return st;
     /* the entries are written: record their tokens (full blocks become shareable prefix-cache blocks) */
     for (int32_t k = 0; k < n_seqs; k++)

@@ -30,7 +30,9 @@ typedef struct tm_runner {
     tm_workspace ws;
     tm_kv_pool pool;
     tm_runner_cfg cfg;
-    float *logits;              /* (max_batch_tokens, n_vocab) host logits of the last pass */
+    float *logits;              /* (max_logits, n_vocab) host logits of the last pass */
+    int32_t *greedy;            /* (max_logits) argmax ids of the last pass when it ran with greedy_on_device */
+    bool greedy_on_device;      /* next steps: argmax on the backend, only ids to the host (r->logits unset) */
     /* batch staging, (max_batch_tokens) each unless noted */
     int32_t *b_ids, *b_pos, *b_seq, *b_logits_idx;
     int64_t *b_slots;
@@ -51,6 +53,9 @@ void tm_runner_free(tm_runner *r);
  * to r->logits row k' where k' counts sequences with want_logits before k. Positions = cache index. */
 tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
                          const bool *want_logits, int32_t n_seqs, tm_error *err);
+
+/* True when the backend can take the argmax itself (set r->greedy_on_device per step). */
+bool tm_runner_can_argmax(const tm_runner *r);
 
 /* A prompt the runner can take: non-empty, shorter than the context, ids inside the vocabulary. Reads
  * only fields fixed at creation, so any thread may call it. */

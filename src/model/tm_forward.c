@@ -100,7 +100,7 @@ again:
     }
 logits:
     if (op->last_error && (s = op->last_error(be, err)) != TM_OK) return s;
-    if (b->n_logits == 0) return TM_OK;
+    if (b->n_logits == 0 || !logits_out) return TM_OK; /* NULL: the logits stay in ws->logits */
     op->to_host(be, ws->logits, (size_t)b->n_logits * (size_t)hp->n_vocab, logits_out);
     if (op->last_error && (s = op->last_error(be, err)) != TM_OK) return s;
     return TM_OK;

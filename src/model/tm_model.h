@@ -95,7 +95,8 @@ tm_status tm_workspace_init(tm_workspace *ws, const tm_model *m, tm_backend *be,
 void tm_workspace_free(tm_workspace *ws, tm_backend *be);
 tm_attn_cfg tm_model_attn_cfg(const tm_model *m);
 
-/* One forward pass over a ragged batch; writes b->n_logits rows of n_vocab logits to logits_out (host). */
+/* One forward pass over a ragged batch; writes b->n_logits rows of n_vocab logits to logits_out (host), or leaves
+ * them in ws->logits when logits_out is NULL. */
 tm_status tm_model_forward(const tm_model *m, tm_backend *be, tm_workspace *ws, const tm_batch *b, float *logits_out,
                            tm_error *err);
 

