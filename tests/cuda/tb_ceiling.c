@@ -67,7 +67,7 @@ static double gemm_case(tm_cuda_blas *blas, int64_t n, int64_t m, int64_t k, con
 
 int main(void) {
     tb_seed();
-    cudaDeviceProp prop;
+    struct cudaDeviceProp prop;
     TB_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("# device %s, %d SMs, L2 %d MB, smem/SM %zu KB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20, prop.sharedMemPerMultiprocessor >> 10);

@@ -381,6 +381,8 @@ static tm_status cu_end_step(tm_backend *be, bool *rerun, tm_error *err) {
     }
     c->pending.exec = exec;
     c->graphs[c->n_graphs++] = c->pending;
+    tm_log(TM_LOG_INFO, "cuda: captured decode graph %d (%d tokens, %d logits, context bucket %d)", c->n_graphs,
+           c->pending.n_tokens, c->pending.n_logits, c->pending.ctx_bucket);
     if (cu_fail(c, cudaGraphLaunch(exec, c->stream), "graph launch")) return tm_err(err, c->err_code, "%s", c->err.msg);
     return TM_OK;
 }

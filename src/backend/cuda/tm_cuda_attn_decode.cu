@@ -1,0 +1,688 @@
+/* tm_cuda_attn_decode.cu -- paged FlashDecoding: one query token per sequence, split-KV across CTAs, merge pass. */
+#include "backend/cuda/tm_cuda_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Decode attention over the paged cache (n_tokens == n_seqs, token i is sequence i's newest entry and attends to
+ * cache entries 0 .. context_len[i] - 1). Cache per layer: (n_blocks, n_kv_heads, block_size, head_dim) bf16;
+ * logical block j of sequence s is block_table[s * max_blocks + j]. Three kernels behind one launcher;
+ * TM_CUDA_ATTN_DECODE_V=1 or 2 forces the simpler ones, TM_CUDA_ATTN_DECODE_SPLITS=n forces the split count
+ * (tests; clamped to what the work buffer holds).
+ *
+ * v1 -- simple, obviously correct: one CTA of 4 warps per (sequence, query head), no splits. Warp w takes the
+ *   tokens t = w (mod 4); lanes own dims lane + 32 i; scalar bf16 loads, warp-sum dot product, online softmax in
+ *   f32 (expf); the 4 warps' (max, sum, acc) are merged in shared memory. Any even head_dim <= 256, any block size.
+ *
+ * v2 -- split-KV on CUDA cores: the grid and the partials of v3 (below), with v1's inner loop extended to all
+ *   (up to 8) query heads of the kv head's group, so K and V are read once per group; lanes own dims
+ *   64 i + 2 lane (+1) with 4-byte loads. Any even head_dim <= 256, any block size. It shares the split/merge
+ *   code with v3 but not the tensor-core path, which separates the two if a check fails.
+ *
+ * v3 -- fast (head_dim a multiple of 32 up to 256, block size a power of two):
+ *   - grid (split, kv head x head chunk, sequence); a CTA of 4 warps computes the rows of up to 8 query heads of
+ *     one kv head (GQA: the group shares every K/V load; group > 8 takes several head chunks);
+ *   - the split's tokens run through a 3-stage ring of 64-token stages in shared memory, filled by 16-byte
+ *     cp.async (zero-filled past the context, so masked tokens never read memory); the block ids of up to
+ *     DEC_TBL blocks are staged once in shared memory (long splits go chunk by chunk), so the table is read once
+ *     per block; rows are padded by 16 bytes, which makes every ldmatrix conflict-free for any head_dim;
+ *   - warp w owns tokens 16 w .. 16 w + 15 of each stage: S = Q K^T by mma.sync m16n8k16 (bf16 in, f32 out;
+ *     A = Q fragments kept in registers for the whole CTA, rows 0..7 = heads, rows 8..15 zero; B = K rows by
+ *     ldmatrix.x4), online softmax in the log2 domain (scale * log2 e applied to the f32 scores), then
+ *     O += P V with P taken straight from the S accumulators (bf16) and V by ldmatrix.x4.trans;
+ *   - each warp keeps its own (max, sum, acc) and the 4 warps merge in shared memory at the end.
+ *   Bytes in flight: 2 stages x 32 KB per CTA at head_dim 128, 2 CTAs per SM: ~4x what the copy bandwidth needs.
+ *
+ * Splits (v2, v3): the launcher picks n_splits (grid.x) from the number of (sequence, kv head, chunk) CTAs and
+ * the GPU's resident CTA slots: 1 when the CTAs already fill the slots, else enough to fill them once, at most
+ * half the 64-token stages of max_context_len, n_seqs * n_splits <= 1024, and never more than the work buffer
+ * holds. Each sequence then cuts its own context (context_len, read on the device, so a captured graph replays
+ * with other contexts) into n_splits pieces of a multiple of 64 tokens (dec_split_plan); splits past the end
+ * exit at once, a sequence of one piece has its output written directly by split 0, and the other sequences'
+ * splits write a normalized partial (o = acc / sum, lse = max + log2 sum) to the work buffer; the merge kernel
+ * (one warp per (sequence, head)) combines the non-empty ones: out = sum_k 2^(lse_k - M) o_k / sum_k 2^(lse_k - M). */
+
+namespace {
+
+constexpr int DEC_THREADS = 128;
+constexpr int DEC_WARPS = 4;
+constexpr int DEC_ROWS = 8;              /* query heads per CTA (v2, v3) */
+constexpr int DEC_STAGE_TOK = 64;        /* tokens per pipeline stage (v3) = split granularity */
+constexpr int DEC_NST = 3;               /* pipeline stages (v3) */
+constexpr int DEC_TBL = 1024;            /* block ids staged in shared memory at a time (v3) */
+constexpr int DEC_MIN_SPLIT_STAGES = 2;  /* a split the launcher picks covers >= 128 tokens */
+constexpr int DEC_MAX_SEQ_SPLITS = 1024; /* n_seqs * n_splits <= this (bounds the work buffer) */
+constexpr int DEC_WORK_SLACK = 256;      /* alignment slack of the work buffer */
+constexpr unsigned FULL = 0xffffffffu;
+
+struct dec_params {
+    const uint16_t *q;          /* (n_seqs, n_heads * head_dim) bf16 */
+    const uint16_t *kc, *vc;    /* (n_blocks, n_kv, block_size, head_dim) bf16 */
+    uint16_t *out;              /* (n_seqs, n_heads * head_dim) bf16 */
+    float *part_o;              /* (n_seqs * n_heads, n_splits, head_dim) normalized partial outputs */
+    float *part_lse;            /* (n_seqs * n_heads, n_splits) max + log2(sum), log2 domain */
+    const int32_t *ctx_len;     /* (n_seqs) */
+    const int32_t *block_table; /* (n_seqs, max_blocks) */
+    int n_seqs, n_heads, n_kv, group, hchunks, head_dim, max_blocks, block_size, bs_log2;
+    int n_splits, chunk_tok;
+    float scale, scale_log2;
+};
+
+/* ---- device helpers ---- */
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return (uint32_t)__bfloat16_as_ushort(h.x) | ((uint32_t)__bfloat16_as_ushort(h.y) << 16);
+}
+
+/* 2^x; ex2.approx gives +0 for -inf */
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+/* A sequence's tokens are cut into splits of split_tok = max(64, ceil(ctx / n_splits) rounded up to 64) tokens,
+ * from its own context length (read on the device), so every sequence spreads over all the splits whatever
+ * max_context_len was. Returns the number of non-empty splits (>= 1: split 0 always runs, also for ctx <= 0). */
+__device__ __forceinline__ int dec_split_plan(int ctx, int n_splits, int *split_tok) {
+    int per = ctx > 0 ? (ctx - 1) / n_splits + 1 : 1;
+    per = (per + DEC_STAGE_TOK - 1) / DEC_STAGE_TOK * DEC_STAGE_TOK;
+    *split_tok = per;
+    return ctx > per ? (ctx - 1) / per + 1 : 1;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16-byte global -> shared copy; src_bytes 0 writes 16 zero bytes and reads nothing */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr)
+                 : "memory");
+}
+
+/* D = A B + C for m16n8k16 (bf16 in, f32 accumulate) where rows 8..15 of A are zero and rows 8..15 of C/D are
+ * not kept: a0 = A[g][2t..2t+1], a2 = A[g][2t+8..2t+9]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g];
+ * c0 = C[g][2t], c1 = C[g][2t+1]   (g = lane / 4, t = lane % 4) */
+__device__ __forceinline__ void mma_rows8(float &c0, float &c1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    float j0 = 0.0f, j1 = 0.0f; /* rows 8..15: zero in, discarded out */
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c0), "+f"(c1), "+f"(j0), "+f"(j1)
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+/* Merge the DEC_WARPS warps' states of `rows` query rows and write them: out (direct) or the split's partial.
+ * red_m, red_l: (DEC_WARPS, DEC_ROWS) log2-domain max and sum; red_acc: (DEC_WARPS, DEC_ROWS, hd) unnormalized. */
+__device__ void dec_finish(const dec_params &p, const float *red_m, const float *red_l, const float *red_acc, int hd,
+                           int seq, int h0, int rows, int split, bool direct) {
+    for (int i = (int)threadIdx.x; i < rows * hd; i += (int)blockDim.x) {
+        const int r = i / hd, d = i - r * hd;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, red_m[w * DEC_ROWS + r]);
+        const size_t pair = (size_t)seq * (size_t)p.n_heads + (size_t)(h0 + r);
+        float o = 0.0f, lse = -INFINITY;
+        if (M != -INFINITY) { /* else no token at all (context_len <= 0): zeros */
+            float L = 0.0f, O = 0.0f;
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; w++) {
+                const float e = fast_exp2(red_m[w * DEC_ROWS + r] - M);
+                L += red_l[w * DEC_ROWS + r] * e;
+                O += red_acc[(size_t)(w * DEC_ROWS + r) * (size_t)hd + (size_t)d] * e;
+            }
+            o = O / L;
+            lse = M + log2f(L);
+        }
+        if (direct) {
+            p.out[pair * (size_t)hd + (size_t)d] = f32_to_bf16_bits(o);
+        } else {
+            const size_t ps = pair * (size_t)p.n_splits + (size_t)split;
+            p.part_o[ps * (size_t)hd + (size_t)d] = o;
+            if (d == 0) p.part_lse[ps] = lse;
+        }
+    }
+}
+
+/* ---- v1: simple ---- */
+
+__global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v1(dec_params p) {
+    __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS], s_acc[DEC_WARPS][256];
+    const int h = (int)blockIdx.x, seq = (int)blockIdx.y;
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
+    const int hd = p.head_dim, kvh = h / p.group, bs = p.block_size;
+    const int ctx = p.ctx_len[seq];
+    const uint16_t *qrow = p.q + ((size_t)seq * (size_t)p.n_heads + (size_t)h) * (size_t)hd;
+    float q[8], acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int d = lane + 32 * i;
+        q[i] = d < hd ? bf16_bits_to_f32(qrow[d]) : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int t = warp; t < ctx; t += DEC_WARPS) {
+        const int blk = p.block_table[(size_t)seq * (size_t)p.max_blocks + (size_t)(t / bs)];
+        const size_t row = (((size_t)blk * (size_t)p.n_kv + (size_t)kvh) * (size_t)bs + (size_t)(t % bs)) * (size_t)hd;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int d = lane + 32 * i;
+            if (d < hd) s += q[i] * bf16_bits_to_f32(p.kc[row + (size_t)d]);
+        }
+        s = warp_sum(s) * p.scale;
+        const float m_new = fmaxf(m, s), alpha = expf(m - m_new), e = expf(s - m_new);
+        l = l * alpha + e;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int d = lane + 32 * i;
+            if (d < hd) acc[i] = acc[i] * alpha + e * bf16_bits_to_f32(p.vc[row + (size_t)d]);
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int d = lane + 32 * i;
+        if (d < hd) s_acc[warp][d] = acc[i];
+    }
+    __syncthreads();
+    for (int d = (int)threadIdx.x; d < hd; d += DEC_THREADS) {
+        float M = -INFINITY;
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, s_m[w]);
+        float o = 0.0f;
+        if (M != -INFINITY) {
+            float L = 0.0f, O = 0.0f;
+            for (int w = 0; w < DEC_WARPS; w++) {
+                const float e = expf(s_m[w] - M); /* a warp without tokens: expf(-inf) = 0 */
+                L += s_l[w] * e;
+                O += s_acc[w][d] * e;
+            }
+            o = O / L;
+        }
+        p.out[((size_t)seq * (size_t)p.n_heads + (size_t)h) * (size_t)hd + (size_t)d] = f32_to_bf16_bits(o);
+    }
+}
+
+/* ---- v2: split-KV, GQA group per CTA, CUDA cores ---- */
+
+/* NI = ceil(head_dim / 64): lane owns dims 64 i + 2 lane, +1 (those < head_dim) */
+template <int NI> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v2(dec_params p) {
+    __shared__ float s_m[DEC_WARPS * DEC_ROWS], s_l[DEC_WARPS * DEC_ROWS];
+    __shared__ float s_acc[DEC_WARPS * DEC_ROWS * 64 * NI];
+    const int split = (int)blockIdx.x, seq = (int)blockIdx.z;
+    const int kvh = (int)blockIdx.y / p.hchunks, hc = (int)blockIdx.y % p.hchunks;
+    const int h0 = kvh * p.group + hc * DEC_ROWS, rows = min(DEC_ROWS, p.group - hc * DEC_ROWS);
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
+    const int hd = p.head_dim, bs = p.block_size;
+    const int ctx = p.ctx_len[seq];
+    int split_tok;
+    const int nv = dec_split_plan(ctx, p.n_splits, &split_tok);
+    if (split >= nv) return;
+    const bool direct = nv == 1;
+    const int tb = split * split_tok, te = min(ctx, tb + split_tok);
+
+    float q[DEC_ROWS][2 * NI], acc[DEC_ROWS][2 * NI], m[DEC_ROWS], l[DEC_ROWS];
+#pragma unroll
+    for (int r = 0; r < DEC_ROWS; r++) {
+        const size_t qh = (size_t)seq * (size_t)p.n_heads + (size_t)(h0 + (r < rows ? r : 0));
+        const uint32_t *qr = (const uint32_t *)(p.q + qh * (size_t)hd);
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            const int d = 64 * i + 2 * lane;
+            const uint32_t w = (r < rows && d < hd) ? qr[d >> 1] : 0u;
+            q[r][2 * i] = bf16_lo(w);
+            q[r][2 * i + 1] = bf16_hi(w);
+            acc[r][2 * i] = acc[r][2 * i + 1] = 0.0f;
+        }
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    for (int t = tb + warp; t < te; t += DEC_WARPS) {
+        const int blk = p.block_table[(size_t)seq * (size_t)p.max_blocks + (size_t)(t / bs)];
+        const size_t row = (((size_t)blk * (size_t)p.n_kv + (size_t)kvh) * (size_t)bs + (size_t)(t % bs)) * (size_t)hd;
+        const uint32_t *kr = (const uint32_t *)(p.kc + row), *vr = (const uint32_t *)(p.vc + row);
+        float k[2 * NI], v[2 * NI];
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            const int d = 64 * i + 2 * lane;
+            const uint32_t kw = d < hd ? kr[d >> 1] : 0u, vw = d < hd ? vr[d >> 1] : 0u;
+            k[2 * i] = bf16_lo(kw);
+            k[2 * i + 1] = bf16_hi(kw);
+            v[2 * i] = bf16_lo(vw);
+            v[2 * i + 1] = bf16_hi(vw);
+        }
+#pragma unroll
+        for (int r = 0; r < DEC_ROWS; r++) {
+            if (r < rows) { /* warp-uniform */
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 2 * NI; j++) s += q[r][j] * k[j];
+                s = warp_sum(s) * p.scale_log2;
+                const float m_new = fmaxf(m[r], s);
+                const float alpha = fast_exp2(m[r] - m_new), e = fast_exp2(s - m_new);
+                l[r] = l[r] * alpha + e;
+#pragma unroll
+                for (int j = 0; j < 2 * NI; j++) acc[r][j] = acc[r][j] * alpha + e * v[j];
+                m[r] = m_new;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < DEC_ROWS; r++) {
+        if (r < rows) {
+            if (lane == 0) {
+                s_m[warp * DEC_ROWS + r] = m[r];
+                s_l[warp * DEC_ROWS + r] = l[r];
+            }
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                const int d = 64 * i + 2 * lane;
+                if (d < hd) {
+                    s_acc[(warp * DEC_ROWS + r) * hd + d] = acc[r][2 * i];
+                    s_acc[(warp * DEC_ROWS + r) * hd + d + 1] = acc[r][2 * i + 1];
+                }
+            }
+        }
+    }
+    __syncthreads();
+    dec_finish(p, s_m, s_l, s_acc, hd, seq, h0, rows, split, direct);
+}
+
+/* ---- v3: split-KV, cp.async ring, tensor cores ---- */
+
+template <int HD> struct v3_cfg {
+    static constexpr int RS = HD + 8;                      /* shared row stride (bf16): +16 bytes */
+    static constexpr int CH = HD / 8;                      /* 16-byte chunks per row */
+    static constexpr int STAGE = DEC_STAGE_TOK * RS;       /* bf16 per K (or V) stage */
+    static constexpr int TPR = CH <= 4 ? 4 : CH <= 8 ? 8 : CH <= 16 ? 16 : 32; /* copy threads per row */
+    static constexpr int RPP = DEC_THREADS / TPR;                               /* rows per copy pass */
+    static constexpr int PASSES = DEC_STAGE_TOK / RPP;
+    static constexpr size_t RING_BYTES = (size_t)DEC_NST * 2 * STAGE * 2;
+    static constexpr size_t SMEM = RING_BYTES + (size_t)DEC_TBL * 4;
+    static_assert(HD % 32 == 0 && HD >= 32 && HD <= 256, "head_dim");
+    static_assert(TPR >= CH && DEC_STAGE_TOK % RPP == 0, "copies");
+    static_assert(DEC_STAGE_TOK == DEC_WARPS * 16, "a warp owns 16 tokens of a stage");
+    static_assert(RING_BYTES >= (size_t)DEC_WARPS * DEC_ROWS * (HD + 2) * 4, "reduction fits the ring");
+};
+
+template <int HD> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params p) {
+    using C = v3_cfg<HD>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    uint16_t *ring = (uint16_t *)smem;             /* (DEC_NST, 2 (K, V), DEC_STAGE_TOK, RS) */
+    int *tbl = (int *)(smem + C::RING_BYTES);      /* (DEC_TBL) block ids of the current chunk */
+    const int split = (int)blockIdx.x, seq = (int)blockIdx.z;
+    const int kvh = (int)blockIdx.y / p.hchunks, hc = (int)blockIdx.y % p.hchunks;
+    const int h0 = kvh * p.group + hc * DEC_ROWS, rows = min(DEC_ROWS, p.group - hc * DEC_ROWS);
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int ctx = p.ctx_len[seq];
+    int split_tok;
+    const int nv = dec_split_plan(ctx, p.n_splits, &split_tok);
+    if (split >= nv) return;
+    const bool direct = nv == 1;
+    const int tb = split * split_tok, te = min(ctx, tb + split_tok);
+
+    /* Q as the A operand: row g = head h0 + g (zero when g >= rows), qa0 = dims 16 ks + 2 t4 (+1), qa2 = +8 */
+    uint32_t qa0[HD / 16], qa2[HD / 16];
+    {
+        const bool has = g < rows;
+        const uint32_t *qr =
+            (const uint32_t *)(p.q + ((size_t)seq * (size_t)p.n_heads + (size_t)(h0 + (has ? g : 0))) * (size_t)HD);
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++) {
+            qa0[ks] = has ? qr[ks * 8 + t4] : 0u;
+            qa2[ks] = has ? qr[ks * 8 + 4 + t4] : 0u;
+        }
+    }
+    float m_run = -INFINITY, l_run = 0.0f; /* row g's running max (log2 domain) and this lane's partial sum */
+    float acc[HD / 8][2];                  /* O[g][8 j + 2 t4 (+1)] */
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) acc[j][0] = acc[j][1] = 0.0f;
+
+    const int bsl = p.bs_log2, bmask = p.block_size - 1;
+    const uint32_t n_kv = (uint32_t)p.n_kv;
+    const float sl = p.scale_log2;
+    const uint32_t ring_s = smem_u32(ring);
+    /* per-lane ldmatrix offsets (bytes) inside a warp's 16-token slice */
+    const uint32_t k_off = (uint32_t)((((lane & 7) + (lane >> 4) * 8) * C::RS + ((lane >> 3) & 1) * 8) * 2);
+    const uint32_t v_off = (uint32_t)((((lane & 7) + ((lane >> 3) & 1) * 8) * C::RS + (lane >> 4) * 8) * 2);
+    /* copies: thread owns chunk cp_ch of rows cp_r0 + k * RPP of each stage */
+    const int cp_ch = tid % C::TPR, cp_r0 = tid / C::TPR;
+    const uint32_t cp_dst = (uint32_t)((cp_r0 * C::RS + cp_ch * 8) * 2);
+
+    for (int c0 = tb; c0 < te; c0 += p.chunk_tok) {
+        const int c1 = min(te, c0 + p.chunk_tok);
+        const int b0 = c0 >> bsl, nb = ((c1 - 1) >> bsl) - b0 + 1;
+        __syncthreads(); /* the previous chunk is done with tbl and the ring */
+        for (int i = tid; i < nb; i += DEC_THREADS)
+            tbl[i] = p.block_table[(size_t)seq * (size_t)p.max_blocks + (size_t)(b0 + i)];
+        __syncthreads();
+        const int n_st = (c1 - c0 + DEC_STAGE_TOK - 1) / DEC_STAGE_TOK;
+
+        /* stage st (tokens c0 + 64 st ..) -> ring buffer st % DEC_NST; a thread copies 16 bytes of K and V of
+         * PASSES rows (threads with cp_ch >= CH idle when head_dim / 8 is not a power of two). Tokens >= c1 are
+         * zero-filled (src-size 0) from an in-bounds address of block tbl[0]. Cache rows (block, kv head, slot)
+         * are counted in 32 bits: 2^32 rows would be >= 512 GB of cache. */
+        auto issue = [&](int st) {
+            const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * C::STAGE * 2) + cp_dst;
+            const int tok_a = c0 + st * DEC_STAGE_TOK + cp_r0;
+#pragma unroll
+            for (int k = 0; k < C::PASSES; k++) {
+                const int tok = tok_a + k * C::RPP;
+                const bool ok = tok < c1;
+                const uint32_t blk = (uint32_t)tbl[ok ? (tok >> bsl) - b0 : 0];
+                const uint32_t row = ((blk * n_kv + kvh) << bsl) + (uint32_t)(tok & bmask);
+                const size_t off = (size_t)row * HD + (size_t)cp_ch * 8;
+                const uint32_t dst = sk + (uint32_t)(k * C::RPP * C::RS * 2);
+                if (C::TPR == C::CH || cp_ch < C::CH) {
+                    cp_async16(dst, p.kc + off, ok ? 16 : 0);
+                    cp_async16(dst + (uint32_t)(C::STAGE * 2), p.vc + off, ok ? 16 : 0);
+                }
+            }
+        };
+
+        for (int st = 0; st < DEC_NST - 1; st++) {
+            if (st < n_st) issue(st);
+            cp_async_commit();
+        }
+        for (int st = 0; st < n_st; st++) {
+            cp_async_wait<DEC_NST - 2>(); /* this thread's copies of stage st have landed */
+            __syncthreads();              /* everyone's have; everyone is done with stage st - 1's buffer */
+            if (st + DEC_NST - 1 < n_st) issue(st + DEC_NST - 1);
+            cp_async_commit();
+
+            const int wt0 = c0 + st * DEC_STAGE_TOK + warp * 16; /* this warp's first token */
+            if (wt0 < c1) {                                       /* warp-uniform */
+                const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * C::STAGE * 2 + warp * 16 * C::RS * 2);
+                const uint32_t sv = sk + (uint32_t)(C::STAGE * 2);
+                /* S = Q K^T: n-tile 0 = tokens 0..7 of the slice, n-tile 1 = tokens 8..15 */
+                float s0[2] = {0.0f, 0.0f}, s1[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int ks = 0; ks < HD / 16; ks++) {
+                    uint32_t b0r, b1r, b2r, b3r;
+                    ldsm_x4(sk + k_off + (uint32_t)(ks * 32), b0r, b1r, b2r, b3r);
+                    mma_rows8(s0[0], s0[1], qa0[ks], qa2[ks], b0r, b1r);
+                    mma_rows8(s1[0], s1[1], qa0[ks], qa2[ks], b2r, b3r);
+                }
+                /* lane holds row g, tokens 2 t4, 2 t4 + 1 (s0) and 8 + 2 t4, 9 + 2 t4 (s1) */
+                const int ta = wt0 + 2 * t4, tbk = ta + 8;
+                const float x0 = ta < c1 ? s0[0] * sl : -INFINITY;
+                const float x1 = ta + 1 < c1 ? s0[1] * sl : -INFINITY;
+                const float x2 = tbk < c1 ? s1[0] * sl : -INFINITY;
+                const float x3 = tbk + 1 < c1 ? s1[1] * sl : -INFINITY;
+                float mx = fmaxf(fmaxf(x0, x1), fmaxf(x2, x3));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+                const float m_new = fmaxf(m_run, mx);
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                const float alpha = fast_exp2(m_run - m_use);
+                const float p0 = fast_exp2(x0 - m_use), p1 = fast_exp2(x1 - m_use);
+                const float p2 = fast_exp2(x2 - m_use), p3 = fast_exp2(x3 - m_use);
+                l_run = l_run * alpha + ((p0 + p1) + (p2 + p3));
+                m_run = m_new;
+                /* P as the A operand (k = the slice's 16 tokens): a0 = tokens 2 t4 (+1), a2 = 8 + 2 t4 (+1) */
+                const uint32_t pa0 = pack_bf16x2(p0, p1), pa2 = pack_bf16x2(p2, p3);
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; dp++) {
+                    uint32_t b0r, b1r, b2r, b3r;
+                    ldsm_x4_t(sv + v_off + (uint32_t)(dp * 32), b0r, b1r, b2r, b3r);
+                    acc[2 * dp][0] *= alpha;
+                    acc[2 * dp][1] *= alpha;
+                    acc[2 * dp + 1][0] *= alpha;
+                    acc[2 * dp + 1][1] *= alpha;
+                    mma_rows8(acc[2 * dp][0], acc[2 * dp][1], pa0, pa2, b0r, b1r);
+                    mma_rows8(acc[2 * dp + 1][0], acc[2 * dp + 1][1], pa0, pa2, b2r, b3r);
+                }
+            }
+        }
+        cp_async_wait<0>();
+    }
+    __syncthreads(); /* the ring is free: reuse it for the warps' merge */
+
+    float *red_m = (float *)smem, *red_l = red_m + DEC_WARPS * DEC_ROWS, *red_acc = red_l + DEC_WARPS * DEC_ROWS;
+    float l_row = l_run + __shfl_xor_sync(FULL, l_run, 1);
+    l_row += __shfl_xor_sync(FULL, l_row, 2);
+    if (t4 == 0) {
+        red_m[warp * DEC_ROWS + g] = m_run;
+        red_l[warp * DEC_ROWS + g] = l_row;
+    }
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+        *(float2 *)&red_acc[(warp * DEC_ROWS + g) * HD + 8 * j + 2 * t4] = make_float2(acc[j][0], acc[j][1]);
+    __syncthreads();
+    dec_finish(p, red_m, red_l, red_acc, HD, seq, h0, rows, split, direct);
+}
+
+/* ---- merge of the splits' partials: one warp per (sequence, query head) ---- */
+
+__global__ void __launch_bounds__(DEC_THREADS) attn_decode_merge_kernel_v1(dec_params p) {
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
+    const int64_t pair = (int64_t)blockIdx.x * DEC_WARPS + warp;
+    if (pair >= (int64_t)p.n_seqs * p.n_heads) return;
+    const int seq = (int)(pair / p.n_heads), hd = p.head_dim;
+    int split_tok;
+    const int nv = dec_split_plan(p.ctx_len[seq], p.n_splits, &split_tok);
+    if (nv <= 1) return; /* split 0 wrote it */
+    const float *lse = p.part_lse + (size_t)pair * (size_t)p.n_splits;
+    const float *po = p.part_o + (size_t)pair * (size_t)p.n_splits * (size_t)hd;
+    float M = -INFINITY;
+    for (int k = lane; k < nv; k += 32) M = fmaxf(M, lse[k]);
+    M = warp_max(M);
+    float L = 0.0f;
+    for (int k = lane; k < nv; k += 32) L += fast_exp2(lse[k] - M);
+    L = warp_sum(L);
+    const float inv = 1.0f / L;
+    for (int d = lane; d < hd; d += 32) {
+        float o = 0.0f;
+        for (int k = 0; k < nv; k++) o += fast_exp2(lse[k] - M) * po[(size_t)k * (size_t)hd + (size_t)d];
+        p.out[(size_t)pair * (size_t)hd + (size_t)d] = f32_to_bf16_bits(o * inv);
+    }
+}
+
+/* ---- host side ---- */
+
+typedef void (*dec_kernel_fn)(dec_params);
+
+int dec_stages(int max_ctx) { return max_ctx <= 0 ? 1 : (max_ctx - 1) / DEC_STAGE_TOK + 1; }
+
+/* the most splits the launcher picks by itself (the work buffer may allow fewer) */
+int dec_split_cap(int n_seqs, int max_ctx) {
+    int by_ctx = dec_stages(max_ctx) / DEC_MIN_SPLIT_STAGES, by_seq = DEC_MAX_SEQ_SPLITS / (n_seqs > 0 ? n_seqs : 1);
+    if (by_ctx < 1) by_ctx = 1;
+    if (by_seq < 1) by_seq = 1;
+    return by_ctx < by_seq ? by_ctx : by_seq;
+}
+
+int env_int(const char *name, int dflt) {
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
+}
+
+dec_kernel_fn v3_kernel(int hd, size_t *smem) {
+    switch (hd) {
+#define TM_DEC_V3_CASE(H)                                                                                            \
+    case H:                                                                                                          \
+        *smem = v3_cfg<H>::SMEM;                                                                                     \
+        return attn_decode_kernel_v3<H>;
+        TM_DEC_V3_CASE(32)
+        TM_DEC_V3_CASE(64)
+        TM_DEC_V3_CASE(96)
+        TM_DEC_V3_CASE(128)
+        TM_DEC_V3_CASE(160)
+        TM_DEC_V3_CASE(192)
+        TM_DEC_V3_CASE(224)
+        TM_DEC_V3_CASE(256)
+#undef TM_DEC_V3_CASE
+    default:
+        return NULL;
+    }
+}
+
+dec_kernel_fn v2_kernel(int hd) {
+    switch ((hd + 63) / 64) {
+    case 1: return attn_decode_kernel_v2<1>;
+    case 2: return attn_decode_kernel_v2<2>;
+    case 3: return attn_decode_kernel_v2<3>;
+    case 4: return attn_decode_kernel_v2<4>;
+    default: return NULL;
+    }
+}
+
+int ilog2_exact(int x) { /* log2 of a power of two, else -1 */
+    if (x <= 0 || (x & (x - 1))) return -1;
+    int l = 0;
+    while ((1 << l) < x) l++;
+    return l;
+}
+
+} // namespace
+
+extern "C" size_t tm_cuda_attn_decode_work_bytes(int32_t n_seqs, int32_t n_heads, int32_t head_dim,
+                                                 int32_t max_context_len) {
+    if (n_seqs <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
+    int by_ctx = dec_stages(max_context_len) / DEC_MIN_SPLIT_STAGES;
+    if (by_ctx <= 1) return 0; /* never split */
+    /* (sequence, split) pairs: n_seqs * n_splits <= min(n_seqs * by_ctx, DEC_MAX_SEQ_SPLITS); monotone in n_seqs
+     * and max_context_len, so one buffer sized for the largest batch and context serves every smaller launch */
+    int64_t pairs = (int64_t)n_seqs * by_ctx;
+    if (pairs > DEC_MAX_SEQ_SPLITS) pairs = DEC_MAX_SEQ_SPLITS;
+    return (size_t)pairs * (size_t)n_heads * ((size_t)head_dim + 1) * sizeof(float) + DEC_WORK_SLACK;
+}
+
+extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStream_t stream) {
+    if (!a || a->n_seqs < 0 || a->n_tokens != a->n_seqs) return cudaErrorInvalidValue;
+    if (a->n_seqs == 0) return cudaSuccess;
+    if (a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
+        a->head_dim > 256 || a->head_dim % 2 || a->block_size <= 0 || a->max_blocks <= 0 || a->n_seqs > 65535)
+        return cudaErrorInvalidValue;
+    if (!a->q || !a->k_cache || !a->v_cache || !a->out || !a->context_len || !a->block_table)
+        return cudaErrorInvalidValue;
+
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    dec_params p;
+    p.q = a->q;
+    p.kc = a->k_cache;
+    p.vc = a->v_cache;
+    p.out = a->out;
+    p.part_o = NULL;
+    p.part_lse = NULL;
+    p.ctx_len = a->context_len;
+    p.block_table = a->block_table;
+    p.n_seqs = a->n_seqs;
+    p.n_heads = a->n_heads;
+    p.n_kv = a->n_kv_heads;
+    p.group = group;
+    p.hchunks = (group + DEC_ROWS - 1) / DEC_ROWS;
+    p.head_dim = hd;
+    p.max_blocks = a->max_blocks;
+    p.block_size = a->block_size;
+    p.bs_log2 = ilog2_exact(a->block_size);
+    p.n_splits = 1;
+    p.chunk_tok = 0;
+    p.scale = a->scale;
+    p.scale_log2 = a->scale * 1.4426950408889634f;
+
+    int ver = env_int("TM_CUDA_ATTN_DECODE_V", 3);
+    const bool q4 = ((uintptr_t)a->q & 3) == 0, kv4 = (((uintptr_t)a->k_cache | (uintptr_t)a->v_cache) & 3) == 0;
+    const bool kv16 = (((uintptr_t)a->k_cache | (uintptr_t)a->v_cache) & 15) == 0;
+    size_t smem = 0;
+    dec_kernel_fn fn = NULL;
+    if (ver >= 3) {
+        fn = (p.bs_log2 >= 0 && a->block_size <= 65536 && q4 && kv16) ? v3_kernel(hd, &smem) : NULL;
+        if (!fn) ver = 2;
+    }
+    if (ver == 2) {
+        fn = (q4 && kv4) ? v2_kernel(hd) : NULL;
+        if (!fn) ver = 1;
+    }
+    if (ver <= 1) {
+        attn_decode_kernel_v1<<<dim3((unsigned)a->n_heads, (unsigned)a->n_seqs), DEC_THREADS, 0, stream>>>(p);
+        return cudaGetLastError();
+    }
+
+    cudaError_t e;
+    if (smem > 0) {
+        if ((e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
+            return e;
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+        if (e != cudaSuccess) return e;
+    }
+    /* resident CTA slots of the GPU */
+    int dev = 0, sms = 0, occ = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
+    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
+    if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, DEC_THREADS, smem)) != cudaSuccess) return e;
+    if (occ < 1) occ = 1;
+
+    /* split count: fill the slots once when the CTAs alone don't, within the caps */
+    const int L = dec_stages(a->max_context_len);
+    const int64_t pairs = (int64_t)a->n_seqs * a->n_heads;
+    int64_t cap_work = 0;
+    if (a->work && a->work_bytes > (size_t)DEC_WORK_SLACK)
+        cap_work = (int64_t)((a->work_bytes - DEC_WORK_SLACK) / ((size_t)pairs * ((size_t)hd + 1) * sizeof(float)));
+    const int64_t ctas = (int64_t)a->n_seqs * a->n_kv_heads * p.hchunks, slots = (int64_t)sms * occ;
+    int64_t s;
+    const int forced = env_int("TM_CUDA_ATTN_DECODE_SPLITS", 0);
+    if (forced > 0) {
+        s = forced;
+    } else {
+        s = ctas >= slots ? 1 : slots / ctas;
+        const int cap = dec_split_cap(a->n_seqs, a->max_context_len);
+        if (s > cap) s = cap;
+    }
+    if (s > L) s = L;
+    if (s > cap_work) s = cap_work;
+    if (s < 1) s = 1;
+    p.n_splits = (int)s;
+    if (p.bs_log2 >= 0) p.chunk_tok = ((DEC_TBL - 2) * a->block_size) / DEC_STAGE_TOK * DEC_STAGE_TOK;
+    if (s > 1) {
+        const uintptr_t base = ((uintptr_t)a->work + 15) & ~(uintptr_t)15;
+        const size_t n_lse = (size_t)pairs * (size_t)s;
+        p.part_lse = (float *)base;
+        p.part_o = (float *)(base + ((n_lse * sizeof(float) + 15) & ~(size_t)15));
+    }
+
+    const dim3 grid((unsigned)s, (unsigned)(a->n_kv_heads * p.hchunks), (unsigned)a->n_seqs);
+    fn<<<grid, DEC_THREADS, smem, stream>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (s > 1) {
+        const unsigned nb = (unsigned)((pairs + DEC_WARPS - 1) / DEC_WARPS);
+        attn_decode_merge_kernel_v1<<<nb, DEC_THREADS, 0, stream>>>(p);
+    }
+    return cudaGetLastError();
+}

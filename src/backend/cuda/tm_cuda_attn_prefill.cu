@@ -1,0 +1,880 @@
+/* tm_cuda_attn_prefill.cu -- paged FlashAttention for prefill chunks and mixed batches (causal, GQA, mma.sync). */
+#include "backend/cuda/tm_cuda_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Three kernels behind one launcher: v2 by default for head_dim 64 / 128 (any other head_dim, a block_size that is
+ * no power of two or a pointer that is not 16-byte aligned takes v1); TM_CUDA_ATTN_PREFILL_V=1 forces v1, and
+ * TM_CUDA_ATTN_PREFILL_V=3 opts into v3 (wgmma, experimental until measured on the GPU).
+ *
+ * v1 -- the simple one, any head_dim <= 256: one CTA of 4 warps per (16-token tile of one sequence, query head);
+ *   32-key K/V tiles gathered through the block table into shared memory as f32; each warp owns 4 tokens, a lane
+ *   scores one key of the tile, online softmax in f32 (expf), each lane accumulates head_dim/32 output dims.
+ *
+ * v2 -- FlashAttention-2 on tensor cores (head_dim 64 and 128):
+ *   - a CTA of 8 warps owns a 128-row Q tile of one (sequence, kv head): rows are (token, query head) pairs of the
+ *     kv head's GQA group, token-major (row r = token r / gh, head r % gh), so the group shares every K/V tile and
+ *     a decode token mixed into the batch still fills `group` rows of the tile; each warp owns 16 rows and keeps
+ *     its Q fragments in registers for the whole CTA;
+ *   - tiles are enumerated per sequence from the end (the first tile of a sequence is its last 128/gh tokens, the
+ *     most work), grid = (tile slot, kv head[, head chunk]) flattened with the heads fastest, and each CTA finds
+ *     its (sequence, tile) by a block-wide scan of query_start (no work buffer, no host knowledge of lengths);
+ *   - K/V tiles of 64 keys are gathered through the block table (any block_size) with 16-byte cp.async into a
+ *     3-stage ring in XOR-swizzled shared memory (conflict-free ldmatrix); the block ids of the tile after next
+ *     are loaded into registers one iteration ahead, so the table lookup never stalls the pipeline;
+ *   - S = Q K^T and O += P V with mma.sync m16n8k16 bf16 / f32 accumulate: K fragments by ldmatrix.x4, V by
+ *     ldmatrix.x4.trans, P reused straight from the S accumulators as the A operand (FA2 register layout);
+ *   - online softmax in registers, log2 domain (scale * log2 e folded into one FMA before ex2.approx), per-thread
+ *     partial row sums reduced across the quad once at the end; key tiles are visited from the diagonal down, the
+ *     causal mask is applied only to tiles that cross some row's diagonal, fully masked tiles are never loaded;
+ *   - the output goes through the (by then free) Q tile in shared memory and leaves in 16-byte stores.
+ *   Per 64-key tile a warp issues (hd/16)*(64/8) + (64/16)*(hd/8) MMAs; shared memory traffic per tile is
+ *   8 warps x (K + V) tile, i.e. 16 FLOP per byte of ldmatrix, which bounds mma.sync near 500 TFLOP/s on an
+ *   H200 -- enough for the FA2-class 300-400 TFLOP/s this version aims at.
+ *
+ * v3 -- v2's tiling, gather and softmax with Hopper warpgroup MMAs (wgmma): 2 warpgroups x 64 rows; Q and K are
+ *   read by the tensor cores straight from 128-byte-swizzled shared memory (no ldmatrix: the 16-FLOP-per-byte
+ *   shared-memory bound of v2 goes away), P stays in registers as the A operand of O += P V, V is read N-major by
+ *   descriptor. Products are waited for before use (the two warpgroups overlap each other, not yet themselves). */
+
+namespace {
+
+/* ---- small device helpers ---------------------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16-byte global -> shared copy; zero-fills the destination when !ok (src must still be a valid pointer) */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* d (16x8 f32) += a (16x16 bf16, row) * b (16x8 bf16, col) */
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* two floats -> bf16x2 (lo in the low half) */
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
+}
+
+/* byte offset of 16-byte chunk `chunk` of row `row` in a (rows, HD) bf16 tile, chunks XOR-swizzled by row & 7:
+ * the 8 rows an ldmatrix reads at one logical chunk land in 8 different bank groups */
+template <int HD> __device__ __forceinline__ uint32_t swz(int row, int chunk) {
+    return (uint32_t)(row * (HD * 2) + ((chunk ^ (row & 7)) << 4));
+}
+
+/* Tile slot -> (sequence, tile index from the sequence's end). Sequence s has ceil(q_len / tq) tiles; slots are
+ * numbered sequence by sequence. Every thread of the block calls it; false when the slot is past the last tile. */
+template <int NT>
+__device__ bool find_tile(const int32_t *query_start, int32_t n_seqs, int32_t tq, int32_t slot, int32_t *seq,
+                          int32_t *tile) {
+    __shared__ int32_t s_warp[NT / 32];
+    __shared__ int32_t s_found[2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) s_found[0] = -1;
+    __syncthreads();
+    int32_t done = 0; /* tiles of the sequences before this chunk */
+    for (int32_t c0 = 0; c0 < n_seqs; c0 += NT) {
+        const int32_t s = c0 + tid;
+        int32_t nt = 0;
+        if (s < n_seqs) {
+            const int32_t ql = query_start[s + 1] - query_start[s];
+            nt = ql > 0 ? (ql + tq - 1) / tq : 0;
+        }
+        int32_t x = nt; /* inclusive scan within the warp */
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) s_warp[warp] = x;
+        __syncthreads();
+        int32_t before = 0, total = 0;
+#pragma unroll
+        for (int w = 0; w < NT / 32; w++) {
+            const int32_t v = s_warp[w];
+            before += w < warp ? v : 0;
+            total += v;
+        }
+        const int32_t incl = done + before + x;
+        if (nt > 0 && slot < incl && slot >= incl - nt) {
+            s_found[0] = s;
+            s_found[1] = slot - (incl - nt);
+        }
+        done += total;
+        __syncthreads(); /* s_found visible, s_warp free for the next chunk */
+        if (done > slot) break;
+    }
+    *seq = s_found[0];
+    *tile = s_found[1];
+    return *seq >= 0;
+}
+
+/* Host-derived tiling of the GQA group (same for every CTA of a launch). */
+struct prefill_geom {
+    int32_t group; /* query heads per kv head */
+    int32_t gh;    /* query heads of one kv head in a tile: min(group, BM) */
+    int32_t n_hc;  /* head chunks per kv head: ceil(group / gh) */
+    int32_t tq;    /* tokens per tile: BM / gh */
+    int32_t bs_log2; /* block_size = 1 << bs_log2 */
+};
+
+/* ---- v1: simple f32 kernel ----------------------------------------------------------------------- */
+
+constexpr int V1_TQ = 16;   /* tokens per CTA */
+constexpr int V1_KT = 32;   /* keys per shared-memory tile (one per lane) */
+constexpr int V1_NW = 4;    /* warps; warp w owns tokens w, w + 4, ... */
+constexpr int V1_MAXC = 8;  /* head_dim <= 32 * V1_MAXC */
+constexpr int V1_TPW = V1_TQ / V1_NW;
+
+size_t v1_smem_bytes(int32_t hd) {
+    return (size_t)(V1_TQ * hd + V1_KT * (hd + 1) + V1_KT * hd) * sizeof(float);
+}
+
+/* grid: (n_seqs * n_qt, n_heads); block V1_NW * 32 */
+__global__ void __launch_bounds__(V1_NW * 32) attn_prefill_kernel_v1(const tm_cuda_attn_args a, int32_t n_qt) {
+    extern __shared__ float v1_smem[];
+    const int32_t hd = a.head_dim;
+    float *q_s = v1_smem;                  /* (V1_TQ, hd) */
+    float *k_s = q_s + V1_TQ * hd;         /* (V1_KT, hd + 1) */
+    float *v_s = k_s + V1_KT * (hd + 1);   /* (V1_KT, hd) */
+    const __nv_bfloat16 *q = reinterpret_cast<const __nv_bfloat16 *>(a.q);
+    const __nv_bfloat16 *kc = reinterpret_cast<const __nv_bfloat16 *>(a.k_cache);
+    const __nv_bfloat16 *vc = reinterpret_cast<const __nv_bfloat16 *>(a.v_cache);
+    __nv_bfloat16 *out = reinterpret_cast<__nv_bfloat16 *>(a.out);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int32_t s = (int32_t)(blockIdx.x / (uint32_t)n_qt), t0 = (int32_t)(blockIdx.x % (uint32_t)n_qt) * V1_TQ;
+    const int32_t h = (int32_t)blockIdx.y, kvh = h / (a.n_heads / a.n_kv_heads);
+    const int32_t q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
+    if (t0 >= ql) return;
+    const int32_t nt = min(V1_TQ, ql - t0), base = a.context_len[s] - ql;
+    const int32_t kv_end = base + t0 + nt; /* keys 0 .. kv_end-1 are needed by some token of the tile */
+    const int32_t *bt = a.block_table + (size_t)s * (size_t)a.max_blocks;
+    const size_t ld = (size_t)a.n_heads * (size_t)hd;
+
+    for (int32_t i = tid; i < V1_TQ * hd; i += V1_NW * 32) {
+        const int32_t t = i / hd, d = i % hd;
+        q_s[i] = t < nt ? __bfloat162float(q[(size_t)(q0 + t0 + t) * ld + (size_t)h * hd + d]) : 0.0f;
+    }
+
+    float m[V1_TPW], l[V1_TPW], o[V1_TPW][V1_MAXC];
+#pragma unroll
+    for (int c = 0; c < V1_TPW; c++) {
+        m[c] = -INFINITY;
+        l[c] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V1_MAXC; j++) o[c][j] = 0.0f;
+    }
+
+    for (int32_t k0 = 0; k0 < kv_end; k0 += V1_KT) {
+        __syncthreads(); /* previous tile consumed (and q_s written, the first time) */
+        for (int32_t i = tid; i < V1_KT * hd; i += V1_NW * 32) {
+            const int32_t kk = i / hd, d = i % hd, key = k0 + kk;
+            float kv = 0.0f, vv = 0.0f;
+            if (key < kv_end) {
+                const size_t off =
+                    (((size_t)bt[key / a.block_size] * (size_t)a.n_kv_heads + (size_t)kvh) * (size_t)a.block_size +
+                     (size_t)(key % a.block_size)) * (size_t)hd + (size_t)d;
+                kv = __bfloat162float(kc[off]);
+                vv = __bfloat162float(vc[off]);
+            }
+            k_s[kk * (hd + 1) + d] = kv;
+            v_s[kk * hd + d] = vv;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < V1_TPW; c++) {
+            const int32_t t = warp + c * V1_NW;
+            if (t >= nt) continue; /* warp-uniform */
+            const int32_t lim = base + t0 + t, key = k0 + lane;
+            float sc = -INFINITY;
+            if (key <= lim) {
+                float dot = 0.0f;
+                for (int32_t d = 0; d < hd; d++) dot = fmaf(q_s[t * hd + d], k_s[lane * (hd + 1) + d], dot);
+                sc = dot * a.scale;
+            }
+            float mt = sc;
+#pragma unroll
+            for (int x = 16; x > 0; x >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, x));
+            const float mn = fmaxf(m[c], mt); /* finite: key 0 <= lim is in the first tile */
+            const float p = sc == -INFINITY ? 0.0f : expf(sc - mn);
+            const float alpha = expf(m[c] - mn);
+            float ps = p;
+#pragma unroll
+            for (int x = 16; x > 0; x >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, x);
+            m[c] = mn;
+            l[c] = l[c] * alpha + ps;
+            float acc[V1_MAXC];
+#pragma unroll
+            for (int j = 0; j < V1_MAXC; j++) acc[j] = 0.0f;
+            for (int kk = 0; kk < V1_KT; kk++) {
+                const float pk = __shfl_sync(0xffffffffu, p, kk);
+#pragma unroll
+                for (int j = 0; j < V1_MAXC; j++) {
+                    const int32_t d = lane + 32 * j;
+                    if (d < hd) acc[j] = fmaf(pk, v_s[kk * hd + d], acc[j]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < V1_MAXC; j++) o[c][j] = o[c][j] * alpha + acc[j];
+        }
+    }
+
+#pragma unroll
+    for (int c = 0; c < V1_TPW; c++) {
+        const int32_t t = warp + c * V1_NW;
+        if (t >= nt) continue;
+        const float inv = l[c] > 0.0f ? 1.0f / l[c] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < V1_MAXC; j++) {
+            const int32_t d = lane + 32 * j;
+            if (d < hd) out[(size_t)(q0 + t0 + t) * ld + (size_t)h * hd + d] = __float2bfloat16(o[c][j] * inv);
+        }
+    }
+}
+
+/* ---- v2: FlashAttention-2 with mma.sync ------------------------------------------------------------ */
+
+/* HD head_dim, BN keys per K/V tile, NW warps (BM = 16 * NW query rows), STAGES K/V ring depth, MINB CTAs/SM,
+ * QREG: Q fragments live in registers (else re-read from shared memory for every K tile).
+ * grid: (n_slots * n_kv_heads * n_hc); block NW * 32; dynamic smem v2_smem_bytes. */
+template <int HD, int BN, int NW, int STAGES, int MINB, bool QREG>
+__global__ void __launch_bounds__(NW * 32, MINB) attn_prefill_kernel_v2(const tm_cuda_attn_args a,
+                                                                        const prefill_geom g) {
+    constexpr int NT = NW * 32, BM = NW * 16;
+    constexpr int CPR = HD / 8;         /* 16-byte chunks per row */
+    constexpr int RPP = NT / CPR;       /* rows covered by one pass of the block */
+    constexpr int KV_ROWS = BN / RPP;   /* K (and V) rows this thread copies per tile */
+    constexpr int Q_ROWS = BM / RPP;
+    constexpr int TILE = BN * HD * 2;   /* bytes of one K or V tile */
+    static_assert(HD % 16 == 0 && BN % 16 == 0 && NT % CPR == 0 && BN % RPP == 0 && BM % RPP == 0, "tile shape");
+    static_assert(STAGES >= 2, "pipeline depth");
+
+    extern __shared__ __align__(128) uint8_t v2_smem[];
+    const uint32_t sQ = smem_u32(v2_smem);        /* (BM, HD) bf16, swizzled; later the output tile */
+    const uint32_t sK = sQ + BM * HD * 2;         /* (STAGES, BN, HD) */
+    const uint32_t sV = sK + STAGES * TILE;       /* (STAGES, BN, HD) */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int32_t per_slot = a.n_kv_heads * g.n_hc;
+    const int32_t slot = (int32_t)(blockIdx.x / (uint32_t)per_slot), hu = (int32_t)(blockIdx.x % (uint32_t)per_slot);
+    const int32_t kvh = hu / g.n_hc, hc = hu % g.n_hc;
+    int32_t s, ti;
+    if (!find_tile<NT>(a.query_start, a.n_seqs, g.tq, slot, &s, &ti)) return;
+
+    const int32_t q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
+    const int32_t base = a.context_len[s] - ql;   /* cache index of the sequence's first query token */
+    const int32_t t1 = ql - ti * g.tq, t0 = max(t1 - g.tq, 0); /* this tile's tokens t0 .. t1-1 */
+    __shared__ int32_t s_epi[2]; /* (first batch row, tokens) of the tile, re-read by the epilogue: nothing of
+                                  * the epilogue's addressing has to stay live in registers across the main loop */
+    if (tid == 0) {
+        s_epi[0] = q0 + t0;
+        s_epi[1] = t1 - t0;
+    }
+    const int32_t kv_end = base + t1;               /* keys 0 .. kv_end-1 are needed by some row */
+    const int32_t n_kt = (kv_end + BN - 1) / BN;
+    const int32_t n_full = (base + t0 + 1) / BN;    /* key tiles below every row's diagonal: no mask */
+    const int32_t *bt = a.block_table + (size_t)s * (size_t)a.max_blocks;
+    const size_t ld = (size_t)a.n_heads * HD;       /* q / out row stride (elements) */
+    const size_t head0 = (size_t)kvh * (size_t)g.group + (size_t)hc * (size_t)g.gh; /* first query head of the tile */
+    const int32_t heads_here = min(g.gh, g.group - hc * g.gh);
+
+    /* Q tile: row r = (token t0 + r / gh, head head0 + r % gh); rows past the tile's tokens or heads are zero */
+#pragma unroll
+    for (int p = 0; p < Q_ROWS; p++) {
+        const int r = tid / CPR + p * RPP, c = tid % CPR;
+        const int32_t tl = r / g.gh, hl = r % g.gh;
+        const bool ok = tl < g.tq && t0 + tl < t1 && hl < heads_here;
+        const uint16_t *src = ok ? a.q + (size_t)(q0 + t0 + tl) * ld + (head0 + (size_t)hl) * HD + c * 8 : a.q;
+        cp_async16(sQ + swz<HD>(r, c), src, ok);
+    }
+
+    /* K/V tile j (visited order) covers keys kt*BN .. kt*BN+BN-1 with kt = n_kt-1-j; keys >= kv_end are zero */
+    const int cchunk = tid % CPR, crow = tid / CPR;
+    const int32_t bsl = g.bs_log2, bmask = (1 << g.bs_log2) - 1;
+    const size_t blk_stride = ((size_t)a.n_kv_heads << bsl) * HD; /* elements of one cache block (all kv heads) */
+    const size_t kv_head_off = ((size_t)kvh << bsl) * HD + (size_t)cchunk * 8;
+    const uint16_t *const kc = a.k_cache + kv_head_off, *const vc = a.v_cache + kv_head_off;
+    auto fetch_ids = [&](int32_t j, int32_t (&ids)[KV_ROWS]) {
+        const int32_t k0 = (n_kt - 1 - j) * BN;
+#pragma unroll
+        for (int p = 0; p < KV_ROWS; p++) {
+            const int32_t key = k0 + crow + p * RPP;
+            ids[p] = (j < n_kt && key < kv_end) ? __ldg(bt + (key >> bsl)) : -1;
+        }
+    };
+    auto issue = [&](int32_t j, const int32_t (&ids)[KV_ROWS]) {
+        if (j < n_kt) {
+            const int32_t k0 = (n_kt - 1 - j) * BN;
+            const uint32_t st = (uint32_t)(j % STAGES) * TILE;
+#pragma unroll
+            for (int p = 0; p < KV_ROWS; p++) {
+                const int row = crow + p * RPP;
+                const int32_t key = k0 + row;
+                const bool ok = ids[p] >= 0;
+                const size_t off = ok ? (size_t)ids[p] * blk_stride + ((size_t)(key & bmask) * HD) : 0;
+                cp_async16(sK + st + swz<HD>(row, cchunk), kc + off, ok);
+                cp_async16(sV + st + swz<HD>(row, cchunk), vc + off, ok);
+            }
+        }
+        cp_async_commit(); /* always: one group per tile keeps the wait counts uniform */
+    };
+
+    int32_t ids[KV_ROWS];
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; j++) {
+        fetch_ids(j, ids);
+        issue(j, ids); /* the Q copies ride in the first group */
+    }
+    fetch_ids(STAGES - 1, ids);
+
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    /* this warp's 16 Q rows as A fragments: kept in registers, or re-read per tile when registers are short */
+    uint32_t qf[QREG ? HD / 16 : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? HD / 16 : 0); kk++)
+            ldmatrix_x4(qf[kk], sQ + swz<HD>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+    }
+
+    /* this thread's two rows: ra and ra + 8 of the warp; their last visible key (any value for padding rows) */
+    int32_t lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = warp * 16 + (lane >> 2) + h * 8;
+        const int32_t tl = r / g.gh;
+        lim[h] = (tl < g.tq && t0 + tl < t1) ? base + t0 + tl : kv_end - 1;
+    }
+
+    const float sl2 = a.scale * 1.4426950408889634f; /* scores in log2 units */
+    float o[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}; /* max in log2 units; partial sums */
+
+    for (int32_t j = 0; j < n_kt; j++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads(); /* tile j landed for everyone; stage (j-1) % STAGES is free */
+        issue(j + STAGES - 1, ids);
+        fetch_ids(j + STAGES, ids);
+
+        const int32_t kt = n_kt - 1 - j;
+        const uint32_t kS = sK + (uint32_t)(j % STAGES) * TILE, vS = sV + (uint32_t)(j % STAGES) * TILE;
+
+        float sc[BN / 8][4];
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t qt[4];
+            if (!QREG) ldmatrix_x4(qt, sQ + swz<HD>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+            const uint32_t(&qa)[4] = QREG ? qf[QREG ? kk : 0] : qt;
+#pragma unroll
+            for (int np = 0; np < BN / 16; np++) {
+                uint32_t b[4];
+                ldmatrix_x4(b, kS + swz<HD>(np * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+                mma_bf16(sc[2 * np], qa, b[0], b[1]);
+                mma_bf16(sc[2 * np + 1], qa, b[2], b[3]);
+            }
+        }
+
+        if (kt >= n_full) { /* a tile crossing some row's diagonal (or past kv_end) */
+            const int32_t kb = kt * BN + (lane & 3) * 2;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int32_t key = kb + n * 8 + e;
+                    if (key > lim[0]) sc[n][e] = -INFINITY;
+                    if (key > lim[1]) sc[n][2 + e] = -INFINITY;
+                }
+            }
+        }
+
+        /* online softmax: row h's values are sc[n][2h], sc[n][2h+1]; a row lives in the 4 threads of a quad */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(sc[n][2 * h], sc[n][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(mrow[h], mx * sl2);
+            const float mu = mn == -INFINITY ? 0.0f : mn; /* a row with nothing visible yet: keep p = 0 */
+            const float alpha = ex2(mrow[h] - mu);
+            mrow[h] = mn;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+                sc[n][2 * h] = ex2(fmaf(sc[n][2 * h], sl2, -mu));
+                sc[n][2 * h + 1] = ex2(fmaf(sc[n][2 * h + 1], sl2, -mu));
+                sum += sc[n][2 * h] + sc[n][2 * h + 1];
+            }
+            lrow[h] = lrow[h] * alpha + sum;
+#pragma unroll
+            for (int d = 0; d < HD / 8; d++) {
+                o[d][2 * h] *= alpha;
+                o[d][2 * h + 1] *= alpha;
+            }
+        }
+
+        /* O += P V: P's accumulators of key columns 16ks .. 16ks+15 are the A fragment of k-step ks */
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            const uint32_t pa[4] = {pack_bf16(sc[2 * ks][0], sc[2 * ks][1]), pack_bf16(sc[2 * ks][2], sc[2 * ks][3]),
+                                    pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
+                                    pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vS + swz<HD>(ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
+                mma_bf16(o[2 * dp], pa, b[0], b[1]);
+                mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+            }
+        }
+    }
+    cp_async_wait<0>(); /* nothing real is in flight (only empty groups), but leave no copy behind */
+
+    /* normalise, stage through this warp's own rows of the Q tile, 16-byte stores of the valid rows */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float l = lrow[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int r = warp * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            const uint32_t v = pack_bf16(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz<HD>(r, d) + (lane & 3) * 4), "r"(v));
+        }
+    }
+    __syncwarp();
+    const int32_t row0 = s_epi[0], n_rows_tok = s_epi[1];
+    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
+    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
+    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
+                           (size_t)e_hc * (size_t)g.gh;
+#pragma unroll
+    for (int it = 0; it < 16 * CPR / 32; it++) {
+        const int i = lane + it * 32;
+        const int r = warp * 16 + i / CPR, c = i % CPR;
+        const int32_t tl = r / g.gh, hl = r % g.gh;
+        if (tl < n_rows_tok && hl < e_heads) {
+            uint32_t w0, w1, w2, w3;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                         : "r"(sQ + swz<HD>(r, c)));
+            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                         : "memory");
+        }
+    }
+}
+
+/* ---- wgmma helpers (sm_90a) ---------------------------------------------------------------------- */
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* generic-proxy writes (cp.async) -> visible to the async proxy (wgmma operand reads) */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* pins accumulator registers at this point of the instruction stream (no use moves above a wgmma wait) */
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+/* shared-memory matrix descriptor: start address, leading / stride byte offsets, 128-byte swizzle */
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)((lbo & 0x3FFFFu) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+
+/* byte offset of 16-byte chunk `chunk` of row `row` in a (ROWS, HD) bf16 tile in wgmma's 128-byte-swizzle layout:
+ * 64-column blocks of ROWS x 128 B one after the other, chunks XOR row & 7 inside a block (block bases 1 KB aligned) */
+template <int ROWS> __device__ __forceinline__ uint32_t sw128(int row, int chunk) {
+    return (uint32_t)((chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+/* d (64 x 64 f32, this warpgroup) += A (64 x 16, smem desc, K-major) * B (16 x 64, smem desc, K-major) */
+__device__ __forceinline__ void wgmma_64x64_ss(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db));
+}
+
+/* d (64 x 64 f32) += A (64 x 16 bf16, registers, mma.sync A layout per warp) * B (16 x 64, smem desc, N-major) */
+__device__ __forceinline__ void wgmma_64x64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+/* d (64 x 128 f32) += A (64 x 16 bf16, registers, mma.sync A layout per warp) * B (16 x 128, smem desc, N-major) */
+__device__ __forceinline__ void wgmma_64x128_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+/* ---- v3: wgmma (opt-in, TM_CUDA_ATTN_PREFILL_V=3) -------------------------------------------------- */
+
+/* The v2 pipeline (tiles, block-table gather, 3-stage cp.async ring, softmax) with warpgroup MMAs: 2 warpgroups
+ * of 64 rows; S = Q K^T by wgmma m64n64k16 with Q and K read by descriptor from 128-byte-swizzled shared memory,
+ * O += P V by wgmma m64nHDk16 with P from registers and V read N-major (transposed) by descriptor. Each product
+ * is waited for before its result is used (no intra-warpgroup overlap yet: the two warpgroups overlap each other).
+ * grid / block / tile mapping as v2; dynamic smem (BM + 2 * STAGES * BN) * HD * 2 + 1024 (1 KB alignment). */
+template <int HD, int STAGES, int MINB>
+__global__ void __launch_bounds__(256, MINB) attn_prefill_kernel_v3(const tm_cuda_attn_args a, const prefill_geom g) {
+    constexpr int NT = 256, BM = 128, BN = 64;
+    constexpr int CPR = HD / 8, RPP = NT / CPR, KV_ROWS = BN / RPP, Q_ROWS = BM / RPP;
+    constexpr int TILE = BN * HD * 2;
+    static_assert(HD == 64 || HD == 128, "v3 head_dim");
+
+    extern __shared__ uint8_t v3_smem[];
+    const uint32_t sQ = (smem_u32(v3_smem) + 1023u) & ~1023u; /* (HD/64, BM, 64) bf16, swizzled */
+    const uint32_t sK = sQ + BM * HD * 2;                      /* (STAGES, HD/64, BN, 64) */
+    const uint32_t sV = sK + STAGES * TILE;                    /* (STAGES, HD/64, BN, 64) */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int32_t per_slot = a.n_kv_heads * g.n_hc;
+    const int32_t slot = (int32_t)(blockIdx.x / (uint32_t)per_slot), hu = (int32_t)(blockIdx.x % (uint32_t)per_slot);
+    const int32_t kvh = hu / g.n_hc, hc = hu % g.n_hc;
+    int32_t s, ti;
+    if (!find_tile<NT>(a.query_start, a.n_seqs, g.tq, slot, &s, &ti)) return;
+
+    const int32_t q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
+    const int32_t base = a.context_len[s] - ql;
+    const int32_t t1 = ql - ti * g.tq, t0 = max(t1 - g.tq, 0);
+    __shared__ int32_t s_epi3[2];
+    if (tid == 0) {
+        s_epi3[0] = q0 + t0;
+        s_epi3[1] = t1 - t0;
+    }
+    const int32_t kv_end = base + t1;
+    const int32_t n_kt = (kv_end + BN - 1) / BN;
+    const int32_t n_full = (base + t0 + 1) / BN;
+    const int32_t *bt = a.block_table + (size_t)s * (size_t)a.max_blocks;
+    const size_t ld = (size_t)a.n_heads * HD;
+    const size_t head0 = (size_t)kvh * (size_t)g.group + (size_t)hc * (size_t)g.gh;
+    const int32_t heads_here = min(g.gh, g.group - hc * g.gh);
+
+#pragma unroll
+    for (int p = 0; p < Q_ROWS; p++) {
+        const int r = tid / CPR + p * RPP, c = tid % CPR;
+        const int32_t tl = r / g.gh, hl = r % g.gh;
+        const bool ok = tl < g.tq && t0 + tl < t1 && hl < heads_here;
+        const uint16_t *src = ok ? a.q + (size_t)(q0 + t0 + tl) * ld + (head0 + (size_t)hl) * HD + c * 8 : a.q;
+        cp_async16(sQ + sw128<BM>(r, c), src, ok);
+    }
+
+    const int cchunk = tid % CPR, crow = tid / CPR;
+    const int32_t bsl = g.bs_log2, bmask = (1 << g.bs_log2) - 1;
+    const size_t blk_stride = ((size_t)a.n_kv_heads << bsl) * HD;
+    const size_t kv_head_off = ((size_t)kvh << bsl) * HD + (size_t)cchunk * 8;
+    const uint16_t *const kc = a.k_cache + kv_head_off, *const vc = a.v_cache + kv_head_off;
+    auto fetch_ids = [&](int32_t j, int32_t (&ids)[KV_ROWS]) {
+        const int32_t k0 = (n_kt - 1 - j) * BN;
+#pragma unroll
+        for (int p = 0; p < KV_ROWS; p++) {
+            const int32_t key = k0 + crow + p * RPP;
+            ids[p] = (j < n_kt && key < kv_end) ? __ldg(bt + (key >> bsl)) : -1;
+        }
+    };
+    auto issue = [&](int32_t j, const int32_t (&ids)[KV_ROWS]) {
+        if (j < n_kt) {
+            const int32_t k0 = (n_kt - 1 - j) * BN;
+            const uint32_t st = (uint32_t)(j % STAGES) * TILE;
+#pragma unroll
+            for (int p = 0; p < KV_ROWS; p++) {
+                const int row = crow + p * RPP;
+                const int32_t key = k0 + row;
+                const bool ok = ids[p] >= 0;
+                const size_t off = ok ? (size_t)ids[p] * blk_stride + ((size_t)(key & bmask) * HD) : 0;
+                cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
+                cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
+            }
+        }
+        cp_async_commit();
+    };
+
+    int32_t ids[KV_ROWS];
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; j++) {
+        fetch_ids(j, ids);
+        issue(j, ids);
+    }
+    fetch_ids(STAGES - 1, ids);
+
+    int32_t lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = warp * 16 + (lane >> 2) + h * 8; /* = wg * 64 + 16 * (warp % 4) + ...: wgmma's row */
+        const int32_t tl = r / g.gh;
+        lim[h] = (tl < g.tq && t0 + tl < t1) ? base + t0 + tl : kv_end - 1;
+    }
+
+    const float sl2 = a.scale * 1.4426950408889634f;
+    float o[HD / 2]; /* (HD/8 n-tiles) x 4, mma.sync C layout per warp */
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    const uint32_t qrows = sQ + (uint32_t)wg * 64 * 128; /* this warpgroup's 64 rows in every 64-column block */
+
+    for (int32_t j = 0; j < n_kt; j++) {
+        cp_async_wait<STAGES - 2>();
+        fence_proxy_async();
+        __syncthreads();
+        issue(j + STAGES - 1, ids);
+        fetch_ids(j + STAGES, ids);
+
+        const int32_t kt = n_kt - 1 - j;
+        const uint32_t kS = sK + (uint32_t)(j % STAGES) * TILE, vS = sV + (uint32_t)(j % STAGES) * TILE;
+
+        float sc[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) sc[i] = 0.0f;
+        fence_regs(sc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_64x64_ss(sc, gmma_desc(qrows + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                           gmma_desc(kS + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024));
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs(sc);
+
+        if (kt >= n_full) {
+            const int32_t kb = kt * BN + (lane & 3) * 2;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int32_t key = kb + n * 8 + e;
+                    if (key > lim[0]) sc[4 * n + e] = -INFINITY;
+                    if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(mrow[h], mx * sl2);
+            const float mu = mn == -INFINITY ? 0.0f : mn;
+            const float alpha = ex2(mrow[h] - mu);
+            mrow[h] = mn;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+                sc[4 * n + 2 * h] = ex2(fmaf(sc[4 * n + 2 * h], sl2, -mu));
+                sc[4 * n + 2 * h + 1] = ex2(fmaf(sc[4 * n + 2 * h + 1], sl2, -mu));
+                sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
+            }
+            lrow[h] = lrow[h] * alpha + sum;
+#pragma unroll
+            for (int d = 0; d < HD / 8; d++) {
+                o[4 * d + 2 * h] *= alpha;
+                o[4 * d + 2 * h + 1] *= alpha;
+            }
+        }
+
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            pa[ks][0] = pack_bf16(sc[8 * ks + 0], sc[8 * ks + 1]);
+            pa[ks][1] = pack_bf16(sc[8 * ks + 2], sc[8 * ks + 3]);
+            pa[ks][2] = pack_bf16(sc[8 * ks + 4], sc[8 * ks + 5]);
+            pa[ks][3] = pack_bf16(sc[8 * ks + 6], sc[8 * ks + 7]);
+        }
+        fence_regs(o);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            const uint64_t dv = gmma_desc(vS + ks * 16 * 128, BN * 128, 1024);
+            if constexpr (HD == 128) wgmma_64x128_rs(o, pa[ks], dv);
+            else wgmma_64x64_rs(o, pa[ks], dv);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs(o);
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* the Q tile is shared by both warpgroups' operand blocks: all products done before reuse */
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float l = lrow[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int r = warp * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            const uint32_t v = pack_bf16(o[4 * d + 2 * h] * inv, o[4 * d + 2 * h + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz<HD>(r, d) + (lane & 3) * 4), "r"(v));
+        }
+    }
+    __syncwarp();
+    const int32_t row0 = s_epi3[0], n_rows_tok = s_epi3[1];
+    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
+    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
+    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
+                           (size_t)e_hc * (size_t)g.gh;
+#pragma unroll
+    for (int it = 0; it < 16 * CPR / 32; it++) {
+        const int i = lane + it * 32;
+        const int r = warp * 16 + i / CPR, c = i % CPR;
+        const int32_t tl = r / g.gh, hl = r % g.gh;
+        if (tl < n_rows_tok && hl < e_heads) {
+            uint32_t w0, w1, w2, w3;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                         : "r"(sQ + swz<HD>(r, c)));
+            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                         : "memory");
+        }
+    }
+}
+
+/* ---- launchers ------------------------------------------------------------------------------------ */
+
+cudaError_t launch_v1(const tm_cuda_attn_args *a, cudaStream_t stream) {
+    const int32_t max_q = a->max_query_len > 0 ? min(a->max_query_len, a->n_tokens) : a->n_tokens;
+    const int32_t n_qt = (max_q + V1_TQ - 1) / V1_TQ;
+    const int64_t gx = (int64_t)n_qt * a->n_seqs;
+    if (gx > INT32_MAX || a->n_heads > 65535) return cudaErrorInvalidValue;
+    const size_t smem = v1_smem_bytes(a->head_dim);
+    cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel_v1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    attn_prefill_kernel_v1<<<dim3((unsigned)gx, (unsigned)a->n_heads), V1_NW * 32, smem, stream>>>(*a, n_qt);
+    return cudaGetLastError();
+}
+
+template <int HD, int BN, int NW, int STAGES, int MINB, bool QREG>
+cudaError_t launch_v2(const tm_cuda_attn_args *a, cudaStream_t stream) {
+    constexpr int BM = NW * 16;
+    prefill_geom g;
+    g.group = a->n_heads / a->n_kv_heads;
+    g.gh = g.group < BM ? g.group : BM;
+    g.n_hc = (g.group + g.gh - 1) / g.gh;
+    g.tq = BM / g.gh;
+    g.bs_log2 = 0;
+    while ((1 << g.bs_log2) < a->block_size) g.bs_log2++;
+    /* tile slots: an upper bound on sum over sequences of ceil(q_len / tq) */
+    int64_t slots = ((int64_t)a->n_tokens + g.tq - 1) / g.tq + a->n_seqs;
+    if (slots > a->n_tokens) slots = a->n_tokens;
+    if (a->max_query_len > 0) {
+        const int64_t by_max = (int64_t)a->n_seqs * ((a->max_query_len + g.tq - 1) / g.tq);
+        if (by_max < slots) slots = by_max;
+    }
+    const int64_t grid = slots * a->n_kv_heads * g.n_hc;
+    if (grid > INT32_MAX) return cudaErrorInvalidValue;
+    if (grid == 0) return cudaSuccess;
+    const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2;
+    auto kern = attn_prefill_kernel_v2<HD, BN, NW, STAGES, MINB, QREG>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    kern<<<(unsigned)grid, NW * 32, smem, stream>>>(*a, g);
+    return cudaGetLastError();
+}
+
+template <int HD>
+cudaError_t launch_v3(const tm_cuda_attn_args *a, cudaStream_t stream) {
+    constexpr int BM = 128, BN = 64, STAGES = 3;
+    prefill_geom g;
+    g.group = a->n_heads / a->n_kv_heads;
+    g.gh = g.group < BM ? g.group : BM;
+    g.n_hc = (g.group + g.gh - 1) / g.gh;
+    g.tq = BM / g.gh;
+    g.bs_log2 = 0;
+    while ((1 << g.bs_log2) < a->block_size) g.bs_log2++;
+    int64_t slots = ((int64_t)a->n_tokens + g.tq - 1) / g.tq + a->n_seqs;
+    if (slots > a->n_tokens) slots = a->n_tokens;
+    if (a->max_query_len > 0) {
+        const int64_t by_max = (int64_t)a->n_seqs * ((a->max_query_len + g.tq - 1) / g.tq);
+        if (by_max < slots) slots = by_max;
+    }
+    const int64_t grid = slots * a->n_kv_heads * g.n_hc;
+    if (grid > INT32_MAX) return cudaErrorInvalidValue;
+    if (grid == 0) return cudaSuccess;
+    const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024;
+    auto kern = attn_prefill_kernel_v3<HD, STAGES, HD == 64 ? 2 : 1>; /* hd 64: two CTAs per SM */
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    kern<<<(unsigned)grid, 256, smem, stream>>>(*a, g);
+    return cudaGetLastError();
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+} /* namespace */
+
+extern "C" size_t tm_cuda_attn_prefill_work_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_dim) {
+    (void)n_tokens;
+    (void)n_heads;
+    (void)head_dim;
+    return 0;
+}
+
+extern "C" cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStream_t stream) {
+    if (!a || a->n_tokens < 0 || a->n_seqs < 0) return cudaErrorInvalidValue;
+    if (a->n_tokens == 0 || a->n_seqs == 0) return cudaSuccess;
+    if (a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads != 0 || a->head_dim <= 0 ||
+        a->head_dim > 32 * V1_MAXC || a->block_size <= 0 || a->max_blocks <= 0 || !a->query_start ||
+        !a->context_len || !a->block_table || !a->q || !a->k_cache || !a->v_cache || !a->out)
+        return cudaErrorInvalidValue;
+    const char *v = getenv("TM_CUDA_ATTN_PREFILL_V");
+    const bool simple = v && strcmp(v, "1") == 0, wgmma = v && strcmp(v, "3") == 0;
+    const bool fast = !simple && aligned16(a->q) && aligned16(a->k_cache) && aligned16(a->v_cache) &&
+                      aligned16(a->out) && (a->block_size & (a->block_size - 1)) == 0 && a->block_size <= (1 << 20);
+    if (fast && wgmma && a->head_dim == 128) return launch_v3<128>(a, stream);
+    if (fast && wgmma && a->head_dim == 64) return launch_v3<64>(a, stream);
+    if (fast && a->head_dim == 128) return launch_v2<128, 64, 8, 3, 1, true>(a, stream);
+    if (fast && a->head_dim == 64) return launch_v2<64, 64, 8, 3, 2, false>(a, stream);
+    return launch_v1(a, stream);
+}

@@ -1,0 +1,164 @@
+/* tm_cuda_dequant.cu -- weight dequantization to bf16, embedding lookup (rows by id to f32), supported weight types. */
+#include "backend/cuda/tm_cuda_kernels.h"
+#include "backend/cuda/tm_cuda_dequant.cuh"
+
+#include <stdlib.h>
+
+/* Both kernels are memory streams. v2 gives each thread one unit of a row (8 to 32 elements, see
+ * tm_cuda_dequant.cuh): its loads, then per run of 8 elements one 16-byte store of 8 bf16 (dequant) or two of
+ * 4 f32 (embed). Values round exactly like tm_dequant_row (no fused multiply-add), so the results are
+ * bit-identical to the CPU. v1 decodes element by element with byte loads (any alignment, any cols);
+ * TM_CUDA_DEQUANT_V=1 forces it. */
+
+namespace {
+
+constexpr int kThreads = 256;
+
+bool env_is_1(const char *name) {
+    const char *s = getenv(name);
+    return s && s[0] == '1' && s[1] == '\0';
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+
+/* ---- dequant to bf16 -------------------------------------------------------------------------------------------- */
+
+/* out (rows, cols) bf16, one element per thread (grid-stride) */
+__global__ void dequant_bf16_kernel_v1(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t cols,
+                                       int64_t row_bytes, uint16_t *__restrict__ out) {
+    const int64_t total = rows * cols;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i % cols;
+        out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(tmq::deq_elem(type, w + r * row_bytes, c)));
+    }
+}
+
+/* out (rows, cols) bf16, one unit per thread (grid-stride over rows * units) */
+template <class T>
+__global__ void __launch_bounds__(kThreads) dequant_bf16_kernel_v2(const uint8_t *__restrict__ w, int64_t rows,
+                                                                   int cols, int64_t row_bytes,
+                                                                   uint16_t *__restrict__ out) {
+    const int nu = T::units(cols);
+    const int64_t total = rows * nu;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / nu;
+        const int u = (int)(i - r * nu);
+        typename T::Raw raw;
+        T::load(w + r * row_bytes, u, raw);
+        uint16_t *o = out + r * cols;
+#pragma unroll
+        for (int k = 0; k < T::RUNS; k++) {
+            float v[8];
+            T::vals(raw, k, v);
+            *(uint4 *)(o + T::xoff(u, k)) = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                                       pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+        }
+    }
+}
+
+/* ---- embedding ------------------------------------------------------------------------------------------------- */
+
+/* x (n, cols) f32 = table[ids[i], :]; one block per token, one element per thread-iteration */
+__global__ void embed_kernel_v1(const uint8_t *__restrict__ table, int32_t type, int64_t cols, int64_t row_bytes,
+                                const int32_t *__restrict__ ids, float *__restrict__ x) {
+    const int64_t i = blockIdx.x;
+    const uint8_t *row = table + (int64_t)ids[i] * row_bytes;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) x[i * cols + c] = tmq::deq_elem(type, row, c);
+}
+
+/* one block per token, one unit per thread-iteration */
+template <class T>
+__global__ void __launch_bounds__(kThreads) embed_kernel_v2(const uint8_t *__restrict__ table, int cols,
+                                                            int64_t row_bytes, const int32_t *__restrict__ ids,
+                                                            float *__restrict__ x) {
+    const int64_t i = blockIdx.x;
+    const uint8_t *row = table + (int64_t)ids[i] * row_bytes;
+    float *o = x + i * cols;
+    const int nu = T::units(cols);
+    for (int u = threadIdx.x; u < nu; u += blockDim.x) {
+        typename T::Raw raw;
+        T::load(row, u, raw);
+#pragma unroll
+        for (int k = 0; k < T::RUNS; k++) {
+            float v[8];
+            T::vals(raw, k, v);
+            float4 *p = (float4 *)(o + T::xoff(u, k));
+            p[0] = make_float4(v[0], v[1], v[2], v[3]);
+            p[1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+    }
+}
+
+/* true when the unit kernels may read w (ALIGN-aligned base, cols a multiple of 8 for float types) */
+bool fast_ok(int32_t type, const void *w, int64_t cols) {
+    tmq::info ti;
+    if (!tmq::type_info(type, &ti)) return false;
+    int align = 0;
+    switch (type) {
+#define TMQ_ALIGN(T) align = T::ALIGN
+        TMQ_TYPE_CASES(type, TMQ_ALIGN)
+#undef TMQ_ALIGN
+    default: return false;
+    }
+    return ((uintptr_t)w % (uintptr_t)align) == 0 && cols % 8 == 0 && cols <= INT32_MAX;
+}
+
+unsigned grid_for(int64_t work) {
+    int64_t g = (work + kThreads - 1) / kThreads;
+    if (g < 1) g = 1;
+    if (g > 65535 * 64) g = 65535 * 64; /* grid-stride over the rest */
+    return (unsigned)g;
+}
+
+} /* namespace */
+
+extern "C" bool tm_cuda_weight_type_supported(int32_t type) {
+    tmq::info ti;
+    return tmq::type_info(type, &ti);
+}
+
+extern "C" cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t rows, int64_t cols, uint16_t *out,
+                                            cudaStream_t stream) {
+    tmq::info ti;
+    if (!w || !out || rows < 0 || cols <= 0 || !tmq::type_info(type, &ti) || cols % ti.qk) return cudaErrorInvalidValue;
+    if (rows == 0) return cudaSuccess;
+    const int64_t row_bytes = cols / ti.qk * ti.bytes;
+    const uint8_t *wb = (const uint8_t *)w;
+    if (env_is_1("TM_CUDA_DEQUANT_V") || !fast_ok(type, w, cols) || ((uintptr_t)out & 15u)) {
+        dequant_bf16_kernel_v1<<<grid_for(rows * cols), kThreads, 0, stream>>>(wb, type, rows, cols, row_bytes, out);
+        return cudaGetLastError();
+    }
+    switch (type) {
+#define TMQ_LAUNCH(T)                                                                                              \
+    dequant_bf16_kernel_v2<T>                                                                                      \
+        <<<grid_for(rows * (cols / (int64_t)(T::RUNS * 8))), kThreads, 0, stream>>>(wb, rows, (int)cols, row_bytes, out)
+        TMQ_TYPE_CASES(type, TMQ_LAUNCH)
+#undef TMQ_LAUNCH
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t cols, const int32_t *ids, int32_t n,
+                                     float *x, cudaStream_t stream) {
+    tmq::info ti;
+    if (!table || !ids || !x || n < 0 || cols <= 0 || !tmq::type_info(type, &ti) || cols % ti.qk)
+        return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    const int64_t row_bytes = cols / ti.qk * ti.bytes;
+    const uint8_t *tb = (const uint8_t *)table;
+    if (env_is_1("TM_CUDA_DEQUANT_V") || !fast_ok(type, table, cols) || ((uintptr_t)x & 15u)) {
+        embed_kernel_v1<<<n, kThreads, 0, stream>>>(tb, type, cols, row_bytes, ids, x);
+        return cudaGetLastError();
+    }
+    switch (type) {
+#define TMQ_LAUNCH(T) embed_kernel_v2<T><<<n, kThreads, 0, stream>>>(tb, (int)cols, row_bytes, ids, x)
+        TMQ_TYPE_CASES(type, TMQ_LAUNCH)
+#undef TMQ_LAUNCH
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}

@@ -1,0 +1,207 @@
+/* tm_cuda_rope.cu -- RoPE on q and k fused with the write of k and v into their paged-cache slots. */
+#include "backend/cuda/tm_cuda_kernels.h"
+
+#include <cuda_bf16.h>
+#include <stdlib.h>
+
+/* Semantics (as cpu_rope_kv_write / tm_cpu_rope_head): per token i, angle_j = (float)positions[i] * inv_freq[j]
+ * in f32 and (cos, sin) of that angle, rounded to f32 as an exact sincosf would (see load_angles); the pair
+ * (a, b) = (x[2j], x[2j+1]) (llama) or (x[j], x[j + rope_dim/2]) (neox) becomes (a c - b s, a s + b c) in f32,
+ * rounded to bf16 once; dims >= rope_dim pass through. q is rotated in place; rotated k and v go to cache slot
+ * slot_mapping[i] = block * block_size + offset at ((block * n_kv_heads + h) * block_size + offset) * head_dim.
+ * A negative slot (a padding token) writes nothing to the cache (q is still rotated).
+ *
+ * One block per token: the block first puts the token's rope_dim/2 (cos, sin) pairs in shared memory (one
+ * sincosf per pair, shared by all heads), then its threads walk the token's work items.
+ * v2 (fast): work items of 8 elements moved as 16-byte vectors: per head, rope_dim/8 (llama: 4 adjacent pairs)
+ * or rope_dim/16 (neox: 8 pairs = two 16-byte halves) rotation items, then (head_dim - rope_dim)/8 pass-through
+ * items (nothing to do for q); v is copied in 16-byte items. Needs head_dim % 8 == 0, rope_dim % 8 == 0
+ * (% 16 for neox) and 16-byte aligned q, k, v and caches.
+ * v1 (simple): one thread per pair / element, any shape. TM_CUDA_ROPE_V=1 forces it. */
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ uint16_t to_bf(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+
+__device__ __forceinline__ void unpack_bf16x8(uint4 u, float f[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return (uint32_t)__bfloat16_as_ushort(h.x) | ((uint32_t)__bfloat16_as_ushort(h.y) << 16);
+}
+
+__device__ __forceinline__ uint4 pack_bf16x8(const float f[8]) {
+    return make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                      pack_bf16x2(f[6], f[7]));
+}
+
+/* cs[j] = (cos, sin) of the f32 angle positions[tok] * inv_freq[j], j < half; ends with a barrier. The cos and
+ * sin of that f32 angle are evaluated in double as sincospi(angle / pi): angle / pi is off by ~1e-16 relative,
+ * ~4e-10 absolute at angle 2^20, and sincospi needs no large-argument reduction (sincosf's Payne-Hanek path
+ * would put a local-memory array in the kernel), so the rounded floats are those of an exact sincosf. */
+__device__ __forceinline__ void load_angles(const int32_t *positions, const float *inv_freq, int half, int tok,
+                                            float2 *cs) {
+    const float pos = (float)positions[tok];
+    for (int j = (int)threadIdx.x; j < half; j += kThreads) {
+        const float th = __fmul_rn(pos, inv_freq[j]);
+        double s, c;
+        sincospi((double)th * 0.318309886183790671537767526745, &s, &c);
+        cs[j] = make_float2((float)c, (float)s);
+    }
+    __syncthreads();
+}
+
+/* cache element (kv head h, dim 0) of slot; slot >= 0 */
+__device__ __forceinline__ size_t cache_base(int64_t slot, int h, int n_kv_heads, int block_size, int head_dim) {
+    const int64_t blk = slot / block_size, off = slot % block_size;
+    return (((size_t)blk * (size_t)n_kv_heads + (size_t)h) * (size_t)block_size + (size_t)off) * (size_t)head_dim;
+}
+
+/* ---- v1: simple ---- */
+
+__global__ void __launch_bounds__(kThreads) rope_kv_kernel_v1(tm_cuda_rope_args a) {
+    extern __shared__ float2 cs[]; /* (rope_dim / 2) */
+    const int tok = (int)blockIdx.x, hd = a.head_dim, half = a.rope_dim / 2;
+    load_angles(a.positions, a.inv_freq, half, tok, cs);
+    uint16_t *q = a.q + (size_t)tok * (size_t)a.n_heads * (size_t)hd;
+    const uint16_t *k = a.k + (size_t)tok * (size_t)a.n_kv_heads * (size_t)hd;
+    const uint16_t *v = a.v + (size_t)tok * (size_t)a.n_kv_heads * (size_t)hd;
+    /* q pairs, in place */
+    for (int e = (int)threadIdx.x; e < a.n_heads * half; e += kThreads) {
+        const int h = e / half, j = e % half;
+        const int ia = a.neox ? j : 2 * j, ib = a.neox ? j + half : 2 * j + 1;
+        uint16_t *p = q + (size_t)h * hd;
+        const float x0 = bf(p[ia]), x1 = bf(p[ib]), c = cs[j].x, s = cs[j].y;
+        p[ia] = to_bf(x0 * c - x1 * s);
+        p[ib] = to_bf(x0 * s + x1 * c);
+    }
+    const int64_t slot = a.slot_mapping[tok];
+    if (slot < 0) return;
+    /* k pairs -> cache */
+    for (int e = (int)threadIdx.x; e < a.n_kv_heads * half; e += kThreads) {
+        const int h = e / half, j = e % half;
+        const int ia = a.neox ? j : 2 * j, ib = a.neox ? j + half : 2 * j + 1;
+        const uint16_t *p = k + (size_t)h * hd;
+        uint16_t *o = a.k_cache + cache_base(slot, h, a.n_kv_heads, a.block_size, hd);
+        const float x0 = bf(p[ia]), x1 = bf(p[ib]), c = cs[j].x, s = cs[j].y;
+        o[ia] = to_bf(x0 * c - x1 * s);
+        o[ib] = to_bf(x0 * s + x1 * c);
+    }
+    /* k pass-through dims -> cache */
+    const int rest = hd - a.rope_dim;
+    for (int e = (int)threadIdx.x; e < a.n_kv_heads * rest; e += kThreads) {
+        const int h = e / rest, d = a.rope_dim + e % rest;
+        a.k_cache[cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d] = k[(size_t)h * hd + d];
+    }
+    /* v -> cache */
+    for (int e = (int)threadIdx.x; e < a.n_kv_heads * hd; e += kThreads) {
+        const int h = e / hd, d = e % hd;
+        a.v_cache[cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d] = v[(size_t)h * hd + d];
+    }
+}
+
+/* ---- v2: 16-byte items ---- */
+
+/* rotate the 8-element item at src + d0 (llama: 4 adjacent pairs starting at pair d0 / 2) into dst + d0 */
+__device__ __forceinline__ void rot_llama(const uint16_t *src, uint16_t *dst, int d0, const float2 *cs) {
+    float x[8], y[8];
+    unpack_bf16x8(*reinterpret_cast<const uint4 *>(src + d0), x);
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const float2 t = cs[d0 / 2 + p];
+        y[2 * p] = x[2 * p] * t.x - x[2 * p + 1] * t.y;
+        y[2 * p + 1] = x[2 * p] * t.y + x[2 * p + 1] * t.x;
+    }
+    *reinterpret_cast<uint4 *>(dst + d0) = pack_bf16x8(y);
+}
+
+/* rotate pairs j0..j0+7 (neox: x[j] with x[j + half]) of src into dst */
+__device__ __forceinline__ void rot_neox(const uint16_t *src, uint16_t *dst, int j0, int half, const float2 *cs) {
+    float x0[8], x1[8], y0[8], y1[8];
+    unpack_bf16x8(*reinterpret_cast<const uint4 *>(src + j0), x0);
+    unpack_bf16x8(*reinterpret_cast<const uint4 *>(src + half + j0), x1);
+#pragma unroll
+    for (int p = 0; p < 8; p++) {
+        const float2 t = cs[j0 + p];
+        y0[p] = x0[p] * t.x - x1[p] * t.y;
+        y1[p] = x0[p] * t.y + x1[p] * t.x;
+    }
+    *reinterpret_cast<uint4 *>(dst + j0) = pack_bf16x8(y0);
+    *reinterpret_cast<uint4 *>(dst + half + j0) = pack_bf16x8(y1);
+}
+
+__global__ void __launch_bounds__(kThreads) rope_kv_kernel_v2(tm_cuda_rope_args a) {
+    extern __shared__ float2 cs[]; /* (rope_dim / 2) */
+    const int tok = (int)blockIdx.x, hd = a.head_dim, half = a.rope_dim / 2;
+    load_angles(a.positions, a.inv_freq, half, tok, cs);
+    const int n_rot = a.neox ? half / 8 : a.rope_dim / 8; /* rotation items per head */
+    const int n_pass = (hd - a.rope_dim) / 8;               /* pass-through items per head */
+    const int per_head = n_rot + n_pass, hd8 = hd / 8;
+    uint16_t *q = a.q + (size_t)tok * (size_t)a.n_heads * (size_t)hd;
+    const uint16_t *k = a.k + (size_t)tok * (size_t)a.n_kv_heads * (size_t)hd;
+    const uint16_t *v = a.v + (size_t)tok * (size_t)a.n_kv_heads * (size_t)hd;
+    const int64_t slot = a.slot_mapping[tok];
+    const int n_q = a.n_heads * n_rot;                               /* q items: rotations only */
+    const int n_k = slot >= 0 ? a.n_kv_heads * per_head : 0;         /* k items */
+    const int n_v = slot >= 0 ? a.n_kv_heads * hd8 : 0;              /* v items */
+    for (int e = (int)threadIdx.x; e < n_q + n_k + n_v; e += kThreads) {
+        if (e < n_q) {
+            const int h = e / n_rot, u = e % n_rot;
+            uint16_t *p = q + (size_t)h * hd;
+            if (a.neox)
+                rot_neox(p, p, 8 * u, half, cs);
+            else
+                rot_llama(p, p, 8 * u, cs);
+        } else if (e < n_q + n_k) {
+            const int f = e - n_q, h = f / per_head, u = f % per_head;
+            const uint16_t *p = k + (size_t)h * hd;
+            uint16_t *o = a.k_cache + cache_base(slot, h, a.n_kv_heads, a.block_size, hd);
+            if (u >= n_rot) {
+                const int d0 = a.rope_dim + 8 * (u - n_rot);
+                *reinterpret_cast<uint4 *>(o + d0) = *reinterpret_cast<const uint4 *>(p + d0);
+            } else if (a.neox) {
+                rot_neox(p, o, 8 * u, half, cs);
+            } else {
+                rot_llama(p, o, 8 * u, cs);
+            }
+        } else {
+            const int f = e - n_q - n_k, h = f / hd8, d0 = 8 * (f % hd8);
+            *reinterpret_cast<uint4 *>(a.v_cache + cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d0) =
+                *reinterpret_cast<const uint4 *>(v + (size_t)h * hd + d0);
+        }
+    }
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+} // namespace
+
+extern "C" cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStream_t stream) {
+    if (!a || a->n_tokens < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->head_dim <= 0 || a->rope_dim < 0 ||
+        a->rope_dim % 2 || a->rope_dim > a->head_dim || a->block_size <= 0 || !a->positions || !a->slot_mapping ||
+        !a->q || !a->k || !a->v || !a->k_cache || !a->v_cache || (a->rope_dim > 0 && !a->inv_freq))
+        return cudaErrorInvalidValue;
+    if (a->n_tokens == 0) return cudaSuccess;
+    const size_t smem = (size_t)(a->rope_dim / 2) * sizeof(float2);
+    if (smem > 48 * 1024) return cudaErrorInvalidValue;
+    const char *env = getenv("TM_CUDA_ROPE_V");
+    const bool v1 = env && env[0] == '1' && env[1] == '\0';
+    const bool vec = a->head_dim % 8 == 0 && a->rope_dim % (a->neox ? 16 : 8) == 0 && aligned16(a->q) &&
+                     aligned16(a->k) && aligned16(a->v) && aligned16(a->k_cache) && aligned16(a->v_cache);
+    if (vec && !v1)
+        rope_kv_kernel_v2<<<(unsigned)a->n_tokens, kThreads, smem, stream>>>(*a);
+    else
+        rope_kv_kernel_v1<<<(unsigned)a->n_tokens, kThreads, smem, stream>>>(*a);
+    return cudaGetLastError();
+}

@@ -1,0 +1,382 @@
+/* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, opt-in v3) against a double reference, and timings. */
+#include "backend/cuda/tm_cuda_kernels.h"
+#include "tb_common.h"
+
+/* One ragged batch over a paged cache: per sequence (query length, context length), optionally sharing its first
+ * blocks with an earlier sequence (a cached prefix). Cache slots that no sequence owns hold NaN, so a kernel that
+ * reads past a sequence's context (or through an unused block-table entry) fails. */
+#define TB_MAX_SEQS 80
+
+typedef struct tb_seq {
+    int32_t q_len, ctx;
+    int32_t share_with, share_blocks; /* first share_blocks blocks are those of sequence share_with (-1: none) */
+} tb_seq;
+
+typedef struct tb_shape {
+    const char *name;
+    int32_t n_heads, n_kv_heads, head_dim, block_size;
+    int32_t n_seqs;
+    tb_seq seqs[TB_MAX_SEQS];
+} tb_shape;
+
+typedef struct tb_prob {
+    const tb_shape *sh;
+    int32_t n_tokens, n_blocks, max_blocks, max_q, max_ctx;
+    int32_t *seq_index;   /* (n_tokens) host */
+    int32_t *query_start; /* (n_seqs + 1) */
+    int32_t *context_len; /* (n_seqs) */
+    int32_t *block_table; /* (n_seqs, max_blocks), unused entries -1 */
+    float *qf;            /* (n_tokens, n_heads * hd) exact bf16 values */
+    float *kf, *vf;       /* (n_blocks, n_kv_heads, block_size, hd) exact bf16 values (NaN where unowned) */
+    uint16_t *out_h;      /* (n_tokens, n_heads * hd) */
+    tm_cuda_attn_args a;  /* device pointers */
+    double flops, bytes;
+} tb_prob;
+
+static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+/* like tb_fill_bf16 with unit-variance uniform values: the large timed shapes need ~10^8 of them */
+static void fill_bf16_u(uint16_t *h, float *ref, size_t n, float scale) {
+    const float k = 1.7320508f * scale;
+    for (size_t i = 0; i < n; i++) {
+        h[i] = tb_f32_to_bf16(k * tb_uniform());
+        if (ref) ref[i] = tb_bf16_to_f32(h[i]);
+    }
+}
+
+static void prob_make(tb_prob *p, const tb_shape *sh) {
+    memset(p, 0, sizeof *p);
+    p->sh = sh;
+    const int32_t ns = sh->n_seqs, hd = sh->head_dim, bs = sh->block_size, nkv = sh->n_kv_heads;
+    p->query_start = calloc((size_t)ns + 1, sizeof(int32_t));
+    p->context_len = calloc((size_t)ns, sizeof(int32_t));
+    int32_t own_blocks = 0;
+    for (int32_t s = 0; s < ns; s++) {
+        const tb_seq *q = &sh->seqs[s];
+        if (q->q_len < 1 || q->ctx < q->q_len) {
+            fprintf(stderr, "bad shape %s seq %d\n", sh->name, s);
+            exit(2);
+        }
+        p->query_start[s + 1] = p->query_start[s] + q->q_len;
+        p->context_len[s] = q->ctx;
+        if (q->q_len > p->max_q) p->max_q = q->q_len;
+        if (q->ctx > p->max_ctx) p->max_ctx = q->ctx;
+        int32_t nb = cdiv(q->ctx, bs);
+        if (nb > p->max_blocks) p->max_blocks = nb;
+        own_blocks += nb - (q->share_with >= 0 ? q->share_blocks : 0);
+    }
+    p->n_tokens = p->query_start[ns];
+    p->max_blocks += 2;                 /* room for unused (-1) entries */
+    p->n_blocks = own_blocks + 5;       /* some blocks nobody owns */
+
+    /* physical block ids in shuffled order */
+    int32_t *perm = malloc((size_t)p->n_blocks * sizeof(int32_t));
+    for (int32_t i = 0; i < p->n_blocks; i++) perm[i] = i;
+    for (int32_t i = p->n_blocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)(tb_rand_u64() % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    p->block_table = malloc((size_t)ns * (size_t)p->max_blocks * sizeof(int32_t));
+    for (size_t i = 0; i < (size_t)ns * (size_t)p->max_blocks; i++) p->block_table[i] = -1;
+    int32_t next = 0;
+    for (int32_t s = 0; s < ns; s++) {
+        const tb_seq *q = &sh->seqs[s];
+        int32_t *row = p->block_table + (size_t)s * (size_t)p->max_blocks;
+        int32_t nb = cdiv(q->ctx, bs), j = 0;
+        if (q->share_with >= 0) {
+            const tb_seq *o = &sh->seqs[q->share_with];
+            if (q->share_with >= s || q->share_blocks * bs > o->ctx || q->share_blocks * bs > q->ctx) {
+                fprintf(stderr, "bad sharing in %s seq %d\n", sh->name, s);
+                exit(2);
+            }
+            for (; j < q->share_blocks; j++) row[j] = p->block_table[(size_t)q->share_with * (size_t)p->max_blocks + (size_t)j];
+        }
+        for (; j < nb; j++) row[j] = perm[next++];
+    }
+
+    /* cache: NaN everywhere, then random values in the slots below some owner's context */
+    const size_t per_block = (size_t)nkv * (size_t)bs * (size_t)hd, cache_n = (size_t)p->n_blocks * per_block;
+    uint16_t *kh = malloc(cache_n * sizeof(uint16_t)), *vh = malloc(cache_n * sizeof(uint16_t));
+    p->kf = malloc(cache_n * sizeof(float));
+    p->vf = malloc(cache_n * sizeof(float));
+    for (size_t i = 0; i < cache_n; i++) {
+        kh[i] = vh[i] = 0x7fc0;
+        p->kf[i] = p->vf[i] = NAN;
+    }
+    for (int32_t s = 0; s < ns; s++) {
+        const tb_seq *q = &sh->seqs[s];
+        const int32_t *row = p->block_table + (size_t)s * (size_t)p->max_blocks;
+        int32_t first = q->share_with >= 0 ? q->share_blocks * bs : 0; /* shared slots were filled by their owner */
+        for (int32_t c = first; c < q->ctx; c++)
+            for (int32_t h = 0; h < nkv; h++) {
+                size_t off = (size_t)row[c / bs] * per_block + ((size_t)h * (size_t)bs + (size_t)(c % bs)) * (size_t)hd;
+                fill_bf16_u(kh + off, p->kf + off, (size_t)hd, 1.5f);
+                fill_bf16_u(vh + off, p->vf + off, (size_t)hd, 1.0f);
+            }
+    }
+
+    const size_t qn = (size_t)p->n_tokens * (size_t)sh->n_heads * (size_t)hd;
+    uint16_t *qh = malloc(qn * sizeof(uint16_t));
+    p->qf = malloc(qn * sizeof(float));
+    fill_bf16_u(qh, p->qf, qn, 1.0f);
+    p->out_h = malloc(qn * sizeof(uint16_t));
+
+    p->seq_index = malloc((size_t)p->n_tokens * sizeof(int32_t));
+    for (int32_t s = 0; s < ns; s++)
+        for (int32_t i = p->query_start[s]; i < p->query_start[s + 1]; i++) p->seq_index[i] = s;
+
+    /* minimum work and traffic: 4 * hd FLOPs per (token, head, visible key); q read, out written, each owned
+     * cache entry of K and V read once */
+    double keys = 0.0, cache_entries = 0.0;
+    for (int32_t s = 0; s < ns; s++) {
+        const tb_seq *q = &sh->seqs[s];
+        for (int32_t t = 0; t < q->q_len; t++) keys += (double)(q->ctx - q->q_len + t + 1);
+        cache_entries += (double)(q->ctx - (q->share_with >= 0 ? q->share_blocks * bs : 0));
+    }
+    p->flops = 4.0 * hd * sh->n_heads * keys;
+    p->bytes = 2.0 * (double)qn * 2.0 + cache_entries * 2.0 * nkv * hd * 2.0;
+
+    tm_cuda_attn_args *a = &p->a;
+    a->n_heads = sh->n_heads;
+    a->n_kv_heads = nkv;
+    a->head_dim = hd;
+    a->block_size = bs;
+    a->scale = 1.0f / sqrtf((float)hd);
+    a->n_tokens = p->n_tokens;
+    a->n_seqs = ns;
+    a->max_blocks = p->max_blocks;
+    a->seq_index = tb_upload(p->seq_index, (size_t)p->n_tokens * sizeof(int32_t));
+    a->query_start = tb_upload(p->query_start, ((size_t)ns + 1) * sizeof(int32_t));
+    a->context_len = tb_upload(p->context_len, (size_t)ns * sizeof(int32_t));
+    a->block_table = tb_upload(p->block_table, (size_t)ns * (size_t)p->max_blocks * sizeof(int32_t));
+    a->max_query_len = p->max_q;
+    a->max_context_len = p->max_ctx;
+    a->q = tb_upload(qh, qn * sizeof(uint16_t));
+    a->k_cache = tb_upload(kh, cache_n * sizeof(uint16_t));
+    a->v_cache = tb_upload(vh, cache_n * sizeof(uint16_t));
+    a->out = tb_dev(qn * sizeof(uint16_t));
+    a->work_bytes = tm_cuda_attn_prefill_work_bytes(p->n_tokens, sh->n_heads, hd);
+    a->work = a->work_bytes ? tb_dev(a->work_bytes) : NULL;
+    free(perm);
+    free(kh);
+    free(vh);
+    free(qh);
+}
+
+static void prob_free(tb_prob *p) {
+    TB_CHECK(cudaFree((void *)p->a.seq_index));
+    TB_CHECK(cudaFree((void *)p->a.query_start));
+    TB_CHECK(cudaFree((void *)p->a.context_len));
+    TB_CHECK(cudaFree((void *)p->a.block_table));
+    TB_CHECK(cudaFree((void *)p->a.q));
+    TB_CHECK(cudaFree((void *)p->a.k_cache));
+    TB_CHECK(cudaFree((void *)p->a.v_cache));
+    TB_CHECK(cudaFree(p->a.out));
+    if (p->a.work) TB_CHECK(cudaFree(p->a.work));
+    free(p->seq_index);
+    free(p->query_start);
+    free(p->context_len);
+    free(p->block_table);
+    free(p->qf);
+    free(p->kf);
+    free(p->vf);
+    free(p->out_h);
+}
+
+/* reference row: out (hd) = softmax(scale * q·K[0..lim]) V, in double over the bf16 inputs */
+static void ref_row(const tb_prob *p, int32_t i, int32_t h, double *sc, float *out) {
+    const tb_shape *sh = p->sh;
+    const int32_t hd = sh->head_dim, bs = sh->block_size, s = p->seq_index[i];
+    const int32_t kvh = h / (sh->n_heads / sh->n_kv_heads);
+    const int32_t lim = p->context_len[s] - (p->query_start[s + 1] - i);
+    const int32_t *row = p->block_table + (size_t)s * (size_t)p->max_blocks;
+    const size_t per_block = (size_t)sh->n_kv_heads * (size_t)bs * (size_t)hd;
+    const float *q = p->qf + ((size_t)i * (size_t)sh->n_heads + (size_t)h) * (size_t)hd;
+    double mx = -INFINITY;
+    for (int32_t c = 0; c <= lim; c++) {
+        const float *k = p->kf + (size_t)row[c / bs] * per_block + ((size_t)kvh * (size_t)bs + (size_t)(c % bs)) * (size_t)hd;
+        double d = 0.0;
+        for (int32_t x = 0; x < hd; x++) d += (double)q[x] * (double)k[x];
+        sc[c] = d * (double)p->a.scale;
+        if (sc[c] > mx) mx = sc[c];
+    }
+    double sum = 0.0, acc[256];
+    for (int32_t x = 0; x < hd; x++) acc[x] = 0.0;
+    for (int32_t c = 0; c <= lim; c++) {
+        const double e = exp(sc[c] - mx);
+        sum += e;
+        const float *v = p->vf + (size_t)row[c / bs] * per_block + ((size_t)kvh * (size_t)bs + (size_t)(c % bs)) * (size_t)hd;
+        for (int32_t x = 0; x < hd; x++) acc[x] += e * (double)v[x];
+    }
+    for (int32_t x = 0; x < hd; x++) out[x] = (float)(acc[x] / sum);
+}
+
+/* A set of (token, head) rows to check and their reference values. */
+typedef struct tb_rows {
+    int32_t n;
+    int32_t *tok, *head; /* (n) */
+    float *ref;          /* (n, hd) */
+} tb_rows;
+
+/* all rows when n_sample <= 0, else the first and last token of every sequence plus random ones */
+static void rows_make(tb_rows *r, const tb_prob *p, int32_t n_sample) {
+    const tb_shape *sh = p->sh;
+    const int32_t hd = sh->head_dim, nh = sh->n_heads;
+    int32_t cap = n_sample > 0 ? n_sample + 2 * sh->n_seqs : p->n_tokens * nh;
+    r->tok = malloc((size_t)cap * sizeof(int32_t));
+    r->head = malloc((size_t)cap * sizeof(int32_t));
+    r->n = 0;
+    if (n_sample <= 0) {
+        for (int32_t i = 0; i < p->n_tokens; i++)
+            for (int32_t h = 0; h < nh; h++) {
+                r->tok[r->n] = i;
+                r->head[r->n++] = h;
+            }
+    } else {
+        for (int32_t s = 0; s < sh->n_seqs; s++) {
+            r->tok[r->n] = p->query_start[s];
+            r->head[r->n++] = (int32_t)(tb_rand_u64() % (uint64_t)nh);
+            r->tok[r->n] = p->query_start[s + 1] - 1;
+            r->head[r->n++] = (int32_t)(tb_rand_u64() % (uint64_t)nh);
+        }
+        for (int32_t k = 0; k < n_sample; k++) {
+            r->tok[r->n] = (int32_t)(tb_rand_u64() % (uint64_t)p->n_tokens);
+            r->head[r->n++] = (int32_t)(tb_rand_u64() % (uint64_t)nh);
+        }
+    }
+    r->ref = malloc((size_t)r->n * (size_t)hd * sizeof(float));
+    double *sc = malloc((size_t)p->max_ctx * sizeof(double));
+    for (int32_t k = 0; k < r->n; k++) ref_row(p, r->tok[k], r->head[k], sc, r->ref + (size_t)k * (size_t)hd);
+    free(sc);
+}
+
+static void rows_free(tb_rows *r) {
+    free(r->tok);
+    free(r->head);
+    free(r->ref);
+}
+
+static void set_version(int v) { setenv("TM_CUDA_ATTN_PREFILL_V", v == 1 ? "1" : v == 3 ? "3" : "2", 1); }
+
+/* run once on a poisoned output, download, relative error over the rows */
+static double run_check(tb_prob *p, const tb_rows *r, int v) {
+    const tb_shape *sh = p->sh;
+    const int32_t hd = sh->head_dim;
+    const size_t qn = (size_t)p->n_tokens * (size_t)sh->n_heads * (size_t)hd;
+    set_version(v);
+    tb_poison(p->a.out, qn * sizeof(uint16_t));
+    TB_RUN(tm_cuda_attn_prefill(&p->a, 0));
+    tb_download(p->out_h, p->a.out, qn * sizeof(uint16_t));
+    uint16_t *got = malloc((size_t)r->n * (size_t)hd * sizeof(uint16_t));
+    for (int32_t k = 0; k < r->n; k++)
+        memcpy(got + (size_t)k * (size_t)hd,
+               p->out_h + ((size_t)r->tok[k] * (size_t)sh->n_heads + (size_t)r->head[k]) * (size_t)hd,
+               (size_t)hd * sizeof(uint16_t));
+    double e = tb_rel_err_bf16(got, r->ref, (size_t)r->n * (size_t)hd);
+    free(got);
+    /* every element of the output must have been written (poison is NaN), sampled or not */
+    for (size_t i = 0; i < qn; i++)
+        if (!isfinite(tb_bf16_to_f32(p->out_h[i]))) return INFINITY;
+    return e;
+}
+
+static void fn_run(void *arg) {
+    tb_prob *p = arg;
+    TB_CHECK(tm_cuda_attn_prefill(&p->a, 0));
+}
+
+#define TOL 1e-2
+#define S1(q, c) {q, c, -1, 0}
+
+/* correctness shapes: fresh prompts, chunks on top of context, decode tokens (q_len 1), shared prefixes, lengths
+ * that are no multiple of the tile or block, GQA 1/3/4/8 and a group wider than a tile, head_dim 64/128 (v2) and
+ * 96 (v1 path), block sizes 8..128 */
+static const tb_shape check_shapes[] = {
+    {"smol_gqa3_hd64_bs16", 9, 3, 64, 16, 6,
+     {S1(77, 77), S1(1, 129), S1(50, 300), S1(1, 1), {133, 160, 0, 4}, S1(200, 1000)}},
+    {"gqa4_hd128_bs16", 32, 8, 128, 16, 7,
+     {S1(300, 300), S1(1, 517), S1(64, 64), S1(1, 1), S1(129, 700), S1(17, 33), {1, 301, 0, 18}}},
+    {"mha_hd128_bs32", 8, 8, 128, 32, 4, {S1(200, 200), S1(1, 64), S1(190, 450), S1(1, 2)}},
+    {"gqa8_hd64_bs8", 16, 2, 64, 8, 4, {S1(255, 255), S1(1, 100), S1(100, 356), S1(3, 3)}},
+    {"gqa8_hd128_bs64", 32, 4, 128, 64, 4, {S1(130, 130), S1(1, 1000), S1(65, 129), S1(1, 65)}},
+    {"gqa4_hd128_bs128", 16, 4, 128, 128, 3, {S1(300, 700), S1(1, 300), {40, 296, 0, 2}}},
+    {"decode_only_gqa4_hd128", 32, 8, 128, 16, 6, {S1(1, 1), S1(1, 17), S1(1, 64), S1(1, 65), S1(1, 300), S1(1, 1023)}},
+    {"mqa136_hd64_bs16", 136, 1, 64, 16, 3, {S1(5, 5), S1(1, 20), S1(3, 40)}},
+    {"gqa2_hd96_bs16_v1path", 8, 4, 96, 16, 3, {S1(70, 70), S1(1, 90), S1(33, 200)}},
+};
+
+/* timed shapes (v2 and v3; the first also with v1): Llama-3-8B and Llama-3.2-1B attention geometry */
+static tb_shape time_shapes[] = {
+    {"8b_prefill_4096", 32, 8, 128, 16, 1, {S1(4096, 4096)}},
+    {"8b_prefill_4096_b4", 32, 8, 128, 16, 4, {S1(4096, 4096), S1(4096, 4096), S1(4096, 4096), S1(4096, 4096)}},
+    {"1b_prefill_4096", 32, 8, 64, 16, 1, {S1(4096, 4096)}},
+    {"8b_chunk_512_ctx_4096", 32, 8, 128, 16, 1, {S1(512, 4096)}},
+    {"1b_chunk_512_ctx_4096", 32, 8, 64, 16, 1, {S1(512, 4096)}},
+    {"8b_mixed_64dec_1024chunk", 32, 8, 128, 16, 0, {{0}}}, /* filled in main */
+};
+
+/* correctness of the given versions on every check shape (one problem and one reference per shape) */
+static void run_checks(const int *versions, int n_versions, bool wgmma_shapes_only) {
+    for (size_t c = 0; c < sizeof check_shapes / sizeof check_shapes[0]; c++) {
+        const tb_shape *sh = &check_shapes[c];
+        if (wgmma_shapes_only && sh->head_dim != 64 && sh->head_dim != 128) continue;
+        tb_prob p;
+        prob_make(&p, sh);
+        tb_rows r;
+        rows_make(&r, &p, 0);
+        for (int k = 0; k < n_versions; k++) {
+            double e = run_check(&p, &r, versions[k]);
+            char name[96];
+            snprintf(name, sizeof name, "%s_v%d", sh->name, versions[k]);
+            tb_result("attn_prefill", name, e, TOL, 0.0, 0.0, 0.0, 'c');
+        }
+        rows_free(&r);
+        prob_free(&p);
+    }
+}
+
+/* timed shapes with version v (checked on sampled rows first); v1 only on the first shape, for scale */
+static void run_timing(int v) {
+    for (size_t c = 0; c < sizeof time_shapes / sizeof time_shapes[0]; c++) {
+        if (v == 1 && c != 0) continue;
+        tb_prob p;
+        prob_make(&p, &time_shapes[c]);
+        tb_rows r;
+        rows_make(&r, &p, 48);
+        double e = run_check(&p, &r, v);
+        set_version(v);
+        double us = tb_time_us(fn_run, &p, v == 1 ? 1 : 3, v == 1 ? 3 : 20);
+        char name[96];
+        snprintf(name, sizeof name, "%s_v%d", time_shapes[c].name, v);
+        tb_result("attn_prefill", name, e, TOL, us, p.bytes, p.flops, 'c');
+        rows_free(&r);
+        prob_free(&p);
+    }
+}
+
+int main(void) {
+    tb_seed();
+    int dev = 0;
+    TB_CHECK(cudaGetDevice(&dev));
+
+    /* mixed step: 64 decode tokens at context 2048 and one 1024-token prefill chunk */
+    tb_shape *mixed = &time_shapes[sizeof time_shapes / sizeof time_shapes[0] - 1];
+    mixed->n_seqs = 65;
+    for (int s = 0; s < 64; s++) mixed->seqs[s] = (tb_seq)S1(1, 2048);
+    mixed->seqs[64] = (tb_seq)S1(1024, 1024);
+
+    /* the launcher's default (v2, mma.sync) and the simple fallback (v1) */
+    const int v12[] = {1, 2};
+    run_checks(v12, 2, false);
+    run_timing(2);
+    run_timing(1);
+
+    /* the opt-in wgmma version (v3) last, so that a failure of it cannot hide the results above */
+    const int v3[] = {3};
+    run_checks(v3, 1, true);
+    run_timing(3);
+
+    unsetenv("TM_CUDA_ATTN_PREFILL_V");
+    return tb_finish("tb_attn_prefill");
+}

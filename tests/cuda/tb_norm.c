@@ -1,0 +1,166 @@
+/* tb_norm.c -- test bed of tm_cuda_rmsnorm and tm_cuda_add_rmsnorm: CPU reference in double, both versions, timing. */
+#include "tb_common.h"
+
+#include "backend/cuda/tm_cuda_kernels.h"
+#include "core/tm_dtype.h"
+
+/* out = bf16(v / sqrt(mean(v^2) + eps) * w) with v = x (f32) or v = f32(res + x) (bf16 x), in double */
+static void ref_norm(float *res, const float *xf, const uint16_t *xb, const float *w, float eps, int n, int dim,
+                     float *out) {
+    for (int i = 0; i < n; i++) {
+        double ss = 0.0;
+        for (int j = 0; j < dim; j++) {
+            size_t o = (size_t)i * dim + j;
+            float v = res ? res[o] + tb_bf16_to_f32(xb[o]) : xf[o]; /* the f32 add of the kernel */
+            if (res) res[o] = v;
+            ss += (double)v * v;
+        }
+        double r = 1.0 / sqrt(ss / dim + eps);
+        for (int j = 0; j < dim; j++) {
+            size_t o = (size_t)i * dim + j;
+            double v = res ? res[o] : xf[o];
+            out[o] = (float)(v * r * w[j]);
+        }
+    }
+}
+
+static void set_version(int v) {
+    if (v == 1)
+        setenv("TM_CUDA_RMSNORM_V", "1", 1);
+    else
+        unsetenv("TM_CUDA_RMSNORM_V");
+}
+
+/* One check of one launcher on a fresh (n, dim) problem; misalign shifts every device pointer by one element
+ * (forces the scalar path). Returns nothing; records a RESULT line. */
+static void check_case(bool add, int n, int dim, bool misalign, int version) {
+    size_t ne = (size_t)n * dim, off = misalign ? 1 : 0;
+    float *res = malloc(ne * sizeof(float)), *xf = malloc(ne * sizeof(float)), *w = malloc(dim * sizeof(float));
+    float *ref = malloc(ne * sizeof(float)), *res_out = malloc(ne * sizeof(float));
+    uint16_t *xb = malloc(ne * sizeof(uint16_t)), *out = malloc(ne * sizeof(uint16_t));
+    if (ne <= (1u << 20)) {
+        tb_fill_f32(res, ne, 3.0f);
+        tb_fill_f32(xf, ne, 2.0f);
+        tb_fill_bf16(xb, NULL, ne, 1.5f);
+    } else { /* large: cheaper uniform inputs */
+        for (size_t i = 0; i < ne; i++) {
+            res[i] = 3.0f * tb_uniform();
+            xf[i] = res[i];
+            xb[i] = tb_f32_to_bf16(1.5f * tb_uniform());
+        }
+    }
+    for (int j = 0; j < dim; j++) w[j] = 1.0f + 0.3f * tb_uniform();
+    float *d_res = tb_dev((ne + off) * sizeof(float)), *d_xf = tb_dev((ne + off) * sizeof(float));
+    float *d_w = tb_dev((dim + off) * sizeof(float));
+    uint16_t *d_xb = tb_dev((ne + off) * sizeof(uint16_t)), *d_out = tb_dev((ne + off) * sizeof(uint16_t));
+    TB_CHECK(cudaMemcpy(d_res + off, res, ne * sizeof(float), cudaMemcpyHostToDevice));
+    TB_CHECK(cudaMemcpy(d_xf + off, xf, ne * sizeof(float), cudaMemcpyHostToDevice));
+    TB_CHECK(cudaMemcpy(d_w + off, w, dim * sizeof(float), cudaMemcpyHostToDevice));
+    TB_CHECK(cudaMemcpy(d_xb + off, xb, ne * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    tb_poison(d_out, (ne + off) * sizeof(uint16_t));
+    const float eps = 1e-5f;
+    set_version(version);
+    if (add)
+        TB_RUN(tm_cuda_add_rmsnorm(d_res + off, d_xb + off, d_w + off, eps, n, dim, d_out + off, 0));
+    else
+        TB_RUN(tm_cuda_rmsnorm(d_xf + off, d_w + off, eps, n, dim, d_out + off, 0));
+    set_version(2);
+    tb_download(out, d_out + off, ne * sizeof(uint16_t));
+    tb_download(res_out, d_res + off, ne * sizeof(float));
+    ref_norm(add ? res : NULL, xf, xb, w, eps, n, dim, ref);
+    double err = tb_rel_err_bf16(out, ref, ne);
+    if (add) { /* the new residual is one f32 add: bitwise */
+        size_t bad = 0;
+        for (size_t i = 0; i < ne; i++) bad += memcmp(&res_out[i], &res[i], sizeof(float)) != 0;
+        if (bad) {
+            printf("# residual differs in %zu of %zu elements\n", bad, ne);
+            err = INFINITY;
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "v%d n=%d dim=%d%s", version, n, dim, misalign ? " misaligned" : "");
+    tb_result(add ? "add_rmsnorm" : "rmsnorm", name, err, 1e-2, 0, 0, 0, 'm');
+    cudaFree(d_res);
+    cudaFree(d_xf);
+    cudaFree(d_w);
+    cudaFree(d_xb);
+    cudaFree(d_out);
+    free(res);
+    free(xf);
+    free(w);
+    free(ref);
+    free(res_out);
+    free(xb);
+    free(out);
+}
+
+typedef struct {
+    bool add;
+    float *res, *xf, *w;
+    uint16_t *xb, *out;
+    int n, dim;
+} norm_arg;
+
+static void run_norm(void *p) {
+    norm_arg *a = p;
+    if (a->add)
+        TB_CHECK(tm_cuda_add_rmsnorm(a->res, a->xb, a->w, 1e-5f, a->n, a->dim, a->out, 0));
+    else
+        TB_CHECK(tm_cuda_rmsnorm(a->xf, a->w, 1e-5f, a->n, a->dim, a->out, 0));
+}
+
+/* times one shape (fresh random data; the residual grows by x per call, harmless) */
+static void time_case(bool add, int n, int dim, int version, const char *label) {
+    size_t ne = (size_t)n * dim;
+    norm_arg a = {add, NULL, NULL, NULL, NULL, NULL, n, dim};
+    a.w = tb_dev(dim * sizeof(float));
+    a.out = tb_dev(ne * sizeof(uint16_t));
+    TB_CHECK(tm_cuda_fill_random(a.w, TM_DT_F32, (size_t)dim, 7, 0.5f, 0.0f, 0));
+    if (add) {
+        a.res = tb_dev(ne * sizeof(float));
+        a.xb = tb_dev(ne * sizeof(uint16_t));
+        TB_CHECK(tm_cuda_fill_random(a.res, TM_DT_F32, ne, 1, 1.0f, 0.0f, 0));
+        TB_CHECK(tm_cuda_fill_random(a.xb, TM_DT_BF16, ne, 2, 0.01f, 0.0f, 0));
+    } else {
+        a.xf = tb_dev(ne * sizeof(float));
+        TB_CHECK(tm_cuda_fill_random(a.xf, TM_DT_F32, ne, 3, 1.0f, 0.0f, 0));
+    }
+    TB_CHECK(cudaDeviceSynchronize());
+    set_version(version);
+    int reps = ne >= (1u << 24) ? 20 : 200;
+    double us = tb_time_us(run_norm, &a, 3, reps);
+    set_version(2);
+    /* residual read + write (f32), x read (bf16), out write (bf16), w once; rmsnorm: x read (f32) + out */
+    double bytes = add ? (double)ne * (4 + 4 + 2 + 2) + dim * 4.0 : (double)ne * (4 + 2) + dim * 4.0;
+    char name[96];
+    snprintf(name, sizeof name, "v%d %s n=%d dim=%d", version, label, n, dim);
+    tb_result(add ? "add_rmsnorm" : "rmsnorm", name, 0, 0, us, bytes, 0, 'm');
+    cudaFree(a.res);
+    cudaFree(a.xf);
+    cudaFree(a.w);
+    cudaFree(a.xb);
+    cudaFree(a.out);
+}
+
+int main(void) {
+    tb_seed();
+    static const int shapes[][2] = {{1, 4096}, {3, 576},  {7, 8},    {5, 4100}, {2, 8192}, {33, 2048},
+                                    {2, 16384}, {2, 20000}, {4, 1000}, {1, 3},   {9, 5120}, {64, 3072}};
+    for (int add = 0; add <= 1; add++)
+        for (int v = 1; v <= 2; v++) {
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                check_case(add, shapes[s][0], shapes[s][1], false, v);
+            check_case(add, 5, 4096, true, v);
+        }
+    /* the timed shape itself, once */
+    check_case(true, 16384, 4096, false, 2);
+
+    if (getenv("TB_CHECK_ONLY")) return tb_finish("tb_norm"); /* correctness only, no timing */
+    time_case(true, 16384, 4096, 2, "8B-prefill");
+    time_case(true, 16384, 4096, 1, "8B-prefill");
+    time_case(true, 16384, 2048, 2, "1B-prefill");
+    time_case(false, 16384, 4096, 2, "8B-prefill");
+    for (int n = 1; n <= 64; n *= 2) time_case(true, n, 4096, 2, "8B-decode");
+    for (int n = 1; n <= 64; n *= 4) time_case(true, n, 2048, 2, "1B-decode");
+    return tb_finish("tb_norm");
+}

@@ -1,0 +1,432 @@
+/* tb_sample.c -- test bed of tm_cuda_argmax and tm_cuda_sample: exact CPU restricted distributions, statistics, timing. */
+#include "tb_common.h"
+
+#include "backend/cuda/tm_cuda_kernels.h"
+
+static void set_version(int v) {
+    if (v == 1)
+        setenv("TM_CUDA_SAMPLE_V", "1", 1);
+    else
+        unsetenv("TM_CUDA_SAMPLE_V");
+}
+
+static int ref_argmax(const float *x, int V) {
+    int a = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[a]) a = i;
+    return a;
+}
+
+/* log softmax(x)[id] in double */
+static double ref_logprob(const float *x, int V, int id) {
+    double m = x[ref_argmax(x, V)], s = 0.0;
+    for (int i = 0; i < V; i++) s += exp((double)x[i] - m);
+    return ((double)x[id] - m) - log(s);
+}
+
+/* ---- the kernel's restricted distribution, on the CPU ---- */
+
+static const float *g_sort_x; /* qsort context */
+static int cmp_desc(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    float xi = g_sort_x[i], xj = g_sort_x[j];
+    if (xi != xj) return xi > xj ? -1 : 1;
+    return (i > j) - (i < j); /* ties: lower id first */
+}
+
+/* prob[i] = probability that the sampler draws i: weights w = expf((x - max) / T) as integers round(w * 2^40),
+ * top_k (count), then top_p (the shortest prefix in (x desc, id asc) order whose mass reaches ceil(p * Z)),
+ * then min_p (w >= min_p), renormalized. Returns the number of tokens kept. */
+static int ref_distribution(const float *x, int V, tm_cuda_sample_params p, double *prob) {
+    int *ord = malloc(V * sizeof(int));
+    float *w = malloc(V * sizeof(float));
+    unsigned long long *W = malloc(V * sizeof(unsigned long long));
+    for (int i = 0; i < V; i++) ord[i] = i;
+    g_sort_x = x;
+    qsort(ord, V, sizeof(int), cmp_desc);
+    float m = x[ord[0]];
+    for (int i = 0; i < V; i++) {
+        w[i] = expf((x[i] - m) / p.temperature);
+        W[i] = (unsigned long long)llrintf(w[i] * 1099511627776.0f);
+    }
+    int n = V;
+    if (p.top_k > 0 && p.top_k < V) n = p.top_k;
+    if (p.top_p < 1.0f) {
+        unsigned long long z = 0, cum = 0;
+        for (int j = 0; j < n; j++) z += W[ord[j]];
+        double t = ceil((double)p.top_p * (double)z);
+        unsigned long long target = t <= 1.0 ? 1 : (unsigned long long)t;
+        if (target > z) target = z;
+        for (int j = 0; j < n; j++) {
+            cum += W[ord[j]];
+            if (cum >= target) {
+                n = j + 1;
+                break;
+            }
+        }
+    }
+    float minp = p.min_p > 1.0f ? 1.0f : p.min_p;
+    double zs = 0.0;
+    int kept = 0;
+    for (int i = 0; i < V; i++) prob[i] = 0.0;
+    for (int j = 0; j < n; j++) {
+        int i = ord[j];
+        if (minp > 0.0f && !(w[i] >= minp)) continue;
+        prob[i] = (double)W[i];
+        zs += (double)W[i];
+        kept += W[i] > 0;
+    }
+    for (int i = 0; i < V; i++) prob[i] /= zs;
+    free(ord);
+    free(w);
+    free(W);
+    return kept;
+}
+
+/* ---- one launch ---- */
+
+typedef struct {
+    float *logits; /* device (rows, V) */
+    tm_cuda_sample_params *params;
+    int32_t *ids;
+    float *lp;
+    int rows, V;
+} sample_arg;
+
+static void run_sample(void *p) {
+    sample_arg *a = p;
+    TB_CHECK(tm_cuda_sample(a->logits, a->rows, a->V, a->params, NULL, a->ids, a->lp, 0));
+}
+
+static void run_argmax(void *p) {
+    sample_arg *a = p;
+    TB_CHECK(tm_cuda_argmax(a->logits, a->rows, a->V, a->ids, 0));
+}
+
+static void sample_once(sample_arg *a, const tm_cuda_sample_params *hp, int version, int32_t *ids, float *lp) {
+    TB_CHECK(cudaMemcpy(a->params, hp, a->rows * sizeof *hp, cudaMemcpyHostToDevice));
+    tb_poison(a->ids, a->rows * sizeof(int32_t));
+    tb_poison(a->lp, a->rows * sizeof(float));
+    set_version(version);
+    TB_RUN(tm_cuda_sample(a->logits, a->rows, a->V, a->params, NULL, a->ids, a->lp, 0));
+    set_version(2);
+    tb_download(ids, a->ids, a->rows * sizeof(int32_t));
+    if (lp) tb_download(lp, a->lp, a->rows * sizeof(float));
+}
+
+static sample_arg make_arg(const float *logits, int rows, int V) {
+    sample_arg a = {tb_upload(logits, (size_t)rows * V * sizeof(float)), tb_dev(rows * sizeof(tm_cuda_sample_params)),
+                    tb_dev(rows * sizeof(int32_t)), tb_dev(rows * sizeof(float)), rows, V};
+    return a;
+}
+
+static void free_arg(sample_arg *a) {
+    cudaFree(a->logits);
+    cudaFree(a->params);
+    cudaFree(a->ids);
+    cudaFree(a->lp);
+}
+
+/* ---- argmax ---- */
+
+static void check_argmax(int rows, int V, bool ties) {
+    size_t n = (size_t)rows * V;
+    float *x = malloc(n * sizeof(float));
+    int32_t *ids = malloc(rows * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) x[i] = ties ? (float)(int)(3.0f * tb_uniform()) : 5.0f * tb_normal();
+    if (rows > 1) /* a row of -inf but one, and one all -inf */
+        for (int j = 0; j < V; j++) x[(size_t)V + j] = j == V / 2 ? -1e30f : -INFINITY;
+    if (rows > 2)
+        for (int j = 0; j < V; j++) x[(size_t)2 * V + j] = -INFINITY;
+    sample_arg a = make_arg(x, rows, V);
+    tb_poison(a.ids, rows * sizeof(int32_t));
+    TB_RUN(tm_cuda_argmax(a.logits, rows, V, a.ids, 0));
+    tb_download(ids, a.ids, rows * sizeof(int32_t));
+    int bad = 0;
+    for (int r = 0; r < rows; r++) bad += ids[r] != ref_argmax(x + (size_t)r * V, V);
+    char name[64];
+    snprintf(name, sizeof name, "rows=%d V=%d%s", rows, V, ties ? " ties" : "");
+    tb_result("argmax", name, bad, 0, 0, 0, 0, 'm');
+    free_arg(&a);
+    free(x);
+    free(ids);
+}
+
+/* ---- sampling: exactness over large vocabularies ---- */
+
+static const tm_cuda_sample_params k_sets[] = {
+    /* T, top_p, min_p, top_k, seed, offset */
+    {0.7f, 0.9f, 0.05f, 40, 1, 0},   {1.0f, 0.95f, 0.0f, 0, 2, 0},  {1.2f, 1.0f, 0.0f, 500, 3, 0},
+    {0.8f, 0.9f, 0.0f, 3000, 4, 0},  {1.0f, 1.0f, 0.1f, 0, 5, 0},   {0.05f, 1.0f, 0.0f, 0, 6, 0},
+    {1.0f, 1.0f, 0.0f, 0, 7, 0},     {1.5f, 0.5f, 0.02f, 2048, 8, 0}, {1.0f, 0.3f, 0.0f, 2049, 9, 0},
+    {0.9f, 0.99f, 0.3f, 100, 10, 0}, {1.0f, 1.0f, 1.0f, 0, 11, 0},  {2.0f, 0.8f, 0.0f, 1, 12, 0},
+};
+enum { N_SETS = sizeof k_sets / sizeof k_sets[0] };
+
+/* rows of V logits, each with params k_sets[r % N_SETS] (several offsets each); checks that every drawn token
+ * has nonzero probability under the reference, the logprob, and that v1 == v2 and reruns are identical */
+static void check_exact(int rows, int V, bool ties, const char *label) {
+    size_t n = (size_t)rows * V;
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = ties ? (float)(int)(4.0f * tb_uniform()) : 3.0f * tb_normal();
+    for (int r = 0; r < rows; r += 5) x[(size_t)r * V + (size_t)(tb_rand_u64() % V)] = -INFINITY; /* masked */
+    tm_cuda_sample_params *hp = malloc(rows * sizeof *hp);
+    for (int r = 0; r < rows; r++) {
+        hp[r] = k_sets[r % N_SETS];
+        hp[r].offset = (uint64_t)r * 7919u;
+    }
+    int32_t *ids1 = malloc((size_t)rows * 4), *ids2 = malloc((size_t)rows * 4), *ids3 = malloc((size_t)rows * 4);
+    float *lp = malloc((size_t)rows * 4);
+    double *prob = malloc((size_t)V * sizeof(double));
+    sample_arg a = make_arg(x, rows, V);
+    sample_once(&a, hp, 2, ids2, lp);
+    sample_once(&a, hp, 2, ids3, NULL);
+    sample_once(&a, hp, 1, ids1, NULL);
+    int bad_set = 0, bad_lp = 0, bad_det = 0, bad_v1 = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * V;
+        ref_distribution(xr, V, hp[r], prob);
+        if (ids2[r] < 0 || ids2[r] >= V || !(prob[ids2[r]] > 0.0)) {
+            if (bad_set++ < 5) printf("# row %d: token %d outside the allowed set\n", r, ids2[r]);
+            continue;
+        }
+        double want = ref_logprob(xr, V, ids2[r]);
+        if (!(fabs(lp[r] - want) <= 1e-4 * (1.0 + fabs(want)))) {
+            if (bad_lp++ < 5) printf("# row %d: logprob %.7g, want %.7g\n", r, lp[r], want);
+        }
+        bad_det += ids3[r] != ids2[r];
+        if (ids1[r] != ids2[r] && bad_v1++ < 5) printf("# row %d: v1 drew %d, v2 %d\n", r, ids1[r], ids2[r]);
+    }
+    char name[96];
+    snprintf(name, sizeof name, "%s allowed-set rows=%d V=%d", label, rows, V);
+    tb_result("sample", name, bad_set, 0, 0, 0, 0, 'm');
+    snprintf(name, sizeof name, "%s logprob rows=%d V=%d", label, rows, V);
+    tb_result("sample", name, bad_lp, 0, 0, 0, 0, 'm');
+    snprintf(name, sizeof name, "%s rerun+v1==v2 rows=%d V=%d", label, rows, V);
+    tb_result("sample", name, bad_det + bad_v1, 0, 0, 0, 0, 'm');
+    free_arg(&a);
+    free(x);
+    free(hp);
+    free(ids1);
+    free(ids2);
+    free(ids3);
+    free(lp);
+    free(prob);
+}
+
+/* greedy (T = 0) and top_k = 1 are the argmax; logprob of the greedy token */
+static void check_greedy(int rows, int V) {
+    size_t n = (size_t)rows * V;
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)(int)(8.0f * tb_normal()); /* ties at the max, often */
+    tm_cuda_sample_params *hp = malloc(rows * sizeof *hp);
+    for (int r = 0; r < rows; r++) {
+        tm_cuda_sample_params g = {r % 2 ? 0.0f : -1.0f, 0.9f, 0.1f, 50, 42, (uint64_t)r};
+        tm_cuda_sample_params k1 = {1.0f + r % 3, 1.0f, 0.0f, 1, 43, (uint64_t)r};
+        hp[r] = r % 4 < 2 ? g : k1;
+    }
+    int32_t *ids = malloc((size_t)rows * 4), *ids1 = malloc((size_t)rows * 4);
+    float *lp = malloc((size_t)rows * 4);
+    sample_arg a = make_arg(x, rows, V);
+    sample_once(&a, hp, 2, ids, lp);
+    sample_once(&a, hp, 1, ids1, NULL);
+    int bad = 0, bad_lp = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * V;
+        int want = ref_argmax(xr, V);
+        bad += (ids[r] != want) + (ids1[r] != want);
+        double wl = ref_logprob(xr, V, want);
+        if (r % 4 < 2 && !(fabs(lp[r] - wl) <= 1e-4 * (1.0 + fabs(wl)))) bad_lp++;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "greedy+top_k=1 rows=%d V=%d", rows, V);
+    tb_result("sample", name, bad + bad_lp, 0, 0, 0, 0, 'm');
+    free_arg(&a);
+    free(x);
+    free(hp);
+    free(ids);
+    free(ids1);
+    free(lp);
+}
+
+/* edges: V = 1; a row of -inf but one; a row of all -inf (id 0, logprob -log V) */
+static void check_edges(void) {
+    int bad = 0;
+    {
+        float x[3] = {0.5f, -2.0f, 7.0f};
+        sample_arg a = make_arg(x, 3, 1);
+        tm_cuda_sample_params hp[3] = {{1.0f, 0.9f, 0.1f, 5, 1, 1}, {0.0f, 1.0f, 0.0f, 0, 1, 2}, {2.0f, 1.0f, 0.0f, 1, 1, 3}};
+        int32_t ids[3];
+        float lp[3];
+        sample_once(&a, hp, 2, ids, lp);
+        for (int r = 0; r < 3; r++) bad += ids[r] != 0 || fabs(lp[r]) > 1e-6;
+        free_arg(&a);
+    }
+    {
+        enum { V = 1000 };
+        float *x = malloc(2 * V * sizeof(float));
+        for (int j = 0; j < V; j++) x[j] = j == 777 ? -50.0f : -INFINITY, x[V + j] = -INFINITY;
+        sample_arg a = make_arg(x, 2, V);
+        tm_cuda_sample_params hp[2] = {{1.0f, 0.5f, 0.0f, 0, 9, 9}, {1.0f, 0.5f, 0.0f, 0, 9, 9}};
+        int32_t ids[2];
+        float lp[2];
+        for (int v = 1; v <= 2; v++) {
+            sample_once(&a, hp, v, ids, lp);
+            bad += ids[0] != 777 || fabs(lp[0]) > 1e-6 || ids[1] != 0 || fabs(lp[1] + logf((float)V)) > 1e-4;
+        }
+        free_arg(&a);
+        free(x);
+    }
+    tb_result("sample", "edges V=1, -inf rows", bad, 0, 0, 0, 0, 'm');
+}
+
+/* ---- sampling: statistics on a small vocabulary ---- */
+
+/* rows copies of one logit row, draws with distinct offsets over `launches` launches; every token's frequency
+ * within 5 sd (+ 2/N) of the exact probability, tokens of probability 0 never drawn */
+static void check_stats(const float *x, int V, tm_cuda_sample_params p, int version, const char *label) {
+    const int rows = 1024, launches = 64;
+    float *xs = malloc((size_t)rows * V * sizeof(float));
+    for (int r = 0; r < rows; r++) memcpy(xs + (size_t)r * V, x, V * sizeof(float));
+    double *prob = malloc(V * sizeof(double));
+    long *count = calloc(V, sizeof(long));
+    int kept = ref_distribution(x, V, p, prob);
+    tm_cuda_sample_params *hp = malloc(rows * sizeof *hp);
+    int32_t *ids = malloc((size_t)rows * 4);
+    sample_arg a = make_arg(xs, rows, V);
+    for (int l = 0; l < launches; l++) {
+        for (int r = 0; r < rows; r++) {
+            hp[r] = p;
+            hp[r].offset = (uint64_t)l * rows + r;
+        }
+        sample_once(&a, hp, version, ids, NULL);
+        for (int r = 0; r < rows; r++)
+            if (ids[r] >= 0 && ids[r] < V) count[ids[r]]++;
+    }
+    double N = (double)rows * launches, chi2 = 0.0;
+    int bad = 0;
+    long total = 0;
+    for (int i = 0; i < V; i++) {
+        total += count[i];
+        double f = count[i] / N, pi = prob[i];
+        if (pi == 0.0) {
+            if (count[i]) {
+                if (bad++ < 5) printf("# %s: token %d drawn %ld times, probability 0\n", label, i, count[i]);
+            }
+            continue;
+        }
+        chi2 += (count[i] - N * pi) * (count[i] - N * pi) / (N * pi);
+        if (fabs(f - pi) > 5.0 * sqrt(pi * (1.0 - pi) / N) + 2.0 / N) {
+            if (bad++ < 5) printf("# %s: token %d frequency %.5f, probability %.5f\n", label, i, f, pi);
+        }
+    }
+    bad += total != (long)N;
+    printf("# %s: %d tokens allowed, chi2 %.1f (dof %d), N %.0f\n", label, kept, chi2, kept - 1, N);
+    char name[96];
+    snprintf(name, sizeof name, "v%d stats %s", version, label);
+    tb_result("sample", name, bad, 0, 0, 0, 0, 'm');
+    free_arg(&a);
+    free(xs);
+    free(prob);
+    free(count);
+    free(hp);
+    free(ids);
+}
+
+static void stats_suite(void) {
+    enum { V = 50, VT = 64 };
+    float x[V], xt[VT];
+    for (int i = 0; i < V; i++) x[i] = 1.5f * tb_normal();
+    x[17] = -INFINITY; /* a masked token */
+    for (int i = 0; i < VT; i++) xt[i] = (float)(int)(3.0f * tb_uniform()); /* many exact ties */
+    static const struct {
+        const char *name;
+        tm_cuda_sample_params p;
+        bool ties;
+    } cases[] = {
+        {"plain T=1", {1.0f, 1.0f, 0.0f, 0, 11, 0}, false},
+        {"T=0.7 top_k=10", {0.7f, 1.0f, 0.0f, 10, 12, 0}, false},
+        {"T=1 top_p=0.8", {1.0f, 0.8f, 0.0f, 0, 13, 0}, false},
+        {"T=1.3 min_p=0.1", {1.3f, 1.0f, 0.1f, 0, 14, 0}, false},
+        {"T=0.9 k=20 p=0.9 min_p=0.05", {0.9f, 0.9f, 0.05f, 20, 15, 0}, false},
+        {"ties T=1 top_k=5", {1.0f, 1.0f, 0.0f, 5, 16, 0}, true},
+        {"ties T=2 top_p=0.4", {2.0f, 0.4f, 0.0f, 0, 17, 0}, true},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int v = 2; v >= 1; v--)
+            check_stats(cases[c].ties ? xt : x, cases[c].ties ? VT : V, cases[c].p, v, cases[c].name);
+    /* seeds: the same (seed, offset) gives the same token (checked by the reruns); another seed changes draws */
+    {
+        const int rows = 256;
+        float *xs = malloc((size_t)rows * V * sizeof(float));
+        for (int r = 0; r < rows; r++) memcpy(xs + (size_t)r * V, x, V * sizeof(float));
+        tm_cuda_sample_params *hp = malloc(rows * sizeof *hp);
+        int32_t *a1 = malloc((size_t)rows * 4), *a2 = malloc((size_t)rows * 4);
+        sample_arg a = make_arg(xs, rows, V);
+        for (int r = 0; r < rows; r++) hp[r] = (tm_cuda_sample_params){1.0f, 1.0f, 0.0f, 0, 100, (uint64_t)r};
+        sample_once(&a, hp, 2, a1, NULL);
+        for (int r = 0; r < rows; r++) hp[r].seed = 101;
+        sample_once(&a, hp, 2, a2, NULL);
+        int same = 0;
+        for (int r = 0; r < rows; r++) same += a1[r] == a2[r];
+        printf("# seeds 100 / 101: %d of %d draws equal\n", same, rows);
+        tb_result("sample", "another seed changes draws", same > rows / 2, 0, 0, 0, 0, 'm');
+        free_arg(&a);
+        free(xs);
+        free(hp);
+        free(a1);
+        free(a2);
+    }
+}
+
+/* ---- timing ---- */
+
+static void time_sample(const char *label, int rows, int V, tm_cuda_sample_params p, int version, bool argmax) {
+    size_t n = (size_t)rows * V;
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = 3.0f * tb_uniform() + (i % 97 == 0 ? 8.0f : 0.0f);
+    tm_cuda_sample_params *hp = malloc(rows * sizeof *hp);
+    for (int r = 0; r < rows; r++) hp[r] = p, hp[r].offset = (uint64_t)r;
+    sample_arg a = make_arg(x, rows, V);
+    TB_CHECK(cudaMemcpy(a.params, hp, rows * sizeof *hp, cudaMemcpyHostToDevice));
+    set_version(version);
+    double us = tb_time_us(argmax ? run_argmax : run_sample, &a, 3, version == 1 ? 5 : 50);
+    set_version(2);
+    char name[96];
+    snprintf(name, sizeof name, "v%d %s rows=%d V=%d", version, label, rows, V);
+    tb_result(argmax ? "argmax" : "sample", name, 0, 0, us, 4.0 * n, 0, 'm');
+    free_arg(&a);
+    free(x);
+    free(hp);
+}
+
+int main(void) {
+    tb_seed();
+    check_argmax(1, 128256, false);
+    check_argmax(7, 32000, false);
+    check_argmax(3, 50, true);
+    check_argmax(5, 257, true);
+    check_argmax(4, 262144, false);
+    check_edges();
+    check_greedy(64, 128256);
+    check_greedy(16, 1001);
+    check_exact(96, 128256, false, "normal");
+    check_exact(48, 32003, false, "normal-odd-V");
+    check_exact(48, 4000, true, "ties");
+    stats_suite();
+
+    if (getenv("TB_CHECK_ONLY")) return tb_finish("tb_sample"); /* correctness only, no timing */
+    const tm_cuda_sample_params typical = {0.7f, 0.9f, 0.05f, 40, 1, 0};
+    const tm_cuda_sample_params nucleus = {1.0f, 0.95f, 0.0f, 0, 1, 0};
+    const tm_cuda_sample_params greedy = {0.0f, 1.0f, 0.0f, 0, 1, 0};
+    time_sample("argmax", 1, 128256, greedy, 2, true);
+    time_sample("argmax", 256, 128256, greedy, 2, true);
+    time_sample("greedy", 1, 128256, greedy, 2, false);
+    time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 1, 128256, typical, 2, false);
+    time_sample("T=1 p=0.95", 1, 128256, nucleus, 2, false);
+    time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 256, 128256, typical, 2, false);
+    time_sample("T=1 p=0.95", 256, 128256, nucleus, 2, false);
+    time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 1024, 128256, typical, 2, false);
+    time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 1, 128256, typical, 1, false);
+    return tb_finish("tb_sample");
+}
