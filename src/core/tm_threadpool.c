@@ -1,6 +1,8 @@
 /* tm_threadpool.c -- fixed pthread pool; one parallel-for at a time, caller participates as thread 0.
  * Workers spin briefly on a generation counter (an op dispatch costs well under a microsecond while
- * the pool is hot) and fall back to a condition variable when idle. */
+ * the pool is hot) and fall back to a condition variable when idle. Each share of a run is claimed once
+ * (an atomic flag): when the caller finishes its own share it takes every share no worker has started, so a
+ * worker that the OS has descheduled (other processes on the cores) delays nothing it has not begun. */
 #include "tm_threadpool.h"
 
 #include <pthread.h>
@@ -26,6 +28,7 @@ struct tm_threadpool {
     atomic_int pending;            /* workers still running the current task */
     atomic_int n_sleeping;         /* workers blocked (or about to block) on cv_work */
     atomic_bool stop;
+    atomic_int *claim;             /* (n) share i of the current run taken (by worker i or the caller) */
     tm_task_fn fn;
     void *arg;
 };
@@ -53,8 +56,11 @@ static void *worker_main(void *p) {
         }
         if (atomic_load(&tp->stop)) break;
         seen = g;
-        tp->fn(tp->arg, wa.ith, tp->n);
-        atomic_fetch_sub(&tp->pending, 1);
+        /* fn and arg are read only after the claim, which orders them after the run's set-up */
+        if (atomic_exchange(&tp->claim[wa.ith], 1) == 0) {
+            tp->fn(tp->arg, wa.ith, tp->n);
+            atomic_fetch_sub(&tp->pending, 1);
+        }
     }
     return NULL;
 }
@@ -73,7 +79,8 @@ tm_status tm_threadpool_create(int n_threads, tm_threadpool **out, tm_error *err
     atomic_init(&tp->n_sleeping, 0);
     atomic_init(&tp->stop, false);
     tp->threads = calloc((size_t)n_threads, sizeof(pthread_t));
-    if (!tp->threads) {
+    tp->claim = calloc((size_t)n_threads, sizeof(atomic_int));
+    if (!tp->threads || !tp->claim) {
         tm_threadpool_free(tp);
         return tm_err(err, TM_ERR_NOMEM, "out of memory creating thread pool");
     }
@@ -102,6 +109,7 @@ void tm_threadpool_free(tm_threadpool *tp) {
     pthread_mutex_destroy(&tp->mu);
     pthread_cond_destroy(&tp->cv_work);
     free(tp->threads);
+    free((void *)tp->claim);
     free(tp);
 }
 
@@ -115,6 +123,7 @@ void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg) {
     tp->fn = fn;
     tp->arg = arg;
     atomic_store(&tp->pending, tp->n - 1);
+    for (int i = 1; i < tp->n; i++) atomic_store(&tp->claim[i], 0); /* after fn/arg: see worker_main */
     atomic_fetch_add(&tp->generation, 1); /* publishes fn/arg (seq_cst) */
     if (atomic_load(&tp->n_sleeping) > 0) {
         pthread_mutex_lock(&tp->mu);
@@ -122,6 +131,11 @@ void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg) {
         pthread_mutex_unlock(&tp->mu);
     }
     fn(arg, 0, tp->n);
+    for (int k = 1; k < tp->n; k++) /* shares whose worker has not started: run them here */
+        if (atomic_exchange(&tp->claim[k], 1) == 0) {
+            fn(arg, k, tp->n);
+            atomic_fetch_sub(&tp->pending, 1);
+        }
     for (int i = 0; atomic_load(&tp->pending) > 0; i++) {
         if (i < TM_SPIN_ITERS) TM_CPU_RELAX();
         else sched_yield();

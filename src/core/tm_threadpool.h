@@ -6,7 +6,9 @@
 
 typedef struct tm_threadpool tm_threadpool;
 
-/* fn(arg, ith, nth): called once per thread ith in [0, nth); the caller thread is ith = 0. */
+/* fn(arg, ith, nth): called exactly once per share ith in [0, nth); share 0 runs on the caller, share i normally
+ * on worker i, but the caller runs any share whose worker has not started when the caller's own is done. Shares
+ * must not wait for each other. */
 typedef void (*tm_task_fn)(void *arg, int ith, int nth);
 
 tm_status tm_threadpool_create(int n_threads, tm_threadpool **out, tm_error *err);

@@ -91,6 +91,13 @@ static void buf_mark(cu_backend *c, const void *p, bool f32) {
     if (b) b->f32 = f32;
 }
 
+/* Captured graphs hold raw device addresses (metadata, scratch, KV pool, rope table): whenever one of those is
+ * reallocated every graph is dropped, to be captured again on the next decode step. */
+static void graphs_reset(cu_backend *c) {
+    for (int32_t g = 0; g < c->n_graphs; g++) cudaGraphExecDestroy(c->graphs[g].exec);
+    c->n_graphs = 0;
+}
+
 /* ---- memory ---------------------------------------------------------------------------------------- */
 
 static void *cu_alloc(tm_backend *be, size_t n_elems) {
@@ -165,6 +172,8 @@ static void cu_weight_release(tm_backend *be, tm_weight *w) {
 
 static tm_status cu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err) {
     cu_backend *c = cu(be);
+    graphs_reset(c);
+    cudaStreamSynchronize(c->stream);
     cudaFree(c->kv_mem);
     c->kv_mem = NULL;
     c->kv = *cfg;
@@ -209,8 +218,10 @@ static int32_t bucket_ctx(int32_t n, int32_t cap) {
 static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
 
 /* Grow a device scratch buffer (never while capturing: begin_step runs before a capture starts). */
-static tm_status grow(void **p, size_t *have, size_t need, const char *what, tm_error *err) {
+static tm_status grow(cu_backend *c, void **p, size_t *have, size_t need, const char *what, tm_error *err) {
     if (need <= *have) return TM_OK;
+    graphs_reset(c);
+    cudaStreamSynchronize(c->stream); /* the old buffer may still be in use by queued work */
     cudaFree(*p);
     *p = NULL;
     *have = 0;
@@ -257,12 +268,12 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
         size_t p = tm_cuda_attn_prefill_work_bytes(c->max_tokens, c->n_heads, c->kv.head_dim);
         aw = d > p ? d : p;
     }
-    if ((s = grow(&c->attn_work, &c->attn_work_bytes, aw ? aw : 256, "attention work", err)) != TM_OK) return s;
+    if ((s = grow(c, &c->attn_work, &c->attn_work_bytes, aw ? aw : 256, "attention work", err)) != TM_OK) return s;
     size_t deq_bytes = c->deq_elems * 2;
-    if ((s = grow((void **)&c->deq, &deq_bytes, c->deq_need * 2, "dequant buffer", err)) != TM_OK) return s;
+    if ((s = grow(c, (void **)&c->deq, &deq_bytes, c->deq_need * 2, "dequant buffer", err)) != TM_OK) return s;
     c->deq_elems = deq_bytes / 2;
     size_t ffn_bytes = c->ffn_elems * 2;
-    if ((s = grow((void **)&c->ffn_tmp, &ffn_bytes, (size_t)c->max_tokens * (size_t)c->max_ffn_rows * 2, "ffn buffer",
+    if ((s = grow(c, (void **)&c->ffn_tmp, &ffn_bytes, (size_t)c->max_tokens * (size_t)c->max_ffn_rows * 2, "ffn buffer",
                   err)) != TM_OK)
         return s;
     c->ffn_elems = ffn_bytes / 2;
@@ -273,6 +284,8 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
            o_qs = align8(o_lidx + (size_t)(nl > 0 ? nl : 1) * 4), o_ctx = align8(o_qs + (size_t)(nsp + 1) * 4),
            o_bt = align8(o_ctx + (size_t)nsp * 4), total = align8(o_bt + (size_t)nsp * (size_t)stride * 4);
     if (total > c->meta_cap) {
+        graphs_reset(c);
+        cudaStreamSynchronize(c->stream);
         if (c->meta_pending) cudaEventSynchronize(c->meta_done);
         c->meta_pending = false;
         cudaFreeHost(c->meta_host);
@@ -499,6 +512,8 @@ static void cu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t layer
             cu_fail(c, cudaErrorStreamCaptureUnsupported, "rope table upload during capture");
             return;
         }
+        graphs_reset(c);
+        cudaStreamSynchronize(c->stream);
         cudaFree(c->d_inv_freq);
         c->d_inv_freq = NULL;
         size_t bytes = (size_t)(a->rope_dim / 2) * sizeof(float);
@@ -539,7 +554,7 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
         }
         size_t have = c->attn_work_bytes;
         tm_error e;
-        if (grow(&c->attn_work, &have, need, "attention work", &e) != TM_OK) {
+        if (grow(c, &c->attn_work, &have, need, "attention work", &e) != TM_OK) {
             cu_fail(c, cudaErrorMemoryAllocation, "attention work");
             return;
         }
@@ -619,7 +634,7 @@ static void cu_free(tm_backend *be) {
         if (g) cudaGraphDestroy(g);
     }
     cudaStreamSynchronize(c->stream);
-    for (int32_t g = 0; g < c->n_graphs; g++) cudaGraphExecDestroy(c->graphs[g].exec);
+    graphs_reset(c);
     for (int32_t i = 0; i < c->n_bufs; i++) cudaFree(c->bufs[i].p);
     free(c->bufs);
     cudaFree(c->kv_mem);
