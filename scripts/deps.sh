@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(cmake gcc make pkg-config libpcre2-dev libcjson-dev libxxhash-dev libcmocka-dev libmicrohttpd-dev python3-venv)
+pkgs=(cmake gcc make pkg-config libpcre2-dev libcjson-dev libxxhash-dev libcmocka-dev libmicrohttpd-dev libcurl4-openssl-dev gnuplot-nox python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -24,13 +24,14 @@ if [ ! -f "$model" ]; then
   [ -f "$model" ] || { echo "deps: $model not found after install" >&2; exit 1; }
 fi
 
-# Test tools: a small venv with pytest and numpy (the heavy oracles live in .deps/venv, made by
-# `make parity`), and the Gemma 3 GGUF whose SentencePiece tokenizer the unit tests check.
+# Test tools: a small venv with pytest, numpy, gguf, and the official openai client plus httpx for the
+# server tests (the heavy oracles live in .deps/venv, made by `make parity`), and the Gemma 3 GGUF whose
+# SentencePiece tokenizer the unit tests check.
 if [ "${1:-}" = "--test" ]; then
-  if ! .deps/venv-test/bin/python -c "import pytest, numpy, gguf" 2>/dev/null; then
-    echo "deps: creating .deps/venv-test with pytest, numpy, gguf"
+  if ! .deps/venv-test/bin/python -c "import pytest, numpy, gguf, openai, httpx" 2>/dev/null; then
+    echo "deps: creating .deps/venv-test with pytest, numpy, gguf, openai, httpx"
     [ -x .deps/venv-test/bin/python ] || python3 -m venv .deps/venv-test
-    .deps/venv-test/bin/pip install -q pytest numpy gguf
+    .deps/venv-test/bin/pip install -q pytest numpy gguf openai httpx
   fi
   scripts/get_gemma.sh python3 >/dev/null
 fi

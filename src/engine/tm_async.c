@@ -21,6 +21,8 @@ struct tm_stream {
     atomic_int refs;            /* reader + engine side */
     atomic_bool abort_requested;
     uint64_t id;                /* engine request id (engine thread only) */
+    tm_stream_notify_fn notify; /* under mu */
+    void *notify_user;
 };
 
 typedef struct submission {
@@ -63,8 +65,10 @@ static void stream_unref(tm_stream *s) {
 static void stream_push(tm_stream *s, const tm_gen_event *ev) {
     ev_node *n = calloc(1, sizeof *n);
     char *text = malloc(ev->text_len + 1);
+    int32_t n_top = ev->finish_reason || !ev->top || ev->n_top < 0 ? 0 : ev->n_top;
+    tm_logprob *top = n_top ? malloc((size_t)n_top * sizeof *top) : NULL; /* (n_top) */
     pthread_mutex_lock(&s->mu);
-    if (n && text) {
+    if (n && text && (top || !n_top)) {
         memcpy(text, ev->text, ev->text_len);
         text[ev->text_len] = '\0';
         n->ev.token = ev->token;
@@ -74,17 +78,22 @@ static void stream_push(tm_stream *s, const tm_gen_event *ev) {
         n->ev.final = ev->finish_reason != NULL;
         n->ev.finish_reason = ev->finish_reason;
         if (ev->stats) n->ev.stats = *ev->stats;
+        if (n_top) memcpy(top, ev->top, (size_t)n_top * sizeof *top);
+        n->ev.top = top;
+        n->ev.n_top = n_top;
         if (s->tail) s->tail->next = n;
         else s->head = n;
         s->tail = n;
     } else {
         free(n);
         free(text);
+        free(top);
         n = NULL;
     }
     bool final = ev->finish_reason != NULL;
     if (final) s->final_queued = true;
     pthread_cond_broadcast(&s->cv);
+    if (s->notify && (n || final)) s->notify(s->notify_user);
     pthread_mutex_unlock(&s->mu);
     if (!n && !final) atomic_store(&s->abort_requested, true); /* out of memory: end the request */
     if (final) stream_unref(s);
@@ -195,6 +204,8 @@ void tm_async_free(tm_async *a) {
     free(a);
 }
 
+const tm_engine *tm_async_engine(const tm_async *a) { return a->engine; }
+
 tm_status tm_async_submit(tm_async *a, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp, tm_stream **out,
                           tm_error *err) {
     *out = NULL;
@@ -242,6 +253,10 @@ tm_status tm_stream_next(tm_stream *s, double timeout_s, tm_stream_event *ev, tm
         pthread_mutex_unlock(&s->mu);
         return tm_err(err, TM_ERR_INVALID, "the stream has ended");
     }
+    if (!s->head && timeout_s == 0) {
+        pthread_mutex_unlock(&s->mu);
+        return tm_err(err, TM_ERR_RANGE, "no event yet");
+    }
     struct timespec dl;
     if (timeout_s >= 0) {
         clock_gettime(CLOCK_REALTIME, &dl);
@@ -264,6 +279,13 @@ tm_status tm_stream_next(tm_stream *s, double timeout_s, tm_stream_event *ev, tm
     *ev = n->ev;
     free(n);
     return TM_OK;
+}
+
+void tm_stream_set_notify(tm_stream *s, tm_stream_notify_fn fn, void *user) {
+    pthread_mutex_lock(&s->mu);
+    s->notify = fn;
+    s->notify_user = fn ? user : NULL;
+    pthread_mutex_unlock(&s->mu);
 }
 
 void tm_stream_abort(tm_stream *s) {
@@ -291,5 +313,6 @@ void tm_stream_free(tm_stream *s) {
 
 void tm_stream_event_clear(tm_stream_event *ev) {
     free(ev->text);
+    free(ev->top);
     memset(ev, 0, sizeof *ev);
 }

@@ -143,6 +143,14 @@ void tm_engine_free(tm_engine *e) {
     free(e);
 }
 
+/* The scheduler gauges (running, waiting, KV usage) as they are now: after every admission, finish and
+ * abort, so an idle engine does not keep reporting the last step's numbers. */
+static void publish_sched_gauges(tm_engine *e) {
+    if (e->metrics)
+        tm_metrics_set_sched(e->metrics, (uint64_t)e->sched.n_running, (uint64_t)e->sched.n_waiting,
+                             tm_kv_usage(&e->runner->pool));
+}
+
 /* Final event, blocks back to the pool, request freed. */
 static void finish(tm_engine *e, int32_t live_idx, const char *reason) {
     tm_request *q = e->live[live_idx];
@@ -163,6 +171,7 @@ static void finish(tm_engine *e, int32_t live_idx, const char *reason) {
                                                                                             : TM_FINISH_ABORT;
     tm_req_on_finish(&q->timing, e->metrics, q->stats.finish_s, fr);
     tm_sched_finish(&e->sched, &q->seq, fr == TM_FINISH_ABORT ? TM_SEQ_ABORTED : TM_SEQ_FINISHED);
+    publish_sched_gauges(e);
     if (q->cb) {
         tm_gen_event ev = {q->seq.id, -1, q->ot.buf ? q->ot.buf + q->ot.emitted : "", q->ot.len - q->ot.emitted, {0, 0},
                            NULL, 0, reason, &q->stats};
@@ -203,10 +212,8 @@ tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, co
     for (size_t i = 0; i < gp->n_stop; i++)
         if (!(q->stops[i] = tm_strndup(gp->stop[i], strlen(gp->stop[i])))) goto nomem;
     q->gp.stop = (const char *const *)q->stops;
-    if ((s = tm_sampler_create(&gp->sampling, e->model->hp.n_vocab, &q->sampler, err)) != TM_OK) {
-        request_free(q);
-        return s;
-    }
+    /* the sampler (a few n_vocab-sized buffers) is made when the request first samples, so queued requests
+     * stay small; its parameters were validated above */
     memcpy(q->tokens, prompt, n_prompt * sizeof(int32_t));
     q->cb = cb;
     q->user = user;
@@ -224,6 +231,7 @@ tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, co
         return s;
     }
     e->live[e->n_live++] = q;
+    publish_sched_gauges(e);
     if (id) *id = q->seq.id;
     if (gp->max_tokens == 0) finish(e, e->n_live - 1, "length");
     return TM_OK;
@@ -287,6 +295,12 @@ static const char *postprocess(tm_engine *e, tm_request *q, int32_t tok, const t
     return NULL;
 }
 
+/* temperature 0 (or top-k 1) with no penalties and no logprobs: the token is the argmax of the raw logits */
+static bool sampling_is_plain_greedy(const tm_sampling_params *sp) {
+    return (sp->temperature == 0.0f || sp->top_k == 1) && sp->repeat_penalty == 1.0f && sp->presence_penalty == 0.0f &&
+           sp->frequency_penalty == 0.0f && sp->n_logprobs == 0;
+}
+
 tm_status tm_engine_step(tm_engine *e, tm_error *err) {
     tm_runner *r = e->runner;
     double now = tm_time_s();
@@ -316,6 +330,11 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         e->st_n[i] = p->n_new[i];
         e->st_logits[i] = q->seq.n_computed + p->n_new[i] == q->seq.n_tokens;
     }
+    /* plain greedy requests let a device backend take the argmax itself: only ids leave the device */
+    bool dev_greedy = tm_runner_can_argmax(r);
+    for (int32_t i = 0; i < p->n && dev_greedy; i++)
+        if (e->st_logits[i] && !sampling_is_plain_greedy(&((tm_request *)p->seqs[i]->user)->gp.sampling)) dev_greedy = false;
+    r->greedy_on_device = dev_greedy;
     if ((s = tm_runner_step(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, p->n, err)) != TM_OK) return s;
     tm_sched_commit(&e->sched, p);
     now = tm_time_s();
@@ -325,7 +344,23 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         if (!e->st_logits[i]) continue;
         tm_request *q = p->seqs[i]->user;
         tm_logprob chosen = {0, 0};
+        if (dev_greedy) { /* argmax already taken on the device; a greedy sampler draws no random numbers */
+            int32_t tok = r->greedy[row++];
+            chosen.id = tok;
+            const char *reason = postprocess(e, q, tok, &chosen, now, err, &s);
+            if (reason) finish(e, live_index(e, q), reason);
+            if (s != TM_OK) return s;
+            continue;
+        }
         float *logits = r->logits + (size_t)row++ * (size_t)e->model->hp.n_vocab;
+        if (!q->sampler) {
+            tm_error serr = {0};
+            if (tm_sampler_create(&q->gp.sampling, e->model->hp.n_vocab, &q->sampler, &serr) != TM_OK) {
+                tm_log(TM_LOG_ERROR, "request %llu: %s; aborting it", (unsigned long long)q->seq.id, serr.msg);
+                finish(e, live_index(e, q), "abort");
+                continue;
+            }
+        }
         int32_t tok = tm_sampler_sample(q->sampler, logits, q->tokens + q->seq.n_prompt,
                                         (size_t)(q->seq.n_tokens - q->seq.n_prompt), &chosen, q->top);
         const char *reason = postprocess(e, q, tok, &chosen, now, err, &s);

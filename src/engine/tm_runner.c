@@ -157,6 +157,7 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
         .slot_mapping = r->b_slots, .n_logits = nl, .logits_index = r->b_logits_idx,
     };
     bool dev_argmax = r->greedy_on_device && r->be->ops->argmax && nl > 0;
+    r->greedy_on_device = false; /* one step only: the next caller (prompt_logits, a sampled step) gets logits */
     tm_status st = tm_model_forward(r->model, r->be, &r->ws, &b, dev_argmax ? NULL : r->logits, err);
     if (st == TM_OK && dev_argmax) st = r->be->ops->argmax(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->greedy, err);
     if (st != TM_OK) return st;
@@ -192,6 +193,7 @@ tm_status tm_runner_check_prompt(const tm_runner *r, const int32_t *prompt, size
 }
 
 tm_status tm_runner_prompt_logits(tm_runner *r, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err) {
+    r->greedy_on_device = false;
     tm_status s = tm_runner_check_prompt(r, prompt, n_prompt, err);
     if (s != TM_OK) return s;
     tm_kv_seq seq = {0};

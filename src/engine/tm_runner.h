@@ -32,7 +32,8 @@ typedef struct tm_runner {
     tm_runner_cfg cfg;
     float *logits;              /* (max_logits, n_vocab) host logits of the last pass */
     int32_t *greedy;            /* (max_logits) argmax ids of the last pass when it ran with greedy_on_device */
-    bool greedy_on_device;      /* next steps: argmax on the backend, only ids to the host (r->logits unset) */
+    bool greedy_on_device;      /* the next step only: argmax on the backend, only ids to the host (r->logits
+                                 * unset); cleared by tm_runner_step */
     /* batch staging, (max_batch_tokens) each unless noted */
     int32_t *b_ids, *b_pos, *b_seq, *b_logits_idx;
     int64_t *b_slots;

@@ -1,6 +1,7 @@
 /* main.c -- the tokenmill command line: run, chat, tokenize, inspect (over the public C API). */
 #include "tokenmill.h"
 #include "tm_bench.h"
+#include "tm_bench_serve.h"
 #include "tm_membw.h"
 #include "tm_plan.h"
 
@@ -23,13 +24,13 @@ static const char *k_usage =
     "  run      -p PROMPT [-m MODEL] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
     "           [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--stop STR]...\n"
     "           [--ignore-eos] [--logprobs N] [--chat] [--system TEXT] [--chat-template NAME] [--json]\n"
-    "           [-t THREADS] [-c CTX] [-b TOKENS_PER_PASS] [--act-bits 16|8]\n"
+    "           [-t THREADS] [-c CTX] [-b TOKENS_PER_PASS] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs]\n"
     "  chat     [-m MODEL] [same sampling options] [--system TEXT] [--chat-template NAME]\n"
     "  tokenize [-m MODEL] [--no-special] [--no-bos] TEXT\n"
     "  inspect  MODEL [--no-tensors]\n"
     "  bench latency [-m MODEL] [--input-len I] [--output-len O] [-r REPS] [-t THREADS] [--json]\n"
     "           prefill (I-token prompt, one pass) and decode (O tokens) speed, like llama-bench pp/tg\n"
-    "           --batch B [--bw GB/s] [--ceiling-gflop-s G]: B sequences decoded together, step time\n"
+    "           --batch B [--bw GB/s|auto] [--ceiling-gflop-s G]: B sequences decoded together, step time\n"
     "           against the roofline floor max(weights / bandwidth, step FLOPs / compute ceiling)\n"
     "  bench throughput [-m MODEL] [--num-prompts N] [--input-len I] [--output-len O]\n"
     "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
@@ -38,7 +39,12 @@ static const char *k_usage =
     "  plan     --mem SIZE [-m MODEL] [--ctx N] [--kv-dtype f16|bf16|f32] [--block-size N]\n"
     "           [--workspace-tokens N] [--json]   weights, KV bytes per token, blocks, max sequences\n"
     "  bench memory [-t THREADS] [--json]   DRAM read bandwidth (the decode floor's denominator)\n"
+    "  bench serve --base-url URL [--num-prompts N] [--request-rate R|inf] [...]   load an OpenAI-compatible\n"
+    "           server (Poisson arrivals, streaming): TTFT/TPOT/ITL/E2E, throughput, goodput (--help)\n"
     "  eval     [-m MODEL] --ids-file F --out DIR [-n N]   (parity: logits + greedy ids per prompt line)\n"
+    "           --max-seqs S [--kv-blocks K] [-b T]: all prompts at once through the engine, greedy ids only\n"
+    "  serve    [-m MODEL] [--host ADDR] [--port N] [--api-key KEY] [engine options]   OpenAI-compatible\n"
+    "           HTTP server (tokenmill serve --help)\n"
     "MODEL is a GGUF file or dummy:NAME[:TYPE] (smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b).\n"
     "Without -m the model is $TOKENMILL_MODEL or the bundled SmolLM2-135M-Instruct Q4_1.\n";
 
@@ -152,6 +158,14 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-tokens") || !strcmp(a, "--max-batched-tokens")) {
             NEED_VALUE();
             if (!parse_i32(v, 1, 65536, &o->load.max_batch_tokens)) return usage_error("bad batch size '%s' (1..65536)", v);
+        } else if (!strcmp(a, "--device")) {
+            NEED_VALUE();
+            o->load.device = v;
+        } else if (!strcmp(a, "--kv-blocks")) {
+            NEED_VALUE();
+            if (!parse_i32(v, 1, INT32_MAX, &o->load.kv_blocks)) return usage_error("bad KV block count '%s'", v);
+        } else if (!strcmp(a, "--no-graphs")) {
+            o->load.no_graphs = true;
         } else if (!strcmp(a, "--act-bits")) {
             NEED_VALUE();
             if (!parse_i32(v, 8, 16, &o->load.act_bits) || (o->load.act_bits != 8 && o->load.act_bits != 16))
@@ -189,7 +203,8 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             if (!parse_i32(v, 1, 4096, &o->batch)) return usage_error("bad batch '%s' (1..4096)", v);
         } else if (!strcmp(a, "--bw")) {
             NEED_VALUE();
-            if (!parse_f32(v, 0.001f, 1e6f, &o->bw_gb_s)) return usage_error("bad bandwidth '%s' (GB/s)", v);
+            if (!strcmp(v, "auto")) o->bw_gb_s = -1.0f; /* measured around the decode phase, same conditions */
+            else if (!parse_f32(v, 0.001f, 1e6f, &o->bw_gb_s)) return usage_error("bad bandwidth '%s' (GB/s or auto)", v);
         } else if (!strcmp(a, "--ceiling-gflop-s")) {
             NEED_VALUE();
             if (!parse_f32(v, 0.001f, 1e9f, &o->ceiling_gflop_s)) return usage_error("bad compute ceiling '%s' (GFLOP/s)", v);
@@ -434,7 +449,8 @@ static int cmd_bench(cli_opts *o) {
     }
     if (o->positional && !strcmp(o->positional, "throughput")) {
         tm_bench_tp_cfg bc = {
-            .model = o->load.model, .n_threads = o->load.n_threads, .num_prompts = o->num_prompts ? o->num_prompts : 64,
+            .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs,
+            .n_threads = o->load.n_threads, .num_prompts = o->num_prompts ? o->num_prompts : 64,
             .input_len = o->input_len ? o->input_len : 128, .output_len = o->output_len ? o->output_len : 128,
             .out_min = o->out_min, .out_max = o->out_max, .shared_prefix = o->shared_prefix,
             .static_batching = o->static_batching, .max_seqs = o->max_seqs, .max_batched_tokens = o->load.max_batch_tokens,
@@ -450,7 +466,8 @@ static int cmd_bench(cli_opts *o) {
                            o->positional ? o->positional : "");
     if (o->batch > 0) {
         tm_bench_tp_cfg bc = {
-            .model = o->load.model, .n_threads = o->load.n_threads, .num_prompts = o->batch,
+            .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs,
+            .n_threads = o->load.n_threads, .num_prompts = o->batch,
             .input_len = o->input_len ? o->input_len : 512, .output_len = o->output_len ? o->output_len : 128,
             .act_bits = o->load.act_bits, .json = o->json, .seed = o->gen.seed, .ceiling_gflop_s = o->ceiling_gflop_s,
         };
@@ -540,8 +557,71 @@ static bool collect_id(void *user, const tm_token_event *ev) {
 
 /* For each line of space-separated prompt ids: DIR/logits_<i>.f32 (first-step logits) and a JSON line
  * {"index": i, "tokens": [greedy continuation]} on stdout. */
+/* eval --max-seqs S (S > 1): every prompt generated together through the engine (continuous batching, chunked
+ * prefill under -b, preemption when --kv-blocks is small, prefix sharing), greedy ids printed in prompt order. */
+static int eval_batched(cli_opts *o, FILE *f) {
+    tm_error err = {0};
+    tm_ctx *ctx = NULL;
+    o->load.max_seqs = o->max_seqs;
+    if (tm_load(&o->load, &ctx, &err) != TM_OK) return fail(&err);
+    ids_out *prompts = NULL, *gens = NULL;
+    tm_request_spec *specs = NULL;
+    size_t n = 0, cap = 0, lcap = 0;
+    char *line = NULL;
+    int rc = 0;
+    tm_generate_params gp = o->gen;
+    gp.temperature = 0.0f;
+    gp.ignore_eos = true;
+    while (rc == 0 && getline(&line, &lcap, f) > 0) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 32;
+            ids_out *np = realloc(prompts, cap * sizeof *np);
+            if (!np) { rc = 1; break; }
+            prompts = np;
+        }
+        prompts[n] = (ids_out){0};
+        for (char *tok = strtok(line, " \t\r\n"); tok; tok = strtok(NULL, " \t\r\n")) {
+            int32_t id;
+            tm_token_event ev = {0};
+            if (!parse_i32(tok, 0, INT32_MAX, &id)) { rc = usage_error("bad token id '%s'", tok); break; }
+            ev.token = id;
+            if (!collect_id(&prompts[n], &ev)) { rc = 1; break; }
+        }
+        n++;
+    }
+    gens = calloc(n ? n : 1, sizeof *gens);
+    specs = calloc(n ? n : 1, sizeof *specs);
+    if (!rc && (!gens || !specs)) rc = 1;
+    for (size_t i = 0; !rc && i < n; i++)
+        specs[i] = (tm_request_spec){.prompt = prompts[i].ids, .n_prompt = prompts[i].n, .params = &gp, .cb = collect_id,
+                                     .user = &gens[i], .result = NULL};
+    if (!rc && tm_generate_batch(ctx, specs, n, &err) != TM_OK) rc = fail(&err);
+    for (size_t i = 0; !rc && i < n; i++) {
+        printf("{\"index\": %zu, \"tokens\": [", i);
+        for (size_t j = 0; j < gens[i].n; j++) printf(j ? ", %d" : "%d", gens[i].ids[j]);
+        printf("]}\n");
+    }
+    for (size_t i = 0; i < n; i++) {
+        free(prompts[i].ids);
+        if (gens) free(gens[i].ids);
+    }
+    free(prompts);
+    free(gens);
+    free(specs);
+    free(line);
+    tm_free(ctx);
+    return rc;
+}
+
 static int cmd_eval(cli_opts *o) {
-    if (!o->ids_file || !o->out_dir) return usage_error("eval needs --ids-file and --out%s", "");
+    if (!o->ids_file || (!o->out_dir && o->max_seqs <= 1)) return usage_error("eval needs --ids-file and --out%s", "");
+    if (o->max_seqs > 1) {
+        FILE *bf = fopen(o->ids_file, "r");
+        if (!bf) return usage_error("cannot open '%s'", o->ids_file);
+        int rc = eval_batched(o, bf);
+        fclose(bf);
+        return rc;
+    }
     FILE *f = fopen(o->ids_file, "r");
     if (!f) return usage_error("cannot open '%s'", o->ids_file);
     tm_error err = {0};
@@ -595,6 +675,8 @@ static int cmd_eval(cli_opts *o) {
     return rc;
 }
 
+int tm_cmd_serve(int argc, char **argv); /* tm_serve_cmd.c */
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage_error("missing command%s", "");
     const char *cmd = argv[1];
@@ -603,6 +685,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "plan")) return tm_cmd_plan(argc, argv);
+    if (!strcmp(cmd, "serve")) return tm_cmd_serve(argc, argv); /* tm_serve_cmd.c */
+    if (!strcmp(cmd, "bench") && argc > 2 && !strcmp(argv[2], "serve")) return tm_cmd_bench_serve(argc, argv);
     cli_opts o = {0};
     o.gen = tm_generate_params_default();
     int rc = parse_opts(argc, argv, &o);

@@ -3,6 +3,7 @@
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "core/tm_dtype.h"
 #include "tb_common.h"
+#include "tb_guard.h"
 
 /* Both kernels round like tm_dequant_row (no fused multiply-add), so the expected result is bit-exact: dequant
  * is compared with the CPU values rounded to bf16 (tolerance 1e-5 on the relative L2 error, i.e. at most a stray
@@ -12,7 +13,8 @@
  * float cols that are not a multiple of 8 (fallback to v1); both versions (TM_CUDA_DEQUANT_V=1 and the default).
  * Embed: ids in random order with repeats, the first and last rows, n = 1 and 37. Timing: dequant of the 8B
  * shapes per type (bytes = weights + bf16 output) and embedding 512 tokens of a 128256 x 4096 table (bytes = the
- * rows read + f32 output). */
+ * rows read + f32 output). Robustness (tb_guard.h): checked allocations, "CASE <name>" before each case, crash and
+ * hang reports naming the case, timing skipped past TB_BUDGET_S seconds (default 25). */
 
 static const int32_t k_types[] = {TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0,
                                   TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K, TM_DT_Q6_K};
@@ -30,8 +32,8 @@ static void put_f16(uint8_t *p, float v) {
 
 static uint8_t *make_weights(int32_t t, int64_t rows, int64_t cols, bool random_bytes) {
     const size_t rb = row_bytes_of(t, cols);
-    uint8_t *w = malloc(rb * (size_t)rows);
-    float *tmp = malloc((size_t)cols * sizeof(float));
+    uint8_t *w = tb_xmalloc(rb * (size_t)rows);
+    float *tmp = tb_xmalloc((size_t)cols * sizeof(float));
     for (int64_t r = 0; r < rows; r++) {
         uint8_t *row = w + (size_t)r * rb;
         if (random_bytes && is_quant(t)) {
@@ -66,23 +68,26 @@ static void set_version(int v) {
 }
 
 static void check_case(int32_t t, int64_t rows, int64_t cols, bool random_bytes) {
+    tb_case("dequant %s%s %lldx%lld", type_name(t), random_bytes ? "r" : "", (long long)rows, (long long)cols);
     const size_t rb = row_bytes_of(t, cols), ne = (size_t)rows * cols;
     uint8_t *w = make_weights(t, rows, cols, random_bytes);
-    float *ref = malloc(ne * sizeof(float)), *refb = malloc(ne * sizeof(float)), *got = malloc(ne * sizeof(float));
-    uint16_t *out_h = malloc(ne * 2);
+    float *ref = tb_xmalloc(ne * sizeof(float)), *refb = tb_xmalloc(ne * sizeof(float));
+    float *got = tb_xmalloc(ne * sizeof(float));
+    uint16_t *out_h = tb_xmalloc(ne * 2);
     for (int64_t r = 0; r < rows; r++) tm_dequant_row((tm_dtype)t, w + (size_t)r * rb, ref + (size_t)r * cols, cols);
     for (size_t i = 0; i < ne; i++) refb[i] = tb_bf16_to_f32(tb_f32_to_bf16(ref[i]));
     void *w_d = tb_upload(w, rb * (size_t)rows);
     uint16_t *out_d = tb_dev(ne * 2);
     /* embed: ids in random order with repeats plus the first and the last row */
     const int n_ids = rows > 1 ? 37 : 1;
-    int32_t *ids = malloc((size_t)n_ids * sizeof(int32_t));
+    int32_t *ids = tb_xmalloc((size_t)n_ids * sizeof(int32_t));
     for (int i = 0; i < n_ids; i++) ids[i] = (int32_t)(tb_rand_u64() % (uint64_t)rows);
     ids[0] = (int32_t)(rows - 1);
     if (n_ids > 1) ids[1] = 0;
     int32_t *ids_d = tb_upload(ids, (size_t)n_ids * sizeof(int32_t));
     float *x_d = tb_dev((size_t)n_ids * cols * sizeof(float));
-    float *xh = malloc((size_t)n_ids * cols * sizeof(float)), *xref = malloc((size_t)n_ids * cols * sizeof(float));
+    float *xh = tb_xmalloc((size_t)n_ids * cols * sizeof(float));
+    float *xref = tb_xmalloc((size_t)n_ids * cols * sizeof(float));
     for (int i = 0; i < n_ids; i++) memcpy(xref + (size_t)i * cols, ref + (size_t)ids[i] * cols, (size_t)cols * sizeof(float));
     char name[96];
     for (int v = 2; v >= 1; v--) {
@@ -107,10 +112,10 @@ static void check_case(int32_t t, int64_t rows, int64_t cols, bool random_bytes)
         tb_result("embed", name, tb_rel_err(xh, xref, (size_t)n_ids * cols), 1e-6, 0, 0, 0, 'm');
     }
     set_version(2);
-    cudaFree(w_d);
-    cudaFree(out_d);
-    cudaFree(ids_d);
-    cudaFree(x_d);
+    TB_CHECK(cudaFree(w_d));
+    TB_CHECK(cudaFree(out_d));
+    TB_CHECK(cudaFree(ids_d));
+    TB_CHECK(cudaFree(x_d));
     free(w);
     free(ref);
     free(refb);
@@ -137,6 +142,7 @@ static void check_all(void) {
             check_case(t, 5, 36, false); /* cols % 8 != 0 */
         }
     }
+    tb_case("dequant argument checks");
     int bad = 0;
     uint16_t *o = tb_dev(4096);
     bad += tm_cuda_dequant_bf16(o, TM_DT_Q4_K, 1, 128, o, 0) != cudaErrorInvalidValue; /* cols % 256 */
@@ -146,7 +152,7 @@ static void check_all(void) {
     bad += tm_cuda_dequant_bf16(o, TM_DT_BF16, 0, 8, o, 0) != cudaSuccess;
     TB_CHECK(cudaDeviceSynchronize());
     tb_result("dequant_bf16", "argument checks", bad, 0, 0, 0, 0, 'm');
-    cudaFree(o);
+    TB_CHECK(cudaFree(o));
 }
 
 /* ---- timing ---------------------------------------------------------------------------------------------------- */
@@ -171,6 +177,8 @@ static void run_embed(void *p) {
 }
 
 static void time_dequant(int32_t t, int64_t rows, int64_t cols, int version) {
+    if (!tb_budget_ok()) return;
+    tb_case("time dequant %s%s %lldx%lld", version == 1 ? "v1 " : "", type_name(t), (long long)rows, (long long)cols);
     const size_t wb = row_bytes_of(t, cols) * (size_t)rows, ob = (size_t)rows * cols * 2;
     darg a = {t, rows, cols, tb_dev(wb), tb_dev(ob), NULL, 0, NULL};
     TB_CHECK(cudaMemset((void *)a.w, 0x11, wb)); /* timing only: small finite numbers in every type */
@@ -180,13 +188,15 @@ static void time_dequant(int32_t t, int64_t rows, int64_t cols, int version) {
     char name[96];
     snprintf(name, sizeof name, "%s%s %lldx%lld", version == 1 ? "v1 " : "", type_name(t), (long long)rows, (long long)cols);
     tb_result("dequant_bf16", name, 0.0, 0.0, us, (double)(wb + ob), 0.0, 'm');
-    cudaFree((void *)a.w);
-    cudaFree(a.out);
+    TB_CHECK(cudaFree((void *)a.w));
+    TB_CHECK(cudaFree(a.out));
 }
 
 static void time_embed(int32_t t, int64_t vocab, int64_t cols, int n) {
+    if (!tb_budget_ok()) return;
+    tb_case("time embed %s %lldx%lld n%d", type_name(t), (long long)vocab, (long long)cols, n);
     const size_t rb = row_bytes_of(t, cols);
-    int32_t *ids = malloc((size_t)n * sizeof(int32_t));
+    int32_t *ids = tb_xmalloc((size_t)n * sizeof(int32_t));
     for (int i = 0; i < n; i++) ids[i] = (int32_t)(tb_rand_u64() % (uint64_t)vocab);
     darg a = {t, vocab, cols, tb_dev(rb * (size_t)vocab), NULL, tb_upload(ids, (size_t)n * 4), n,
               tb_dev((size_t)n * cols * 4)};
@@ -195,14 +205,15 @@ static void time_embed(int32_t t, int64_t vocab, int64_t cols, int n) {
     char name[96];
     snprintf(name, sizeof name, "%s %lldx%lld n%d", type_name(t), (long long)vocab, (long long)cols, n);
     tb_result("embed", name, 0.0, 0.0, us, (double)n * (double)(rb + (size_t)cols * 4), 0.0, 'm');
-    cudaFree((void *)a.w);
-    cudaFree((void *)a.ids);
-    cudaFree(a.x);
+    TB_CHECK(cudaFree((void *)a.w));
+    TB_CHECK(cudaFree((void *)a.ids));
+    TB_CHECK(cudaFree(a.x));
     free(ids);
 }
 
 int main(int argc, char **argv) {
     (void)argv;
+    tb_guard_init(25.0);
     tb_seed();
     check_all();
     if (argc < 2) {
@@ -216,5 +227,7 @@ int main(int argc, char **argv) {
         time_embed(TM_DT_Q4_K, 128256, 4096, 512);
         time_embed(TM_DT_Q6_K, 128256, 4096, 512);
     }
+    tb_case("finish");
+    tb_guard_report("tb_dequant");
     return tb_finish("tb_dequant");
 }

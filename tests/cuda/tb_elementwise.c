@@ -1,4 +1,4 @@
-/* tb_elementwise.c -- test bed of SwiGLU, get_rows, bf16 <-> f32 conversions and fill_random: CPU references, timing. */
+/* tb_elementwise.c -- test bed of SwiGLU, get_rows, bf16 <-> f32 conversions and fill_random (CPU references). */
 #include "tb_common.h"
 
 #include "backend/cuda/tm_cuda_kernels.h"

@@ -113,7 +113,8 @@ static void check_cfg(const rope_cfg *c, int version) {
         }
     }
     double eq = tb_rel_err(got_q, ref_q, nq), ek = nkc ? tb_rel_err(got_k, ref_k, nkc) : 0.0;
-    if (bad) printf("# %s: %zu bitwise mismatches (pass-through dims, v, or slots outside the mapping)\n", c->name, bad);
+    if (bad)
+        printf("# %s: %zu bitwise mismatches (pass-through dims, v, or slots outside the mapping)\n", c->name, bad);
     char name[96];
     snprintf(name, sizeof name, "v%d %s q", version, c->name);
     tb_result("rope_kv_write", name, bad ? INFINITY : eq, 1e-2, 0, 0, 0, 'm');

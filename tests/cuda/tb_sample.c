@@ -1,13 +1,19 @@
-/* tb_sample.c -- test bed of tm_cuda_argmax and tm_cuda_sample: exact CPU restricted distributions, statistics, timing. */
+/* tb_sample.c -- test bed of tm_cuda_argmax and tm_cuda_sample: exact CPU distributions, statistics, timing. */
 #include "tb_common.h"
 
 #include "backend/cuda/tm_cuda_kernels.h"
 
+/* version 1: the bit-by-bit selection; 2: radix selection, blocks per row chosen by the launcher; 2CL (21, 22,
+ * 24, 28): radix selection with CL blocks per row forced (a cluster when CL > 1) */
 static void set_version(int v) {
-    if (v == 1)
-        setenv("TM_CUDA_SAMPLE_V", "1", 1);
-    else
-        unsetenv("TM_CUDA_SAMPLE_V");
+    unsetenv("TM_CUDA_SAMPLE_V");
+    unsetenv("TM_CUDA_SAMPLE_CLUSTER");
+    if (v == 1) setenv("TM_CUDA_SAMPLE_V", "1", 1);
+    if (v > 20) {
+        char cl[16];
+        snprintf(cl, sizeof cl, "%d", v - 20);
+        setenv("TM_CUDA_SAMPLE_CLUSTER", cl, 1);
+    }
 }
 
 static int ref_argmax(const float *x, int V) {
@@ -139,13 +145,21 @@ static void check_argmax(int rows, int V, bool ties) {
     if (rows > 2)
         for (int j = 0; j < V; j++) x[(size_t)2 * V + j] = -INFINITY;
     sample_arg a = make_arg(x, rows, V);
-    tb_poison(a.ids, rows * sizeof(int32_t));
-    TB_RUN(tm_cuda_argmax(a.logits, rows, V, a.ids, 0));
-    tb_download(ids, a.ids, rows * sizeof(int32_t));
     int bad = 0;
-    for (int r = 0; r < rows; r++) bad += ids[r] != ref_argmax(x + (size_t)r * V, V);
+    static const char *const blocks[] = {NULL, "1", "2", "4", "8"}; /* the launcher's choice, then forced */
+    for (int b = 0; b < 5; b++) {
+        if (blocks[b])
+            setenv("TM_CUDA_ARGMAX_CLUSTER", blocks[b], 1);
+        else
+            unsetenv("TM_CUDA_ARGMAX_CLUSTER");
+        tb_poison(a.ids, rows * sizeof(int32_t));
+        TB_RUN(tm_cuda_argmax(a.logits, rows, V, a.ids, 0));
+        tb_download(ids, a.ids, rows * sizeof(int32_t));
+        for (int r = 0; r < rows; r++) bad += ids[r] != ref_argmax(x + (size_t)r * V, V);
+    }
+    unsetenv("TM_CUDA_ARGMAX_CLUSTER");
     char name[64];
-    snprintf(name, sizeof name, "rows=%d V=%d%s", rows, V, ties ? " ties" : "");
+    snprintf(name, sizeof name, "rows=%d V=%d%s (1-8 blocks)", rows, V, ties ? " ties" : "");
     tb_result("argmax", name, bad, 0, 0, 0, 0, 'm');
     free_arg(&a);
     free(x);
@@ -164,11 +178,15 @@ static const tm_cuda_sample_params k_sets[] = {
 enum { N_SETS = sizeof k_sets / sizeof k_sets[0] };
 
 /* rows of V logits, each with params k_sets[r % N_SETS] (several offsets each); checks that every drawn token
- * has nonzero probability under the reference, the logprob, and that v1 == v2 and reruns are identical */
-static void check_exact(int rows, int V, bool ties, const char *label) {
+ * has nonzero probability under the reference, the logprob, and that v1 == v2 and reruns are identical.
+ * Flat logits make top-p sets far larger than the shared-memory list (the v2 path over the row). */
+enum { LOGITS_NORMAL, LOGITS_TIES, LOGITS_FLAT };
+static void check_exact(int rows, int V, int kind, const char *label) {
     size_t n = (size_t)rows * V;
     float *x = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = ties ? (float)(int)(4.0f * tb_uniform()) : 3.0f * tb_normal();
+    for (size_t i = 0; i < n; i++)
+        x[i] = kind == LOGITS_TIES ? (float)(int)(4.0f * tb_uniform())
+                                   : (kind == LOGITS_FLAT ? 0.05f : 3.0f) * tb_normal();
     for (int r = 0; r < rows; r += 5) x[(size_t)r * V + (size_t)(tb_rand_u64() % V)] = -INFINITY; /* masked */
     tm_cuda_sample_params *hp = malloc(rows * sizeof *hp);
     for (int r = 0; r < rows; r++) {
@@ -183,6 +201,14 @@ static void check_exact(int rows, int V, bool ties, const char *label) {
     sample_once(&a, hp, 2, ids3, NULL);
     sample_once(&a, hp, 1, ids1, NULL);
     int bad_set = 0, bad_lp = 0, bad_det = 0, bad_v1 = 0;
+    static const int forced[] = {21, 22, 24, 28}; /* every group size draws what v1 draws */
+    for (size_t f = 0; f < sizeof forced / sizeof forced[0]; f++) {
+        sample_once(&a, hp, forced[f], ids3, NULL);
+        for (int r = 0; r < rows; r++)
+            if (ids3[r] != ids1[r] && bad_v1++ < 5)
+                printf("# row %d: %d blocks per row drew %d, v1 %d\n", r, forced[f] - 20, ids3[r], ids1[r]);
+    }
+    sample_once(&a, hp, 2, ids3, NULL);
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * V;
         ref_distribution(xr, V, hp[r], prob);
@@ -202,7 +228,7 @@ static void check_exact(int rows, int V, bool ties, const char *label) {
     tb_result("sample", name, bad_set, 0, 0, 0, 0, 'm');
     snprintf(name, sizeof name, "%s logprob rows=%d V=%d", label, rows, V);
     tb_result("sample", name, bad_lp, 0, 0, 0, 0, 'm');
-    snprintf(name, sizeof name, "%s rerun+v1==v2 rows=%d V=%d", label, rows, V);
+    snprintf(name, sizeof name, "%s rerun, v1 == v2 (1-8 blocks) rows=%d V=%d", label, rows, V);
     tb_result("sample", name, bad_det + bad_v1, 0, 0, 0, 0, 'm');
     free_arg(&a);
     free(x);
@@ -228,13 +254,15 @@ static void check_greedy(int rows, int V) {
     int32_t *ids = malloc((size_t)rows * 4), *ids1 = malloc((size_t)rows * 4);
     float *lp = malloc((size_t)rows * 4);
     sample_arg a = make_arg(x, rows, V);
+    int32_t *ids8 = malloc((size_t)rows * 4);
     sample_once(&a, hp, 2, ids, lp);
     sample_once(&a, hp, 1, ids1, NULL);
+    sample_once(&a, hp, 28, ids8, NULL);
     int bad = 0, bad_lp = 0;
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * V;
         int want = ref_argmax(xr, V);
-        bad += (ids[r] != want) + (ids1[r] != want);
+        bad += (ids[r] != want) + (ids1[r] != want) + (ids8[r] != want);
         double wl = ref_logprob(xr, V, want);
         if (r % 4 < 2 && !(fabs(lp[r] - wl) <= 1e-4 * (1.0 + fabs(wl)))) bad_lp++;
     }
@@ -246,6 +274,7 @@ static void check_greedy(int rows, int V) {
     free(hp);
     free(ids);
     free(ids1);
+    free(ids8);
     free(lp);
 }
 
@@ -255,7 +284,8 @@ static void check_edges(void) {
     {
         float x[3] = {0.5f, -2.0f, 7.0f};
         sample_arg a = make_arg(x, 3, 1);
-        tm_cuda_sample_params hp[3] = {{1.0f, 0.9f, 0.1f, 5, 1, 1}, {0.0f, 1.0f, 0.0f, 0, 1, 2}, {2.0f, 1.0f, 0.0f, 1, 1, 3}};
+        tm_cuda_sample_params hp[3] = {
+            {1.0f, 0.9f, 0.1f, 5, 1, 1}, {0.0f, 1.0f, 0.0f, 0, 1, 2}, {2.0f, 1.0f, 0.0f, 1, 1, 3}};
         int32_t ids[3];
         float lp[3];
         sample_once(&a, hp, 2, ids, lp);
@@ -270,8 +300,9 @@ static void check_edges(void) {
         tm_cuda_sample_params hp[2] = {{1.0f, 0.5f, 0.0f, 0, 9, 9}, {1.0f, 0.5f, 0.0f, 0, 9, 9}};
         int32_t ids[2];
         float lp[2];
-        for (int v = 1; v <= 2; v++) {
-            sample_once(&a, hp, v, ids, lp);
+        static const int vs[] = {1, 2, 21, 28};
+        for (int k = 0; k < 4; k++) {
+            sample_once(&a, hp, vs[k], ids, lp);
             bad += ids[0] != 777 || fabs(lp[0]) > 1e-6 || ids[1] != 0 || fabs(lp[1] + logf((float)V)) > 1e-4;
         }
         free_arg(&a);
@@ -323,7 +354,8 @@ static void check_stats(const float *x, int V, tm_cuda_sample_params p, int vers
     bad += total != (long)N;
     printf("# %s: %d tokens allowed, chi2 %.1f (dof %d), N %.0f\n", label, kept, chi2, kept - 1, N);
     char name[96];
-    snprintf(name, sizeof name, "v%d stats %s", version, label);
+    snprintf(name, sizeof name, "%s%d stats %s", version > 20 ? "blocks=" : "v", version > 20 ? version - 20 : version,
+             label);
     tb_result("sample", name, bad, 0, 0, 0, 0, 'm');
     free_arg(&a);
     free(xs);
@@ -355,6 +387,8 @@ static void stats_suite(void) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int v = 2; v >= 1; v--)
             check_stats(cases[c].ties ? xt : x, cases[c].ties ? VT : V, cases[c].p, v, cases[c].name);
+    check_stats(x, V, cases[4].p, 28, cases[4].name); /* a cluster of 8 blocks per row */
+    check_stats(xt, VT, cases[5].p, 24, cases[5].name);
     /* seeds: the same (seed, offset) gives the same token (checked by the reruns); another seed changes draws */
     {
         const int rows = 256;
@@ -384,16 +418,25 @@ static void stats_suite(void) {
 static void time_sample(const char *label, int rows, int V, tm_cuda_sample_params p, int version, bool argmax) {
     size_t n = (size_t)rows * V;
     float *x = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = 3.0f * tb_uniform() + (i % 97 == 0 ? 8.0f : 0.0f);
+    const bool flat = strstr(label, "flat") != NULL; /* a top-p set far beyond the shared-memory list */
+    for (size_t i = 0; i < n; i++)
+        x[i] = flat ? 0.05f * tb_uniform() : 3.0f * tb_uniform() + (i % 97 == 0 ? 8.0f : 0.0f);
     tm_cuda_sample_params *hp = malloc(rows * sizeof *hp);
     for (int r = 0; r < rows; r++) hp[r] = p, hp[r].offset = (uint64_t)r;
     sample_arg a = make_arg(x, rows, V);
     TB_CHECK(cudaMemcpy(a.params, hp, rows * sizeof *hp, cudaMemcpyHostToDevice));
     set_version(version);
+    if (argmax && version > 20) {
+        char cl[16];
+        snprintf(cl, sizeof cl, "%d", version - 20);
+        setenv("TM_CUDA_ARGMAX_CLUSTER", cl, 1);
+    }
     double us = tb_time_us(argmax ? run_argmax : run_sample, &a, 3, version == 1 ? 5 : 50);
+    unsetenv("TM_CUDA_ARGMAX_CLUSTER");
     set_version(2);
     char name[96];
-    snprintf(name, sizeof name, "v%d %s rows=%d V=%d", version, label, rows, V);
+    snprintf(name, sizeof name, "%s%d %s rows=%d V=%d", version > 20 ? "blocks=" : "v",
+             version > 20 ? version - 20 : version, label, rows, V);
     tb_result(argmax ? "argmax" : "sample", name, 0, 0, us, 4.0 * n, 0, 'm');
     free_arg(&a);
     free(x);
@@ -410,9 +453,10 @@ int main(void) {
     check_edges();
     check_greedy(64, 128256);
     check_greedy(16, 1001);
-    check_exact(96, 128256, false, "normal");
-    check_exact(48, 32003, false, "normal-odd-V");
-    check_exact(48, 4000, true, "ties");
+    check_exact(96, 128256, LOGITS_NORMAL, "normal");
+    check_exact(48, 32003, LOGITS_NORMAL, "normal-odd-V");
+    check_exact(24, 128256, LOGITS_FLAT, "flat");
+    check_exact(48, 4000, LOGITS_TIES, "ties");
     stats_suite();
 
     if (getenv("TB_CHECK_ONLY")) return tb_finish("tb_sample"); /* correctness only, no timing */
@@ -420,10 +464,15 @@ int main(void) {
     const tm_cuda_sample_params nucleus = {1.0f, 0.95f, 0.0f, 0, 1, 0};
     const tm_cuda_sample_params greedy = {0.0f, 1.0f, 0.0f, 0, 1, 0};
     time_sample("argmax", 1, 128256, greedy, 2, true);
+    time_sample("argmax", 1, 128256, greedy, 21, true);
     time_sample("argmax", 256, 128256, greedy, 2, true);
     time_sample("greedy", 1, 128256, greedy, 2, false);
     time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 1, 128256, typical, 2, false);
     time_sample("T=1 p=0.95", 1, 128256, nucleus, 2, false);
+    time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 1, 128256, typical, 21, false);
+    time_sample("T=1 p=0.95", 1, 128256, nucleus, 21, false);
+    time_sample("T=1 p=0.95 flat", 1, 128256, nucleus, 2, false);
+    time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 16, 128256, typical, 2, false);
     time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 256, 128256, typical, 2, false);
     time_sample("T=1 p=0.95", 256, 128256, nucleus, 2, false);
     time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 1024, 128256, typical, 2, false);

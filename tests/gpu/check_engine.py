@@ -1,8 +1,8 @@
 """The engine on the GPU: every parity prompt plus prompts sharing a long prefix, generated (a) one at a time and
 (b) all together with chunked prefill (-b 64), prefix sharing and a KV pool small enough to force preemption.
-Greedy outputs must be identical for >= 80% of prompts; the steps where the others first differ are printed (bf16
-kernels differ between batch shapes: GEMV for <= 8 rows, cuBLASLt above; decode vs prefill attention). Run by
-scripts/gpu.sh."""
+bf16 kernels are not batch-invariant (GEMV for <= 8 rows, cuBLASLt above, whose algorithm depends on the shape;
+decode vs prefill attention), so the check is: >= 75% identical, and where a golden prompt's outputs part, the fp32
+reference's top-2 gap at that step must be a near-tie (< 0.5). Run by scripts/gpu.sh."""
 import argparse
 import json
 import os
@@ -42,10 +42,20 @@ def main():
             print(f"FAIL: {e}")
             sys.exit(1)
     same = sum(x == y for x, y in zip(alone, together))
-    div = [next(j for j in range(len(x)) if x[j] != y[j]) for x, y in zip(alone, together) if x != y]
-    ok = len(alone) == len(prompts) == len(together) and same >= 0.8 * len(prompts)
+    notes, unexplained = [], 0
+    for i, (x, y) in enumerate(zip(alone, together)):
+        if x == y:
+            continue
+        k = next(j for j in range(len(x)) if x[j] != y[j])
+        gap = None
+        if i < len(g["prompts"]) and g["prompts"][i]["greedy"][:k] == x[:k]:
+            gap = g["prompts"][i]["greedy_gaps"][k]  # the fp32 reference's top-2 gap where they part
+        notes.append(f"prompt {i} step {k}" + (f" (reference gap {gap:.3f})" if gap is not None else ""))
+        if gap is not None and gap >= 0.5:
+            unexplained += 1
+    ok = len(alone) == len(prompts) == len(together) and same >= 0.75 * len(prompts) and unexplained == 0
     line = (f"{'ok' if ok else 'FAIL'}: {same}/{len(prompts)} identical alone vs batched+chunked+preempted+prefix-shared"
-            + (f"; others first differ at steps {div}" if div else ""))
+            + (f"; others first differ at: {', '.join(notes)}" if notes else ""))
     print(line)
     sys.exit(0 if ok else 1)
 

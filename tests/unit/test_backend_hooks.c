@@ -320,9 +320,20 @@ static void test_engine_argmax_on_backend(void **st) {
     gp.sampling.temperature = 0.0f;
     for (int k = 0; k < 4; k++) assert_int_equal(tm_engine_add(e, prompts[k], 6, &gp, collect_cb, &solo[k], NULL, &err), TM_OK);
     while (tm_engine_has_work(e)) assert_int_equal(tm_engine_step(e, &err), TM_OK);
+    /* the device-argmax flag of the last greedy step must not leak into a later logits request */
+    float *lg = malloc(sizeof(float) * (size_t)m->hp.n_vocab), *lg_ref = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    e->runner->greedy_on_device = true;
+    assert_int_equal(tm_runner_prompt_logits(e->runner, prompts[2], 6, lg, &err), TM_OK);
     e->runner->be->ops = orig;
     tm_engine_free(e);
     assert_true(g_cpu_argmax_calls > 0);
+    tm_engine *e2 = NULL;
+    assert_int_equal(tm_engine_create(m, &cfg, &e2, &err), TM_OK);
+    assert_int_equal(tm_runner_prompt_logits(e2->runner, prompts[2], 6, lg_ref, &err), TM_OK);
+    tm_engine_free(e2);
+    assert_memory_equal(lg, lg_ref, sizeof(float) * (size_t)m->hp.n_vocab);
+    free(lg);
+    free(lg_ref);
     for (int k = 0; k < 4; k++) {
         assert_int_equal(solo[k].n, 12);
         assert_memory_equal(solo[k].ids, out[0][k].ids, sizeof solo[k].ids);

@@ -470,6 +470,24 @@ static void matmul_one(cu_backend *c, const tm_weight *w, const tm_weight *bias,
 
 static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs, const void *x, int32_t n) {
     cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    /* small batches: jobs of one type and width (q, k, v) go out as one grouped GEMV launch */
+    bool group = n_jobs > 1 && n_jobs <= TM_CUDA_GEMV_MAX_JOBS && n <= TM_CUDA_GEMV_MAX_N;
+    for (int32_t j = 1; j < n_jobs && group; j++)
+        group = jobs[j].w->type == jobs[0].w->type && jobs[j].w->cols == jobs[0].w->cols &&
+                jobs[j].out_f32 == jobs[0].out_f32;
+    if (group) {
+        tm_cuda_gemv_job gj[TM_CUDA_GEMV_MAX_JOBS];
+        for (int32_t j = 0; j < n_jobs; j++) {
+            gj[j] = (tm_cuda_gemv_job){.w = jobs[j].w->data, .rows = jobs[j].w->rows,
+                                       .bias = jobs[j].bias ? jobs[j].bias->data : NULL, .out = jobs[j].out};
+            buf_mark(c, jobs[j].out, jobs[j].out_f32);
+        }
+        cu_fail(c, tm_cuda_gemv_group(gj, n_jobs, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n, jobs[0].out_f32,
+                                      c->stream),
+                "gemv_group");
+        return;
+    }
     for (int32_t j = 0; j < n_jobs && !cu_failed(c); j++) {
         matmul_one(c, jobs[j].w, jobs[j].bias, x, n, jobs[j].out, jobs[j].out_f32);
         buf_mark(c, jobs[j].out, jobs[j].out_f32);

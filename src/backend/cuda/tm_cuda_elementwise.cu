@@ -132,11 +132,23 @@ __global__ void __launch_bounds__(kThreads) bf16_to_f32_kernel_v1(const uint16_t
         const size_t nch = n >> 3;
         const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
         float4 *o4 = reinterpret_cast<float4 *>(out);
-        for (size_t c = (size_t)blockIdx.x * kThreads + threadIdx.x; c < nch; c += stride) {
-            float f[8];
-            unpack_bf16x8(x4[c], f);
-            o4[2 * c] = make_float4(f[0], f[1], f[2], f[3]);
-            o4[2 * c + 1] = make_float4(f[4], f[5], f[6], f[7]);
+        /* kUnroll chunks per thread and step, every load issued before the stores */
+        for (size_t base = (size_t)blockIdx.x * kThreads * kUnroll + threadIdx.x; base < nch;
+             base += stride * kUnroll) {
+            uint4 u[kUnroll];
+#pragma unroll
+            for (int k = 0; k < kUnroll; k++)
+                if (base + (size_t)k * kThreads < nch) u[k] = x4[base + (size_t)k * kThreads];
+#pragma unroll
+            for (int k = 0; k < kUnroll; k++) {
+                const size_t c = base + (size_t)k * kThreads;
+                if (c < nch) {
+                    float f[8];
+                    unpack_bf16x8(u[k], f);
+                    o4[2 * c] = make_float4(f[0], f[1], f[2], f[3]);
+                    o4[2 * c + 1] = make_float4(f[4], f[5], f[6], f[7]);
+                }
+            }
         }
         done = nch << 3;
     }
@@ -216,7 +228,8 @@ extern "C" cudaError_t tm_cuda_bf16_to_f32(const uint16_t *x, size_t n, float *o
     if (!x || !out) return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
     const bool vec = aligned16(x) && aligned16(out);
-    bf16_to_f32_kernel_v1<<<grid_for(vec && n >= 8 ? n / 8 : n, kThreads), kThreads, 0, stream>>>(x, n, vec, out);
+    bf16_to_f32_kernel_v1<<<grid_for(vec && n >= 8 ? n / 8 : n, (size_t)kThreads * (vec ? kUnroll : 1)), kThreads, 0,
+                            stream>>>(x, n, vec, out);
     return cudaGetLastError();
 }
 

@@ -2,6 +2,7 @@
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "backend/cuda/tm_cuda_dequant.cuh"
 
+#include <limits.h>
 #include <stdlib.h>
 
 /* out (n, rows) = x (n, cols) bf16 . w^T for n <= 8: batch-1 decode, bound by the weight read.
@@ -15,22 +16,44 @@
  * for all rows and all n at once; x is loaded once for the R rows. Quantized types first form sum(q * x) over
  * the 8 elements with q the exact small integers, then add scale * that (+ min * sum(x)). The column split ends
  * with a shuffle reduction per warp and a shared-memory one across warps. W is picked so that every lane has at
- * least two units per row when the row is long enough (W = 4 for 2048 bf16 columns: 2 units of 8 per lane).
- * Grid: ceil(rows / R) blocks, i.e. several waves of 132 SMs for rows >= 2048. Bytes in flight per SM: with
- * ~32 resident warps and 2 rows x 2-4 units x 16 B per lane, 64-128 KB, well above the ~40 KB that the copy
- * bandwidth needs at ~1 us of DRAM latency.
+ * least one full step (U units, at least 2) per row when the row is long enough: W = 2 for 2048 bf16 columns
+ * (4 units of 8 per lane), 4 for 4096 and more. Grid: ceil(rows / R) blocks. At n = 1 the kernel has 64
+ * registers (__launch_bounds__), so 16 blocks of 2 warps or 8 of 4 warps are resident per SM, each thread with
+ * 8 loads of 16 B in flight: ~128 KB in flight per SM, about twice the ~50 KB that the copy bandwidth needs
+ * at ~1.5 us of loaded DRAM latency (with 4 warps and 2 units per lane, as in the first version, 2048-column
+ * rows had only 64 KB in flight per SM; TM_CUDA_GEMV_WIDE=1 brings that rule back for comparison).
+ *
+ * Groups (tm_cuda_gemv_group): one v2 launch computes up to 4 products that share type, cols and x (Q, K, V).
+ * The jobs travel by value in the kernel's parameter struct; job j owns the blocks blk0[j] .. blk0[j+1]-1
+ * (ceil(rows_j / R) blocks, so no block straddles two jobs) and a block picks its job with compares against
+ * blk0 (selects over constant indices: the arguments stay in parameter space, no local memory). A plain
+ * tm_cuda_gemv is a group of one job and runs the very same kernel, and every per-row quantity (threads per
+ * block, the lane -> unit map, the accumulation order) depends only on type, cols and the row itself, so a row's
+ * result is bit-identical whether it is computed alone, in a group, or for any n (batch row b of an n-row call
+ * equals the 1-row call on x[b]); tb_gemv checks all three.
  *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads
- * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction.
+ * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
+ * falls back to one launch per job (each job exactly as tm_cuda_gemv would run it).
  *
- * TM_CUDA_PDL=1 launches v2 with programmatic dependent launch: a block first prefetches the start of its weight
- * rows into L2 (weights do not depend on the previous kernel), then waits for the previous kernel
- * (griddepcontrol.wait) before reading x and writing out. Off by default. */
+ * TM_CUDA_PDL=1 launches v2 with programmatic dependent launch (cudaLaunchKernelEx with
+ * cudaLaunchAttributeProgrammaticStreamSerialization): the kernel may start while the previous kernel on the
+ * stream is still running. A block first prefetches the start of its weight rows into L2 (weights are never
+ * written by earlier kernels), then waits for the previous kernel (griddepcontrol.wait: returns once the
+ * preceding grid has completed and its memory is visible) before it reads x or bias or writes out, then
+ * allows the next PDL kernel to launch (griddepcontrol.launch_dependents; that kernel still waits for this one
+ * to complete before it touches memory, so triggering early is safe). How much this hides depends on the kernel
+ * before: a dependent grid is launched when every block of the preceding grid has triggered or exited, so
+ * behind a kernel that never triggers (norms, RoPE, attention today) the GEMV only overlaps that kernel's last
+ * blocks and its completion; behind a GEMV it overlaps the whole last wave. v1 is never launched with PDL. Off
+ * by default (a kernel launched with the attribute must wait before touching anything its predecessor reads or
+ * writes; these kernels do). */
 
 namespace {
 
 constexpr int kThreadsV1 = 128;
 constexpr int kMaxWarps = 4;
+constexpr int kMaxJobs = TM_CUDA_GEMV_MAX_JOBS;
 
 bool env_is_1(const char *name) {
     const char *s = getenv(name);
@@ -58,8 +81,8 @@ __device__ __forceinline__ void store_out(void *out, bool out_f32, int64_t idx, 
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kThreadsV1)
     gemv_kernel_v1(const uint8_t *__restrict__ wa, const uint8_t *__restrict__ wb, int32_t type, int64_t rows,
-                   int64_t cols, int64_t row_bytes, const uint16_t *__restrict__ x, int n, const float *__restrict__ bias,
-                   void *__restrict__ out, bool out_f32) {
+                   int64_t cols, int64_t row_bytes, const uint16_t *__restrict__ x, int n,
+                   const float *__restrict__ bias, void *__restrict__ out, bool out_f32) {
     const int64_t r = blockIdx.x;
     const uint8_t *ra = wa + r * row_bytes;
     const uint8_t *rb = SWIGLU ? wb + r * row_bytes : ra;
@@ -106,7 +129,7 @@ __global__ void __launch_bounds__(kThreadsV1)
 
 /* ---- v2 --------------------------------------------------------------------------------------------------------- */
 
-template <class T, int N> constexpr int unroll_for() {
+template <class T, int N> __host__ __device__ constexpr int unroll_for() {
     return N <= 2 ? T::UNROLL : N <= 4 ? (T::UNROLL > 1 ? T::UNROLL / 2 : 1) : 1;
 }
 
@@ -182,40 +205,70 @@ __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u,
     for (int k = 0; k < K; k++) unit_dot<T, N, NR>(raw[k], u + k * stride, x, cols, acc);
 }
 
-/* resident blocks per SM asked of the register allocator: 8 (<= 64 registers) at n = 1, so that a whole 2048-row
- * matrix (1024 blocks) fits in one wave; fewer for larger n, whose accumulators need more registers */
-constexpr int min_blocks_for(int n) { return n <= 1 ? 8 : n <= 2 ? 6 : n <= 4 ? 4 : 2; }
+/* resident 4-warp blocks per SM asked of the register allocator: 8 (<= 64 registers) at n = 1, i.e. 32 warps per
+ * SM (16 blocks when they have 2 warps); fewer for larger n, whose accumulators need more registers */
+__host__ __device__ constexpr int min_blocks_for(int n) { return n <= 1 ? 8 : n <= 2 ? 6 : n <= 4 ? 4 : 2; }
+
+/* v2's launch arguments, by value in kernel parameter space: up to kMaxJobs products sharing type, cols and x.
+ * Block b belongs to the last job j with blk0[j] <= b (unused slots: blk0 = INT_MAX). */
+struct v2_args {
+    const uint8_t *w[kMaxJobs];   /* (rows_j, row_bytes) weights of job j; SwiGLU: the gate */
+    const float *bias[kMaxJobs];  /* (rows_j) f32 or NULL */
+    void *out[kMaxJobs];          /* (n, rows_j) f32 or bf16 */
+    int rows[kMaxJobs];
+    int blk0[kMaxJobs];           /* first block of job j */
+    const uint8_t *w_up;          /* SwiGLU only: (rows_0, row_bytes) up weights of job 0 */
+    const uint16_t *x;            /* (n, cols) bf16 */
+    int64_t row_bytes;
+    int cols;
+    bool out_f32, pdl;
+};
 
 template <class T, int N, bool SWIGLU>
-__global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N))
-    gemv_kernel_v2(const uint8_t *__restrict__ wa, const uint8_t *__restrict__ wb, int rows, int cols,
-                   int64_t row_bytes, const uint16_t *__restrict__ x, const float *__restrict__ bias,
-                   void *__restrict__ out, bool out_f32, bool pdl) {
+__global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel_v2(const v2_args a) {
     constexpr int R = SWIGLU ? 1 : 2;    /* output rows per block */
     constexpr int NR = SWIGLU ? 2 : R;   /* weight rows per block */
     constexpr int U = unroll_for<T, N>();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int r0 = blockIdx.x * R;
+    const int bid = (int)blockIdx.x;
+
+    /* this block's job (constant indices only: no dynamic indexing of the parameter struct) */
+    const uint8_t *wj = a.w[0];
+    const float *bias = a.bias[0];
+    void *out = a.out[0];
+    int rows = a.rows[0], b0 = 0;
+#pragma unroll
+    for (int k = 1; k < kMaxJobs; k++) {
+        if (bid >= a.blk0[k]) {
+            wj = a.w[k];
+            bias = a.bias[k];
+            out = a.out[k];
+            rows = a.rows[k];
+            b0 = a.blk0[k];
+        }
+    }
+    const int r0 = (bid - b0) * R;
+    const int cols = a.cols;
+    const int64_t row_bytes = a.row_bytes;
+    const uint16_t *__restrict__ x = a.x;
 
     const uint8_t *wr[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) {
         const int r = SWIGLU ? r0 : min(r0 + i, rows - 1); /* a clamped row is computed and not written */
-        wr[i] = (SWIGLU && i == 1 ? wb : wa) + (int64_t)r * row_bytes;
+        wr[i] = (SWIGLU && i == 1 ? a.w_up : wj) + (int64_t)r * row_bytes;
     }
-    if (pdl) {
+    if (a.pdl) {
         /* programmatic dependent launch: start pulling this block's weights into L2 (up to 16 KB per row) while
-         * the previous kernel finishes, then wait for it before touching x or out */
+         * the previous kernel finishes, then wait for it before touching x, bias or out */
+        const int64_t pf_end = row_bytes < 16384 ? row_bytes : 16384;
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int o = (threadIdx.x + k * kMaxWarps * 32) * 128;
-                if (o < row_bytes && o < 16384) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[i] + o));
-            }
+            for (int64_t o = (int64_t)threadIdx.x * 128; o < pf_end; o += (int64_t)blockDim.x * 128)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[i] + o));
         }
         asm volatile("griddepcontrol.wait;" ::: "memory");
-        asm volatile("griddepcontrol.launch_dependents;");
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
 
     float acc[NR][N];
@@ -258,38 +311,38 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N))
             if (SWIGLU)
                 store_out(out, false, (int64_t)b * rows + r, silu_mul(s, s2));
             else
-                store_out(out, out_f32, (int64_t)b * rows + r, s + (bias ? bias[r] : 0.0f));
+                store_out(out, a.out_f32, (int64_t)b * rows + r, s + (bias ? bias[r] : 0.0f));
         }
     }
 }
 
-/* warps per block: enough lanes for the row's units, each lane with >= 2 units when possible */
-int warps_for(int units) {
-    int w = units / 64;
+/* warps per block: enough lanes for the row's units, each lane with at least one full step of `unroll` (>= 2)
+ * units when the row is long enough, so that the registers hold loads in flight rather than idle lanes (bf16,
+ * 2048 columns: 2 warps, 4 units of 8 per lane = 8 loads of 16 B in flight per thread for the 2 rows; 16 blocks
+ * of 64 threads per SM at 64 registers = 128 KB in flight per SM). A function of type and cols only: never of n
+ * or of the job, so per-row results do not depend on them. */
+int warps_for(int units, int unroll) {
+    int w = units / (32 * (unroll > 2 ? unroll : 2));
     return w < 1 ? 1 : w > kMaxWarps ? kMaxWarps : w;
 }
 
-template <class T, bool SWIGLU>
-cudaError_t launch_v2(const uint8_t *wa, const uint8_t *wb, int n, int rows, int cols, int64_t row_bytes,
-                      const uint16_t *x, const float *bias, void *out, bool out_f32, bool pdl, cudaStream_t stream) {
-    constexpr int R = SWIGLU ? 1 : 2;
+template <class T, bool SWIGLU> cudaError_t launch_v2(const v2_args &a, int n, int blocks, cudaStream_t stream) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((rows + R - 1) / R));
-    cfg.blockDim = dim3((unsigned)(32 * warps_for(cols / (T::RUNS * 8))));
+    cfg.gridDim = dim3((unsigned)blocks);
+    /* TM_CUDA_GEMV_WIDE=1: the first version's rule (>= 2 units per lane), for A/B timing */
+    const int unroll = env_is_1("TM_CUDA_GEMV_WIDE") ? 2 : T::UNROLL;
+    cfg.blockDim = dim3((unsigned)(32 * warps_for(a.cols / (T::RUNS * 8), unroll))); /* units: RUNS runs of 8 */
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = a.pdl ? 1 : 0;
     cudaError_t e = cudaErrorInvalidValue;
     switch (n) {
 #define TM_GEMV_N(NN)                                                                                              \
-    case NN:                                                                                                       \
-        e = cudaLaunchKernelEx(&cfg, gemv_kernel_v2<T, NN, SWIGLU>, wa, wb, rows, cols, row_bytes, x, bias, out,   \
-                               out_f32, pdl);                                                                      \
-        break;
+    case NN: e = cudaLaunchKernelEx(&cfg, gemv_kernel_v2<T, NN, SWIGLU>, a); break;
         TM_GEMV_N(1)
         TM_GEMV_N(2)
         TM_GEMV_N(3)
@@ -309,8 +362,8 @@ cudaError_t launch_v2(const uint8_t *wa, const uint8_t *wb, int n, int rows, int
 }
 
 /* The v2 kernels' alignment needs: weights ALIGN-aligned (blocks at fixed offsets), x 16-byte aligned with
- * cols % 8 == 0 (16-byte loads of 8 activations), sizes in int. */
-bool v2_ok(int32_t type, const void *wa, const void *wb, int64_t rows, int64_t cols, const uint16_t *x) {
+ * cols % 8 == 0 (16-byte loads of 8 activations), cols in int. */
+bool v2_ok(int32_t type, const void *wa, const void *wb, int64_t cols, const uint16_t *x) {
     int align = 0;
     switch (type) {
 #define TMQ_ALIGN(T) align = T::ALIGN
@@ -319,32 +372,82 @@ bool v2_ok(int32_t type, const void *wa, const void *wb, int64_t rows, int64_t c
     default: return false;
     }
     return (uintptr_t)wa % (uintptr_t)align == 0 && (uintptr_t)wb % (uintptr_t)align == 0 &&
-           ((uintptr_t)x & 15u) == 0 && cols % 8 == 0 && cols <= INT32_MAX && rows <= INT32_MAX;
+           ((uintptr_t)x & 15u) == 0 && cols % 8 == 0 && cols <= INT32_MAX;
 }
 
-cudaError_t gemv_any(const void *w_a, const void *w_b, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
-                     int32_t n, const float *bias, void *out, bool out_f32, bool swiglu, cudaStream_t stream) {
+/* One product (job) through v1: one block per output row. */
+cudaError_t launch_v1(const tm_cuda_gemv_job &j, const void *w_up, int32_t type, int64_t cols, int64_t row_bytes,
+                      const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
+    const uint8_t *wa = (const uint8_t *)j.w;
+    if (swiglu)
+        gemv_kernel_v1<true><<<(unsigned)j.rows, kThreadsV1, 0, stream>>>(wa, (const uint8_t *)w_up, type, j.rows, cols,
+                                                                          row_bytes, x, n, NULL, j.out, false);
+    else
+        gemv_kernel_v1<false><<<(unsigned)j.rows, kThreadsV1, 0, stream>>>(wa, wa, type, j.rows, cols, row_bytes, x, n,
+                                                                           j.bias, j.out, out_f32);
+    return cudaGetLastError();
+}
+
+/* Every launcher ends here: n_jobs products sharing type, cols and x (swiglu: exactly one job, whose w is the
+ * gate, with w_up the up weights). Jobs with 0 rows are skipped. */
+cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, int32_t type, int64_t cols,
+                     const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
     tmq::info ti;
-    if (!w_a || !w_b || !x || !out || n < 1 || n > TM_CUDA_GEMV_MAX_N || rows < 0 || rows > INT32_MAX || cols <= 0 ||
-        !tmq::type_info(type, &ti) || cols % ti.qk)
+    if (!jobs || n_jobs < 1 || n_jobs > kMaxJobs || !x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 ||
+        cols > INT32_MAX || !tmq::type_info(type, &ti) || cols % ti.qk || (swiglu && (n_jobs != 1 || !w_up)))
         return cudaErrorInvalidValue;
-    if (rows == 0) return cudaSuccess;
+    for (int32_t j = 0; j < n_jobs; j++)
+        if (!jobs[j].w || !jobs[j].out || jobs[j].rows < 0 || jobs[j].rows > INT32_MAX) return cudaErrorInvalidValue;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
-    const uint8_t *wa = (const uint8_t *)w_a, *wb = (const uint8_t *)w_b;
-    if (env_is_1("TM_CUDA_GEMV_V") || !v2_ok(type, wa, wb, rows, cols, x)) {
-        if (swiglu)
-            gemv_kernel_v1<true><<<(unsigned)rows, kThreadsV1, 0, stream>>>(wa, wb, type, rows, cols, row_bytes, x, n,
-                                                                            NULL, out, false);
-        else
-            gemv_kernel_v1<false><<<(unsigned)rows, kThreadsV1, 0, stream>>>(wa, wb, type, rows, cols, row_bytes, x,
-                                                                             n, bias, out, out_f32);
-        return cudaGetLastError();
+
+    /* v2 for all jobs at once when every job meets its alignment needs, else each job on its own as
+     * tm_cuda_gemv would run it (v2 or v1), so that a job's results never depend on its companions */
+    bool all_v2 = !env_is_1("TM_CUDA_GEMV_V");
+    for (int32_t j = 0; j < n_jobs && all_v2; j++)
+        if (jobs[j].rows > 0) all_v2 = v2_ok(type, jobs[j].w, swiglu ? w_up : jobs[j].w, cols, x);
+    if (!all_v2) {
+        for (int32_t j = 0; j < n_jobs; j++) {
+            if (jobs[j].rows == 0) continue;
+            cudaError_t e = (n_jobs > 1 && !env_is_1("TM_CUDA_GEMV_V"))
+                                ? gemv_run(&jobs[j], 1, w_up, type, cols, x, n, out_f32, swiglu, stream)
+                                : launch_v1(jobs[j], w_up, type, cols, row_bytes, x, n, out_f32, swiglu, stream);
+            if (e != cudaSuccess) return e;
+        }
+        return cudaSuccess;
     }
-    const bool pdl = env_is_1("TM_CUDA_PDL");
+
+    constexpr int R_PLAIN = 2, R_SWIGLU = 1; /* output rows per v2 block (R in gemv_kernel_v2) */
+    const int64_t R = swiglu ? R_SWIGLU : R_PLAIN;
+    v2_args a = {};
+    int nj = 0;
+    int64_t blocks = 0;
+    for (int32_t j = 0; j < n_jobs; j++) {
+        if (jobs[j].rows == 0) continue;
+        a.w[nj] = (const uint8_t *)jobs[j].w;
+        a.bias[nj] = swiglu ? NULL : jobs[j].bias;
+        a.out[nj] = jobs[j].out;
+        a.rows[nj] = (int)jobs[j].rows;
+        a.blk0[nj] = (int)blocks;
+        blocks += (jobs[j].rows + R - 1) / R;
+        nj++;
+    }
+    if (nj == 0) return cudaSuccess;
+    if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+    for (int j = nj; j < kMaxJobs; j++) {
+        a.w[j] = a.w[0];
+        a.out[j] = a.out[0];
+        a.rows[j] = a.rows[0];
+        a.blk0[j] = INT_MAX;
+    }
+    a.w_up = (const uint8_t *)w_up;
+    a.x = x;
+    a.row_bytes = row_bytes;
+    a.cols = (int)cols;
+    a.out_f32 = swiglu ? false : out_f32;
+    a.pdl = env_is_1("TM_CUDA_PDL");
     switch (type) {
 #define TMQ_LAUNCH(T)                                                                                              \
-    return swiglu ? launch_v2<T, true>(wa, wb, n, (int)rows, (int)cols, row_bytes, x, NULL, out, false, pdl, stream) \
-                  : launch_v2<T, false>(wa, wb, n, (int)rows, (int)cols, row_bytes, x, bias, out, out_f32, pdl, stream)
+    return swiglu ? launch_v2<T, true>(a, n, (int)blocks, stream) : launch_v2<T, false>(a, n, (int)blocks, stream)
         TMQ_TYPE_CASES(type, TMQ_LAUNCH)
 #undef TMQ_LAUNCH
     default: return cudaErrorInvalidValue;
@@ -355,11 +458,18 @@ cudaError_t gemv_any(const void *w_a, const void *w_b, int32_t type, int64_t row
 
 extern "C" cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
                                     int32_t n, const float *bias, void *out, bool out_f32, cudaStream_t stream) {
-    return gemv_any(w, w, type, rows, cols, x, n, bias, out, out_f32, false, stream);
+    const tm_cuda_gemv_job job = {w, rows, bias, out};
+    return gemv_run(&job, 1, NULL, type, cols, x, n, out_f32, false, stream);
+}
+
+extern "C" cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
+                                          const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream) {
+    return gemv_run(jobs, n_jobs, NULL, type, cols, x, n, out_f32, false, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
                                            int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
                                            cudaStream_t stream) {
-    return gemv_any(w_gate, w_up, type, rows, cols, x, n, NULL, out, false, true, stream);
+    const tm_cuda_gemv_job job = {w_gate, rows, NULL, out};
+    return gemv_run(&job, 1, w_up, type, cols, x, n, false, true, stream);
 }

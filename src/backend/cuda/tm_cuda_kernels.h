@@ -97,6 +97,19 @@ cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols
  * out (n, rows) bf16 = silu(x · w_gateᵀ) * (x · w_upᵀ) */
 cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows, int64_t cols,
                                 const uint16_t *x, int32_t n, uint16_t *out, cudaStream_t stream);
+/* Up to TM_CUDA_GEMV_MAX_JOBS tm_cuda_gemv products sharing type, cols and x in one launch (Q, K and V of a layer):
+ * out_j (n, rows_j) = x · w_jᵀ (+ bias_j). jobs is a host array, read during the call (a captured graph keeps
+ * its values); jobs with rows 0 are skipped. Every output row is bit-identical to tm_cuda_gemv on that job.
+ * (gemv, gemv_group and gemv_swiglu use programmatic dependent launch when TM_CUDA_PDL=1: see tm_cuda_gemv.cu.) */
+#define TM_CUDA_GEMV_MAX_JOBS 4
+typedef struct tm_cuda_gemv_job {
+    const void *w;                /* (rows, cols) weights of `type` */
+    int64_t rows;
+    const float *bias;            /* (rows) f32 or NULL */
+    void *out;                    /* (n, rows) f32 when out_f32 else bf16 */
+} tm_cuda_gemv_job;
+cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
+                               const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream);
 
 /* ---- attention over the paged KV cache (tm_cuda_attn_decode.cu, tm_cuda_attn_prefill.cu) ---- */
 

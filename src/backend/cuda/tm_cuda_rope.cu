@@ -5,14 +5,14 @@
 #include <stdlib.h>
 
 /* Semantics (as cpu_rope_kv_write / tm_cpu_rope_head): per token i, angle_j = (float)positions[i] * inv_freq[j]
- * in f32 and (cos, sin) of that angle, rounded to f32 as an exact sincosf would (see load_angles); the pair
+ * in f32 and (cos, sin) of that f32 angle, accurate to the last bit of f32 (see load_angles); the pair
  * (a, b) = (x[2j], x[2j+1]) (llama) or (x[j], x[j + rope_dim/2]) (neox) becomes (a c - b s, a s + b c) in f32,
  * rounded to bf16 once; dims >= rope_dim pass through. q is rotated in place; rotated k and v go to cache slot
  * slot_mapping[i] = block * block_size + offset at ((block * n_kv_heads + h) * block_size + offset) * head_dim.
  * A negative slot (a padding token) writes nothing to the cache (q is still rotated).
  *
- * One block per token: the block first puts the token's rope_dim/2 (cos, sin) pairs in shared memory (one
- * sincosf per pair, shared by all heads), then its threads walk the token's work items.
+ * One block per token: the block first puts the token's rope_dim/2 (cos, sin) pairs in shared memory (computed
+ * once per pair, shared by all heads), then its threads walk the token's work items.
  * v2 (fast): work items of 8 elements moved as 16-byte vectors: per head, rope_dim/8 (llama: 4 adjacent pairs)
  * or rope_dim/16 (neox: 8 pairs = two 16-byte halves) rotation items, then (head_dim - rope_dim)/8 pass-through
  * items (nothing to do for q); v is copied in 16-byte items. Needs head_dim % 8 == 0, rope_dim % 8 == 0
@@ -49,7 +49,8 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float f[8]) {
 /* cs[j] = (cos, sin) of the f32 angle positions[tok] * inv_freq[j], j < half; ends with a barrier. The cos and
  * sin of that f32 angle are evaluated in double as sincospi(angle / pi): angle / pi is off by ~1e-16 relative,
  * ~4e-10 absolute at angle 2^20, and sincospi needs no large-argument reduction (sincosf's Payne-Hanek path
- * would put a local-memory array in the kernel), so the rounded floats are those of an exact sincosf. */
+ * would put a local-memory array in the kernel), so the floats are those of a correctly rounded sincosf but for
+ * rare double-rounding cases (1 ulp). */
 __device__ __forceinline__ void load_angles(const int32_t *positions, const float *inv_freq, int half, int tok,
                                             float2 *cs) {
     const float pos = (float)positions[tok];
