@@ -6,7 +6,7 @@
 #
 # Binaries come from .gpu/bin when present (built elsewhere by scripts/gpu_pack.sh, with their shared libraries
 # in .gpu/lib), else they are built here into build-gpu (needs the Debian build dependencies). Logs and JSON go
-# to $OUT (default bench/out/gpu). Env: TB_SEED (test-bed inputs), TP_PROMPTS (throughput requests, 1000).
+# to $OUT (default bench/out/gpu). Env: TB_SEED (test-bed inputs), TP_PROMPTS (throughput requests, 1000; 0 skips).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/gpu}
@@ -68,6 +68,9 @@ if want e2e; then
     timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 -r 3 --json \
       --no-graphs >"$OUT/lat_${shape}_nograph.json" 2>&1
     echo "without graphs: $(cat "$OUT/lat_${shape}_nograph.json")"
+    TM_CUDA_NO_FUSE=1 timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 \
+      -r 3 --json >"$OUT/lat_${shape}_nofuse.json" 2>&1
+    echo "without fused GEMV epilogues: $(cat "$OUT/lat_${shape}_nofuse.json")"
     r=$(python3 - "$OUT/lat_$shape.json" "$COPY" <<'EOF'
 import json, sys
 try:
@@ -81,12 +84,14 @@ EOF
     row "e2e decode b=1 $shape bf16" "$r"
   done
   n=${TP_PROMPTS:-1000}
+  [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:bf16, $n x 1024 in / 1024 out"
   timeout 540 $TM bench throughput -m dummy:llama3-8b:bf16 --device cuda --num-prompts "$n" --input-len 1024 \
     --output-len 1024 --max-seqs 256 -b 8192 --json >"$OUT/tp_8b.json" 2>"$OUT/tp_8b.err"
   cat "$OUT/tp_8b.json"; tail -n 3 "$OUT/tp_8b.err"
   r=$(python3 -c "import json; j=json.load(open('$OUT/tp_8b.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")
   row "e2e throughput 8B bf16 ${n}x1024/1024" "$r"
+  }
 fi
 
 if want hf; then

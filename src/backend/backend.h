@@ -122,6 +122,16 @@ typedef struct tm_backend_ops {
     /* out (n, gate->rows) = silu(x · gateᵀ) * (x · upᵀ), fused where the backend can */
     void (*matmul_swiglu)(tm_backend *be, const tm_weight *gate, const tm_weight *up, const void *x, int32_t n,
                           void *out);
+    /* Fused small-batch epilogues; each returns false, having done nothing, when it does not take the case (the
+     * forward then runs the unfused ops). matmul_add_rmsnorm: the product of `job` on x (n rows) added into
+     * residual, then norm_out = rmsnorm(residual) * norm_w, i.e. matmul(job) + add_rmsnorm(residual, job->out,
+     * norm_w, eps, n, norm_out); job->out may be left unwritten. */
+    bool (*matmul_add_rmsnorm)(tm_backend *be, const tm_matmul_job *job, const void *x, int32_t n, void *residual,
+                               const tm_weight *norm_w, float eps, void *norm_out);
+    /* matmul(jobs, 3, x, n) (q, k, v; jobs[j].out = q, k, v) then rope_kv_write(a, layer, b, q, k, v); k and v may be
+     * left unwritten (their values reach the cache only). */
+    bool (*matmul_qkv_rope)(tm_backend *be, const tm_matmul_job *jobs, const void *x, int32_t n, const tm_attn_cfg *a,
+                            int32_t layer, const tm_batch *b, void *q, void *k, void *v);
     /* Move a weight into backend memory: w->data (host) is copied, or a deferred dummy weight is made there;
      * w->data then points to backend memory, released with weight_release. */
     tm_status (*weight_place)(tm_backend *be, tm_weight *w, tm_error *err);

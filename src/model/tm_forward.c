@@ -69,12 +69,17 @@ again:
         /* attention block */
         tm_matmul_job qkv[3] = {{&L->wq, opt(&L->bq), ws->q, false}, {&L->wk, opt(&L->bk), ws->k, false},
                                 {&L->wv, opt(&L->bv), ws->v, false}};
-        op->matmul(be, qkv, 3, ws->xb, n);
-        op->rope_kv_write(be, &acfg, l, b, ws->q, ws->k, ws->v);
+        if (!op->matmul_qkv_rope || !op->matmul_qkv_rope(be, qkv, ws->xb, n, &acfg, l, b, ws->q, ws->k, ws->v)) {
+            op->matmul(be, qkv, 3, ws->xb, n);
+            op->rope_kv_write(be, &acfg, l, b, ws->q, ws->k, ws->v);
+        }
         op->attention(be, &acfg, l, b, ws->q, ws->att);
         tm_matmul_job o = {&L->wo, NULL, ws->proj, false};
-        op->matmul(be, &o, 1, ws->att, n);
-        op->add_rmsnorm(be, ws->x, ws->proj, &L->ffn_norm, hp->norm_eps, n, ws->xb);  /* x += attn; xb = norm(x) */
+        if (!op->matmul_add_rmsnorm ||
+            !op->matmul_add_rmsnorm(be, &o, ws->att, n, ws->x, &L->ffn_norm, hp->norm_eps, ws->xb)) {
+            op->matmul(be, &o, 1, ws->att, n);
+            op->add_rmsnorm(be, ws->x, ws->proj, &L->ffn_norm, hp->norm_eps, n, ws->xb); /* x += attn; xb = norm(x) */
+        }
         /* feed-forward block: hb = silu(xb · gateᵀ) * (xb · upᵀ) */
         if (op->matmul_swiglu) {
             op->matmul_swiglu(be, &L->w_gate, &L->w_up, ws->xb, n, ws->hb);
@@ -84,9 +89,12 @@ again:
             op->swiglu(be, ws->hb, ws->hb2, n, hp->ffn_dim, ws->hb);
         }
         tm_matmul_job down = {&L->w_down, NULL, ws->proj, false};
-        op->matmul(be, &down, 1, ws->hb, n);
         const tm_weight *next_norm = l + 1 < hp->n_layers ? &m->layers[l + 1].attn_norm : &m->output_norm;
-        op->add_rmsnorm(be, ws->x, ws->proj, next_norm, hp->norm_eps, n, ws->xb);    /* x += ffn; xb = norm(x) */
+        if (!op->matmul_add_rmsnorm ||
+            !op->matmul_add_rmsnorm(be, &down, ws->hb, n, ws->x, next_norm, hp->norm_eps, ws->xb)) {
+            op->matmul(be, &down, 1, ws->hb, n);
+            op->add_rmsnorm(be, ws->x, ws->proj, next_norm, hp->norm_eps, n, ws->xb); /* x += ffn; xb = norm(x) */
+        }
     }
     if (plan.n_logits > 0) {
         op->get_rows(be, ws->xb, b->logits_index, plan.n_logits, hp->dim, ws->hsel);

@@ -26,6 +26,12 @@
  * version's block shape (TM_CUDA_GEMV_WIDE=1); the QKV group against three launches; the quantized and f16 types
  * on the 8B shapes, SwiGLU pairs, n = 2/4/8 and v1 on a few. Bytes = weights + x + output (+ bias); weights rotate
  * over copies totalling >= 160 MB so that no case runs from L2. The "# key" lines at the end repeat the main ones.
+ * Fused epilogues (tm_cuda_gemv_add_rmsnorm, tm_cuda_gemv_qkv_rope) on bf16, q4_1 and q8_0 weights, SmolLM2 / 1B /
+ * 8B shapes plus small odd ones, n = 1..8, each run directly, 3 times in a row and as a captured graph replayed 3
+ * times (the last-block counter must come back to zero): against the CPU reference (GEMV in double, then the
+ * residual add + RMSNorm, or the bf16 rounding + RoPE in double + cache slots with a poisoned cache) and against
+ * the unfused pair (bit-identical GEMV outputs, residual and v; the norm and the rotation within one bf16 step).
+ * They are timed first, at n = 1 (and 8 on the 8B shape), single launches and in a graph, against the pairs.
  * Robustness (tb_guard.h): every host allocation is checked; each case prints "CASE <name>" before it starts; a
  * crash or a hang (watchdog TB_WATCHDOG_S, default 170 s) prints "# CRASH|TIMEOUT in case <name>"; the timing
  * stops once the run has used TB_BUDGET_S seconds (default 25), printing how many timing cases it skipped. */
@@ -478,6 +484,525 @@ static void check_chain(bool pdl) {
     free(rd);
 }
 
+/* ---- fused epilogues: GEMV + add_rmsnorm, Q/K/V GEMV + RoPE + cache write ------------------------------------- */
+
+/* distance between two finite bf16 values in representable steps */
+static int bf16_ulps(uint16_t a, uint16_t b) {
+    const int32_t ia = (a & 0x8000) ? -(int32_t)(a & 0x7fff) : (int32_t)a;
+    const int32_t ib = (b & 0x8000) ? -(int32_t)(b & 0x7fff) : (int32_t)b;
+    return ia > ib ? ia - ib : ib - ia;
+}
+
+/* max bf16 distance over n values (a NaN bit pattern on either side counts as far) */
+static int max_ulps(const uint16_t *a, const uint16_t *b, size_t n) {
+    int m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const bool na = (a[i] & 0x7fff) > 0x7f80, nb = (b[i] & 0x7fff) > 0x7f80;
+        const int d = (na || nb) ? (a[i] == b[i] ? 0 : 1 << 20) : bf16_ulps(a[i], b[i]);
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+/* a captured graph of fn(arg) on s, replayed `reps` times */
+static void graph_replay(void (*fn)(void *, cudaStream_t), void *arg, cudaStream_t s, int reps) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    fn(arg, s);
+    TB_CHECK(cudaStreamEndCapture(s, &g));
+    TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < reps; i++) TB_CHECK(cudaGraphLaunch(ge, s));
+    TB_CHECK(cudaStreamSynchronize(s));
+    TB_CHECK(cudaGraphExecDestroy(ge));
+    TB_CHECK(cudaGraphDestroy(g));
+}
+
+typedef struct norm_run {
+    const void *w;
+    int32_t t;
+    int64_t rows, cols;
+    const uint16_t *x;
+    int n;
+    const float *bias, *nw;
+    float *res;
+    uint16_t *out, *nout;
+    void *scratch;
+    bool poison_in_graph;
+} norm_run;
+
+#define NORM_EPS 1e-5f
+
+static void norm_launch(void *p, cudaStream_t s) {
+    norm_run *r = p;
+    if (r->poison_in_graph) TB_CHECK(cudaMemsetAsync(r->nout, 0xFF, (size_t)r->n * (size_t)r->rows * 2, s));
+    TB_CHECK(tm_cuda_gemv_add_rmsnorm(r->w, r->t, r->rows, r->cols, r->x, r->n, r->bias, r->out, r->res, r->nw,
+                                      NORM_EPS, r->nout, r->scratch, s));
+}
+
+/* tm_cuda_gemv_add_rmsnorm on (rows, cols) weights of type t for n = 1..8, each n run directly, 3 times in a row
+ * and as a captured graph (poison + launch) replayed 3 times. Checks: out against the double GEMV reference; the
+ * residual bit-exactly against residual0 + out (added once per launch, in f32, as tm_cuda_add_rmsnorm adds);
+ * norm_out against rmsnorm of the kernel's own residual in double; the scratch back to zero after every run; and
+ * on the direct runs against the unfused pair (tm_cuda_gemv + tm_cuda_add_rmsnorm): out and residual bit-identical,
+ * norm_out within 1 bf16 step (only the sum of squares' order differs). */
+static void check_fused_norm(int32_t t, int64_t rows, int64_t cols, bool with_bias, const char *label) {
+    tb_case("gemv_add_rmsnorm %s %s %lldx%lld", type_name(t), label, (long long)rows, (long long)cols);
+    const size_t nr = (size_t)MAX_N * (size_t)rows, nx = (size_t)MAX_N * (size_t)cols;
+    uint8_t *w = make_weights(t, rows, cols, false);
+    float *wf = dequant_all(t, w, rows, cols);                  /* (rows, cols) */
+    uint16_t *xh = tb_xmalloc(nx * 2);                           /* (8, cols) */
+    float *xf = tb_xmalloc(nx * sizeof(float));                  /* (8, cols) */
+    float *bias = tb_xmalloc((size_t)rows * sizeof(float));      /* (rows) */
+    float *nw = tb_xmalloc((size_t)rows * sizeof(float));        /* (rows) */
+    float *res0 = tb_xmalloc(nr * sizeof(float));                /* (8, rows) */
+    double *rd = tb_xmalloc(nr * sizeof(double));                /* (8, rows) GEMV reference */
+    float *want = tb_xmalloc(nr * sizeof(float));
+    float *res_h = tb_xmalloc(nr * sizeof(float)), *res2_h = tb_xmalloc(nr * sizeof(float));
+    float *res_x = tb_xmalloc(nr * sizeof(float));               /* expected residual */
+    uint16_t *out_h = tb_xmalloc(nr * 2), *out2_h = tb_xmalloc(nr * 2), *nout_h = tb_xmalloc(nr * 2),
+             *nout2_h = tb_xmalloc(nr * 2);
+    tb_fill_bf16(xh, xf, nx, 1.0f);
+    tb_fill_f32(bias, (size_t)rows, 0.5f);
+    tb_fill_f32(res0, nr, 1.0f);
+    for (int64_t i = 0; i < rows; i++) nw[i] = 1.0f + 0.25f * tb_normal();
+    ref_gemv(wf, xf, with_bias ? bias : NULL, rows, cols, MAX_N, rd);
+    void *w_d = tb_upload(w, row_bytes_of(t, cols) * (size_t)rows);
+    uint16_t *x_d = tb_upload(xh, nx * 2);
+    float *b_d = tb_upload(bias, (size_t)rows * sizeof(float)), *nw_d = tb_upload(nw, (size_t)rows * sizeof(float));
+    float *res_d = tb_dev(nr * sizeof(float)), *res2_d = tb_dev(nr * sizeof(float));
+    uint16_t *out_d = tb_dev(nr * 2), *out2_d = tb_dev(nr * 2), *nout_d = tb_dev(nr * 2), *nout2_d = tb_dev(nr * 2);
+    void *scr_d = tb_dev(TM_CUDA_GEMV_NORM_SCRATCH_BYTES);
+    uint8_t scr_h[TM_CUDA_GEMV_NORM_SCRATCH_BYTES];
+    TB_CHECK(cudaMemset(scr_d, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES));
+    cudaStream_t s;
+    TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    double worst_o = 0.0, worst_n = 0.0;
+    int exact_bad = 0, ulps = 0;
+    for (int n = 1; n <= MAX_N; n++) {
+        const size_t cnt = (size_t)n * (size_t)rows;
+        for (int mode = 0; mode < 3; mode++) {
+            const int reps = mode ? 3 : 1;
+            TB_CHECK(cudaMemcpy(res_d, res0, cnt * sizeof(float), cudaMemcpyHostToDevice));
+            tb_poison(out_d, nr * 2);
+            tb_poison(nout_d, nr * 2);
+            TB_CHECK(cudaDeviceSynchronize()); /* s does not wait for the legacy stream */
+            norm_run r = {w_d, t, rows, cols, x_d, n, with_bias ? b_d : NULL, nw_d, res_d, out_d, nout_d, scr_d,
+                          mode == 2};
+            if (mode == 2)
+                graph_replay(norm_launch, &r, s, reps);
+            else
+                for (int i = 0; i < reps; i++) norm_launch(&r, s);
+            TB_CHECK(cudaStreamSynchronize(s));
+            TB_CHECK(cudaGetLastError());
+            tb_download(out_h, out_d, cnt * 2);
+            tb_download(res_h, res_d, cnt * sizeof(float));
+            tb_download(nout_h, nout_d, cnt * 2);
+            tb_download(scr_h, scr_d, sizeof scr_h);
+            for (size_t i = 0; i < sizeof scr_h; i++) exact_bad += scr_h[i] != 0;
+            /* out against the double reference */
+            for (size_t i = 0; i < cnt; i++) want[i] = (float)rd[i];
+            double e = tb_rel_err_bf16(out_h, want, cnt);
+            if (!(e <= worst_o)) worst_o = e;
+            /* residual: res0 + out once per launch, exactly */
+            for (size_t i = 0; i < cnt; i++) {
+                float v = res0[i];
+                for (int k = 0; k < reps; k++) v = v + tb_bf16_to_f32(out_h[i]);
+                res_x[i] = v;
+            }
+            exact_bad += memcmp(res_x, res_h, cnt * sizeof(float)) != 0;
+            /* norm_out against rmsnorm of the kernel's residual, in double */
+            for (int b = 0; b < n; b++) {
+                const float *rr = res_h + (size_t)b * rows;
+                double ss = 0.0;
+                for (int64_t i = 0; i < rows; i++) ss += (double)rr[i] * (double)rr[i];
+                const double sc = 1.0 / sqrt(ss / (double)rows + (double)NORM_EPS);
+                for (int64_t i = 0; i < rows; i++) want[(size_t)b * rows + i] = (float)((double)rr[i] * sc * nw[i]);
+            }
+            e = tb_rel_err_bf16(nout_h, want, cnt);
+            if (!(e <= worst_n)) worst_n = e;
+            if (mode) continue;
+            /* the unfused pair on the same inputs */
+            TB_CHECK(cudaMemcpy(res2_d, res0, cnt * sizeof(float), cudaMemcpyHostToDevice));
+            tb_poison(out2_d, nr * 2);
+            tb_poison(nout2_d, nr * 2);
+            TB_CHECK(cudaDeviceSynchronize());
+            TB_CHECK(tm_cuda_gemv(w_d, t, rows, cols, x_d, n, with_bias ? b_d : NULL, out2_d, false, s));
+            TB_CHECK(tm_cuda_add_rmsnorm(res2_d, out2_d, nw_d, NORM_EPS, n, (int32_t)rows, nout2_d, s));
+            TB_CHECK(cudaStreamSynchronize(s));
+            tb_download(out2_h, out2_d, cnt * 2);
+            tb_download(res2_h, res2_d, cnt * sizeof(float));
+            tb_download(nout2_h, nout2_d, cnt * 2);
+            exact_bad += memcmp(out_h, out2_h, cnt * 2) != 0;
+            exact_bad += memcmp(res_h, res2_h, cnt * sizeof(float)) != 0;
+            const int u = max_ulps(nout_h, nout2_h, cnt);
+            if (u > ulps) ulps = u;
+        }
+    }
+    char name[128];
+    snprintf(name, sizeof name, "%s %s %lldx%lld%s n1-8 out", type_name(t), label, (long long)rows, (long long)cols,
+             with_bias ? " +b" : "");
+    tb_result("gemv_add_rmsnorm", name, worst_o, 1e-2, 0, 0, 0, 'm');
+    snprintf(name, sizeof name, "%s %s %lldx%lld n1-8 norm", type_name(t), label, (long long)rows, (long long)cols);
+    tb_result("gemv_add_rmsnorm", name, worst_n, 1e-2, 0, 0, 0, 'm');
+    if (exact_bad || ulps > 1)
+        printf("# %s: %d exact mismatches (residual, out vs gemv, scratch), norm_out %d bf16 steps from unfused\n",
+               name, exact_bad, ulps);
+    snprintf(name, sizeof name, "%s %s %lldx%lld exact+reps+graph", type_name(t), label, (long long)rows,
+             (long long)cols);
+    tb_result("gemv_add_rmsnorm", name, (double)exact_bad + (ulps > 1 ? (double)ulps : 0.0), 0, 0, 0, 0, 'm');
+    TB_CHECK(cudaStreamDestroy(s));
+    TB_CHECK(cudaFree(w_d));
+    TB_CHECK(cudaFree(x_d));
+    TB_CHECK(cudaFree(b_d));
+    TB_CHECK(cudaFree(nw_d));
+    TB_CHECK(cudaFree(res_d));
+    TB_CHECK(cudaFree(res2_d));
+    TB_CHECK(cudaFree(out_d));
+    TB_CHECK(cudaFree(out2_d));
+    TB_CHECK(cudaFree(nout_d));
+    TB_CHECK(cudaFree(nout2_d));
+    TB_CHECK(cudaFree(scr_d));
+    free(w);
+    free(wf);
+    free(xh);
+    free(xf);
+    free(bias);
+    free(nw);
+    free(res0);
+    free(rd);
+    free(want);
+    free(res_h);
+    free(res2_h);
+    free(res_x);
+    free(out_h);
+    free(out2_h);
+    free(nout_h);
+    free(nout2_h);
+}
+
+typedef struct qkv_shape {
+    const char *name;
+    int H, KV, hd, rope_dim;
+    int64_t cols;
+    bool bias;
+} qkv_shape;
+
+typedef struct rope_run {
+    tm_cuda_gemv_job jobs[3];
+    int32_t t;
+    int64_t cols;
+    const uint16_t *x;
+    int n;
+    tm_cuda_rope_args rope;
+    size_t cache_bytes;
+    bool poison_in_graph;
+} rope_run;
+
+static void rope_launch(void *p, cudaStream_t s) {
+    rope_run *r = p;
+    if (r->poison_in_graph) {
+        TB_CHECK(cudaMemsetAsync(r->rope.k_cache, 0xFF, r->cache_bytes, s));
+        TB_CHECK(cudaMemsetAsync(r->rope.v_cache, 0xFF, r->cache_bytes, s));
+        TB_CHECK(cudaMemsetAsync(r->jobs[0].out, 0xFF, (size_t)r->n * (size_t)r->jobs[0].rows * 2, s));
+    }
+    TB_CHECK(tm_cuda_gemv_qkv_rope(r->jobs, r->t, r->cols, r->x, r->n, &r->rope, s));
+}
+
+/* rotate one head (hd bf16-valued floats) in double with the f32 angle, as tb_rope's reference */
+static void ref_rope_head(const float *x, float *out, const float *inv, int pos, int hd, int rope_dim) {
+    for (int d = 0; d < hd; d++) out[d] = x[d];
+    for (int j = 0; j < rope_dim / 2; j++) {
+        const float th = (float)pos * inv[j];
+        const double c = cos((double)th), s = sin((double)th), a = x[2 * j], b = x[2 * j + 1];
+        out[2 * j] = (float)(a * c - b * s);
+        out[2 * j + 1] = (float)(a * s + b * c);
+    }
+}
+
+/* tm_cuda_gemv_qkv_rope for n = 1..8: direct (with k, v outputs), 3 times in a row and a graph (poison + launch)
+ * replayed 3 times (without). Against a CPU reference (double GEMV, rounded to bf16, rotated in double with the
+ * f32 angle; k, v in the cache slots; slots outside the mapping and the padding token's keep their poison) and
+ * against the unfused pair (tm_cuda_gemv_group + tm_cuda_rope_kv_write): v cache and k, v outputs bit-identical,
+ * q and the k cache within 1 bf16 step. */
+static void check_fused_rope(int32_t t, const qkv_shape *c) {
+    tb_case("gemv_qkv_rope %s %s", type_name(t), c->name);
+    const int H = c->H, KV = c->KV, hd = c->hd, rdim = c->rope_dim, bs = 16, nblk = 5;
+    const int64_t cols = c->cols, rq = (int64_t)H * hd, rk = (int64_t)KV * hd, rows[3] = {rq, rk, rk};
+    const size_t nx = (size_t)MAX_N * (size_t)cols, n_slots = (size_t)nblk * bs, ncache = n_slots * (size_t)rk;
+    uint8_t *w[3];
+    float *wf[3], *bias[3];
+    double *rd[3];
+    void *w_d[3];
+    float *b_d[3];
+    for (int j = 0; j < 3; j++) {
+        w[j] = make_weights(t, rows[j], cols, false);
+        wf[j] = dequant_all(t, w[j], rows[j], cols);
+        bias[j] = tb_xmalloc((size_t)rows[j] * sizeof(float));
+        tb_fill_f32(bias[j], (size_t)rows[j], 0.5f);
+        rd[j] = tb_xmalloc((size_t)MAX_N * (size_t)rows[j] * sizeof(double));
+        w_d[j] = tb_upload(w[j], row_bytes_of(t, cols) * (size_t)rows[j]);
+        b_d[j] = tb_upload(bias[j], (size_t)rows[j] * sizeof(float));
+    }
+    uint16_t *xh = tb_xmalloc(nx * 2);
+    float *xf = tb_xmalloc(nx * sizeof(float));
+    tb_fill_bf16(xh, xf, nx, 1.0f);
+    for (int j = 0; j < 3; j++) ref_gemv(wf[j], xf, c->bias ? bias[j] : NULL, rows[j], cols, MAX_N, rd[j]);
+    float *inv = tb_xmalloc((size_t)(rdim / 2 + 1) * sizeof(float));
+    for (int j = 0; j < rdim / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / rdim);
+    int32_t pos[MAX_N];
+    int64_t slot[MAX_N];
+    int64_t *perm = tb_xmalloc(n_slots * sizeof(int64_t));
+    for (size_t i = 0; i < n_slots; i++) perm[i] = (int64_t)i;
+    for (size_t i = n_slots - 1; i > 0; i--) {
+        const size_t j = tb_rand_u64() % (i + 1);
+        const int64_t tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    for (int b = 0; b < MAX_N; b++) {
+        slot[b] = b == 2 ? -1 : perm[b]; /* token 2: padding */
+        pos[b] = b == 0 ? 0 : b == 1 ? 5 : (int32_t)(tb_rand_u64() % 140000);
+    }
+    uint16_t *x_d = tb_upload(xh, nx * 2);
+    float *inv_d = tb_upload(inv, (size_t)(rdim / 2 + 1) * sizeof(float));
+    int32_t *pos_d = tb_upload(pos, sizeof pos);
+    int64_t *slot_d = tb_upload(slot, sizeof slot);
+    uint16_t *o_d[3], *o2_d[3], *oh[3], *o2h[3];
+    for (int j = 0; j < 3; j++) {
+        o_d[j] = tb_dev((size_t)MAX_N * (size_t)rows[j] * 2);
+        o2_d[j] = tb_dev((size_t)MAX_N * (size_t)rows[j] * 2);
+        oh[j] = tb_xmalloc((size_t)MAX_N * (size_t)rows[j] * 2);
+        o2h[j] = tb_xmalloc((size_t)MAX_N * (size_t)rows[j] * 2);
+    }
+    uint16_t *kc_d = tb_dev(ncache * 2), *vc_d = tb_dev(ncache * 2), *kc2_d = tb_dev(ncache * 2),
+             *vc2_d = tb_dev(ncache * 2);
+    uint16_t *kc = tb_xmalloc(ncache * 2), *vc = tb_xmalloc(ncache * 2), *kc2 = tb_xmalloc(ncache * 2),
+             *vc2 = tb_xmalloc(ncache * 2);
+    const size_t nq = (size_t)MAX_N * (size_t)rq;
+    float *got = tb_xmalloc(nq * sizeof(float)), *want = tb_xmalloc(nq * sizeof(float));
+    float *hb = tb_xmalloc((size_t)hd * sizeof(float)), *hr = tb_xmalloc((size_t)hd * sizeof(float));
+    cudaStream_t s;
+    TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    double worst_q = 0.0, worst_k = 0.0, worst_v = 0.0;
+    size_t bad = 0; /* exact mismatches: poison kept, bit-identity with the unfused pair */
+    int ulps = 0;
+    for (int n = 1; n <= MAX_N; n++) {
+        for (int mode = 0; mode < 3; mode++) {
+            const bool kv_out = mode == 0;
+            for (int j = 0; j < 3; j++) tb_poison(o_d[j], (size_t)MAX_N * (size_t)rows[j] * 2);
+            tb_poison(kc_d, ncache * 2);
+            tb_poison(vc_d, ncache * 2);
+            TB_CHECK(cudaDeviceSynchronize());
+            rope_run r = {{{w_d[0], rq, c->bias ? b_d[0] : NULL, o_d[0]},
+                           {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL},
+                           {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL}},
+                          t, cols, x_d, n,
+                          {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d},
+                          ncache * 2, mode == 2};
+            if (mode == 2)
+                graph_replay(rope_launch, &r, s, 3);
+            else
+                for (int i = 0; i < (mode ? 3 : 1); i++) rope_launch(&r, s);
+            TB_CHECK(cudaStreamSynchronize(s));
+            TB_CHECK(cudaGetLastError());
+            for (int j = 0; j < 3; j++) tb_download(oh[j], o_d[j], (size_t)n * (size_t)rows[j] * 2);
+            tb_download(kc, kc_d, ncache * 2);
+            tb_download(vc, vc_d, ncache * 2);
+            /* q: rotated bf16(reference) */
+            for (int b = 0; b < n; b++)
+                for (int h = 0; h < H; h++) {
+                    const size_t o = (size_t)b * rq + (size_t)h * hd;
+                    for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)rd[0][o + d]));
+                    ref_rope_head(hb, want + o, inv, pos[b], hd, rdim);
+                    for (int d = 0; d < hd; d++) got[o + d] = tb_bf16_to_f32(oh[0][o + d]);
+                }
+            double e = tb_rel_err(got, want, (size_t)n * rq);
+            if (!(e <= worst_q)) worst_q = e;
+            /* caches: slot by slot; k rotated, v plain; slots of no token (and of the padding token) poisoned */
+            size_t nk = 0, nv = 0;
+            float *gk = got, *wk = want;
+            float *gv = tb_xmalloc(nq * sizeof(float)), *wv = tb_xmalloc(nq * sizeof(float));
+            for (size_t sl = 0; sl < n_slots; sl++) {
+                int tok = -1;
+                for (int b = 0; b < n; b++)
+                    if (slot[b] == (int64_t)sl) tok = b;
+                const size_t blk = sl / bs, off = sl % bs;
+                for (int h = 0; h < KV; h++) {
+                    const size_t co = ((blk * KV + h) * bs + off) * hd;
+                    if (tok < 0) {
+                        for (int d = 0; d < hd; d++) bad += (kc[co + d] != 0xFFFF) + (vc[co + d] != 0xFFFF);
+                        continue;
+                    }
+                    const size_t ko = (size_t)tok * rk + (size_t)h * hd;
+                    for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)rd[1][ko + d]));
+                    ref_rope_head(hb, hr, inv, pos[tok], hd, rdim);
+                    for (int d = 0; d < hd; d++) {
+                        wk[nk] = hr[d];
+                        gk[nk++] = tb_bf16_to_f32(kc[co + d]);
+                        wv[nv] = (float)rd[2][ko + d];
+                        gv[nv++] = tb_bf16_to_f32(vc[co + d]);
+                    }
+                }
+            }
+            e = nk ? tb_rel_err(gk, wk, nk) : 0.0;
+            if (!(e <= worst_k)) worst_k = e;
+            e = nv ? tb_rel_err(gv, wv, nv) : 0.0;
+            if (!(e <= worst_v)) worst_v = e;
+            free(gv);
+            free(wv);
+            if (mode) {
+                /* k and v outputs were not asked for: still poisoned */
+                for (int j = 1; j < 3; j++)
+                    for (size_t i = 0; i < (size_t)n * (size_t)rk; i++) bad += oh[j][i] != 0xFFFF;
+                continue;
+            }
+            /* the unfused pair */
+            for (int j = 0; j < 3; j++) tb_poison(o2_d[j], (size_t)MAX_N * (size_t)rows[j] * 2);
+            tb_poison(kc2_d, ncache * 2);
+            tb_poison(vc2_d, ncache * 2);
+            TB_CHECK(cudaDeviceSynchronize());
+            tm_cuda_gemv_job gj[3];
+            for (int j = 0; j < 3; j++) gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j]};
+            TB_CHECK(tm_cuda_gemv_group(gj, 3, t, cols, x_d, n, false, s));
+            tm_cuda_rope_args ra = {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, o2_d[0], o2_d[1], o2_d[2],
+                                    kc2_d, vc2_d};
+            TB_CHECK(tm_cuda_rope_kv_write(&ra, s));
+            TB_CHECK(cudaStreamSynchronize(s));
+            for (int j = 0; j < 3; j++) tb_download(o2h[j], o2_d[j], (size_t)n * (size_t)rows[j] * 2);
+            tb_download(kc2, kc2_d, ncache * 2);
+            tb_download(vc2, vc2_d, ncache * 2);
+            bad += memcmp(vc, vc2, ncache * 2) != 0;
+            bad += memcmp(oh[1], o2h[1], (size_t)n * (size_t)rk * 2) != 0; /* unrotated k: the GEMV's */
+            bad += memcmp(oh[2], o2h[2], (size_t)n * (size_t)rk * 2) != 0;
+            int u = max_ulps(oh[0], o2h[0], (size_t)n * (size_t)rq);
+            if (u > ulps) ulps = u;
+            u = max_ulps(kc, kc2, ncache);
+            if (u > ulps) ulps = u;
+        }
+    }
+    char name[128];
+    snprintf(name, sizeof name, "%s %s n1-8 q", type_name(t), c->name);
+    tb_result("gemv_qkv_rope", name, worst_q, 1e-2, 0, 0, 0, 'm');
+    snprintf(name, sizeof name, "%s %s n1-8 k-cache", type_name(t), c->name);
+    tb_result("gemv_qkv_rope", name, worst_k, 1e-2, 0, 0, 0, 'm');
+    snprintf(name, sizeof name, "%s %s n1-8 v-cache", type_name(t), c->name);
+    tb_result("gemv_qkv_rope", name, worst_v, 1e-2, 0, 0, 0, 'm');
+    if (bad || ulps > 1)
+        printf("# %s %s: %zu exact mismatches (poison, v/k/v-out vs unfused), q/k %d bf16 steps from unfused\n",
+               type_name(t), c->name, bad, ulps);
+    snprintf(name, sizeof name, "%s %s exact+reps+graph", type_name(t), c->name);
+    tb_result("gemv_qkv_rope", name, (double)bad + (ulps > 1 ? (double)ulps : 0.0), 0, 0, 0, 0, 'm');
+    TB_CHECK(cudaStreamDestroy(s));
+    for (int j = 0; j < 3; j++) {
+        TB_CHECK(cudaFree(w_d[j]));
+        TB_CHECK(cudaFree(b_d[j]));
+        TB_CHECK(cudaFree(o_d[j]));
+        TB_CHECK(cudaFree(o2_d[j]));
+        free(w[j]);
+        free(wf[j]);
+        free(bias[j]);
+        free(rd[j]);
+        free(oh[j]);
+        free(o2h[j]);
+    }
+    TB_CHECK(cudaFree(x_d));
+    TB_CHECK(cudaFree(inv_d));
+    TB_CHECK(cudaFree(pos_d));
+    TB_CHECK(cudaFree(slot_d));
+    TB_CHECK(cudaFree(kc_d));
+    TB_CHECK(cudaFree(vc_d));
+    TB_CHECK(cudaFree(kc2_d));
+    TB_CHECK(cudaFree(vc2_d));
+    free(xh);
+    free(xf);
+    free(inv);
+    free(perm);
+    free(kc);
+    free(vc);
+    free(kc2);
+    free(vc2);
+    free(got);
+    free(want);
+    free(hb);
+    free(hr);
+}
+
+/* launcher refusals: shapes the fusions do not take come back as cudaErrorNotSupported with nothing launched */
+static int fused_refusals(void) {
+    uint16_t *x = tb_dev(4096 * 2);
+    void *w = tb_dev(1 << 20), *o = tb_dev(1 << 16), *sc = tb_dev(TM_CUDA_GEMV_NORM_SCRATCH_BYTES);
+    float *res = tb_dev(1 << 16), *nw = tb_dev(1 << 16);
+    TB_CHECK(cudaMemset(sc, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES));
+    int bad = 0;
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 12, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, sc, 0) !=
+           cudaErrorNotSupported; /* rows % 8 */
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res + 1, nw, 1e-5f, o, sc, 0) !=
+           cudaErrorNotSupported; /* residual alignment */
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 0, NULL, NULL, res, nw, 1e-5f, o, sc, 0) !=
+           cudaErrorInvalidValue;
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, NULL, 0) !=
+           cudaErrorInvalidValue;
+    setenv("TM_CUDA_GEMV_V", "1", 1);
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, sc, 0) !=
+           cudaErrorNotSupported;
+    unsetenv("TM_CUDA_GEMV_V");
+    int32_t *pos = tb_dev(64);
+    int64_t *sl = tb_dev(64);
+    TB_CHECK(cudaMemset(pos, 0, 64));
+    TB_CHECK(cudaMemset(sl, 0xFF, 64)); /* slot -1: the valid call writes no cache entry */
+    tm_cuda_gemv_job jobs[3] = {{w, 4 * 64, NULL, o}, {w, 2 * 64, NULL, NULL}, {w, 2 * 64, NULL, NULL}};
+    tm_cuda_rope_args ra = {1, 4, 2, 64, 64, 16, false, nw, pos, sl, NULL, NULL, NULL, (uint16_t *)res,
+                            (uint16_t *)res};
+    bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaSuccess;
+    ra.neox = true;
+    bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaErrorNotSupported;
+    ra.neox = false;
+    jobs[1].rows = 64;
+    bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaErrorNotSupported; /* rows != geometry */
+    jobs[1].rows = 128;
+    ra.n_tokens = 2;
+    bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaErrorInvalidValue;
+    ra.n_tokens = 1;
+    ra.head_dim = 63; /* odd head_dim (rows made to match) */
+    ra.rope_dim = 62;
+    jobs[0].rows = 4 * 63;
+    jobs[1].rows = jobs[2].rows = 2 * 63;
+    bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaErrorNotSupported;
+    TB_CHECK(cudaDeviceSynchronize());
+    TB_CHECK(cudaGetLastError());
+    TB_CHECK(cudaFree(x));
+    TB_CHECK(cudaFree(w));
+    TB_CHECK(cudaFree(o));
+    TB_CHECK(cudaFree(sc));
+    TB_CHECK(cudaFree(res));
+    TB_CHECK(cudaFree(nw));
+    TB_CHECK(cudaFree(pos));
+    TB_CHECK(cudaFree(sl));
+    return bad;
+}
+
+static void check_fused(void) {
+    const int32_t types[] = {TM_DT_BF16, TM_DT_Q4_1, TM_DT_Q8_0};
+    for (int i = 0; i < 3; i++) {
+        const int32_t t = types[i];
+        check_fused_norm(t, 576, 576, false, "smol-o");
+        check_fused_norm(t, 576, 1536, true, "smol-down");
+        check_fused_norm(t, 2048, 2048, false, "1b-o");
+        check_fused_norm(t, 2048, 8192, false, "1b-down");
+        check_fused_norm(t, 8, 64, true, "tiny");  /* one chunk of 8, 4 blocks */
+        check_fused_norm(t, 1000, 256, false, "odd"); /* 125 chunks */
+        if (t != TM_DT_Q4_1) check_fused_norm(t, 4096, 4096, false, "8b-o");
+        const qkv_shape sh[] = {{"smol 9/3x64", 9, 3, 64, 64, 576, false},
+                                {"1b 32/8x64", 32, 8, 64, 64, 2048, false},
+                                {"partial 4/2x64 rot32 +b", 4, 2, 64, 32, 256, true},
+                                {"odd 3/1x10 rot6 +b", 3, 1, 10, 6, 128, true},
+                                {"8b 32/8x128", 32, 8, 128, 128, 4096, false}};
+        for (int k = 0; k < 5; k++)
+            if (k < 4 || t != TM_DT_Q4_1) check_fused_rope(t, &sh[k]);
+    }
+}
+
 /* ---- argument checks ------------------------------------------------------------------------------------------- */
 
 static void check_args(void) {
@@ -505,6 +1030,7 @@ static void check_args(void) {
     jobs[0].rows = jobs[1].rows = jobs[2].rows = 0;
     bad += tm_cuda_gemv_group(jobs, 3, TM_DT_BF16, 8, x, 1, true, 0) != cudaSuccess; /* nothing to do */
     bad += tm_cuda_weight_type_supported(TM_DT_Q5_K) || !tm_cuda_weight_type_supported(TM_DT_Q6_K);
+    bad += fused_refusals();
     TB_CHECK(cudaDeviceSynchronize());
     TB_CHECK(cudaGetLastError());
     tb_result("gemv", "argument checks", bad, 0, 0, 0, 0, 'm');
@@ -515,7 +1041,8 @@ static void check_args(void) {
 
 /* ---- timing ---------------------------------------------------------------------------------------------------- */
 
-enum { K_GEMV, K_SWIGLU, K_GROUP, K_SEPARATE }; /* what one timed call launches */
+/* what one timed call launches; the last four: the fused epilogues and their unfused pairs */
+enum { K_GEMV, K_SWIGLU, K_GROUP, K_SEPARATE, K_NORM_FUSED, K_NORM_PAIR, K_ROPE_FUSED, K_ROPE_PAIR };
 
 typedef struct targ {
     int kind;
@@ -529,6 +1056,12 @@ typedef struct targ {
     uint16_t *x;              /* (n, cols) */
     void *out;                /* (n, sum rows) */
     cudaStream_t stream;
+    /* K_NORM_*: residual (n, rows[0]) f32, norm weight (rows[0]), norm output (n, rows[0]) bf16, scratch */
+    float *res, *nw;
+    uint16_t *nout;
+    void *scratch;
+    /* K_ROPE_*: geometry, positions, slots and caches (q, k, v: set per call) */
+    tm_cuda_rope_args rope;
 } targ;
 
 static void run_timed(void *p) {
@@ -541,6 +1074,36 @@ static void run_timed(void *p) {
         TB_CHECK(tm_cuda_gemv_swiglu(w, w + rb * (size_t)a->rows[0], a->t, a->rows[0], a->cols, a->x, a->n, a->out,
                                      a->stream));
         break;
+    case K_NORM_FUSED:
+        TB_CHECK(tm_cuda_gemv_add_rmsnorm(w, a->t, a->rows[0], a->cols, a->x, a->n, NULL, NULL, a->res, a->nw, 1e-5f,
+                                          a->nout, a->scratch, a->stream));
+        break;
+    case K_NORM_PAIR:
+        TB_CHECK(tm_cuda_gemv(w, a->t, a->rows[0], a->cols, a->x, a->n, NULL, a->out, false, a->stream));
+        TB_CHECK(tm_cuda_add_rmsnorm(a->res, a->out, a->nw, 1e-5f, a->n, (int32_t)a->rows[0], a->nout, a->stream));
+        break;
+    case K_ROPE_FUSED:
+    case K_ROPE_PAIR: {
+        tm_cuda_gemv_job jobs[3];
+        size_t wo = 0, oo = 0;
+        for (int j = 0; j < 3; j++) {
+            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo};
+            wo += rb * (size_t)a->rows[j];
+            oo += (size_t)a->n * (size_t)a->rows[j] * 2;
+        }
+        tm_cuda_rope_args r = a->rope;
+        if (a->kind == K_ROPE_FUSED) {
+            jobs[1].out = jobs[2].out = NULL; /* as the backend runs it: k and v only to the cache */
+            TB_CHECK(tm_cuda_gemv_qkv_rope(jobs, a->t, a->cols, a->x, a->n, &r, a->stream));
+        } else {
+            TB_CHECK(tm_cuda_gemv_group(jobs, 3, a->t, a->cols, a->x, a->n, false, a->stream));
+            r.q = jobs[0].out;
+            r.k = jobs[1].out;
+            r.v = jobs[2].out;
+            TB_CHECK(tm_cuda_rope_kv_write(&r, a->stream));
+        }
+        break;
+    }
     case K_GROUP:
     case K_SEPARATE: {
         tm_cuda_gemv_job jobs[3];
@@ -619,8 +1182,8 @@ static void time_kind(int kind, int32_t t, const int64_t *rows, int64_t cols, in
                       int modes, const char *label) {
     if (!tb_budget_ok()) return;
     const int nj = (kind == K_GROUP || kind == K_SEPARATE) ? 3 : 1;
-    targ a = {kind, t, {rows[0], nj > 1 ? rows[1] : 0, nj > 1 ? rows[2] : 0}, cols, n, out_f32, NULL, 0, 1, 0, NULL,
-              NULL, NULL};
+    targ a = {.kind = kind, .t = t, .rows = {rows[0], nj > 1 ? rows[1] : 0, nj > 1 ? rows[2] : 0}, .cols = cols,
+              .n = n, .out_f32 = out_f32, .copies = 1};
     int64_t rows_tot = 0;
     for (int j = 0; j < nj; j++) rows_tot += rows[j];
     const size_t rb = row_bytes_of(t, cols);
@@ -683,8 +1246,112 @@ static void time_case(int32_t t, int64_t rows, int64_t cols, int n, bool out_f32
     time_kind(swiglu ? K_SWIGLU : K_GEMV, t, r, cols, n, out_f32, version, modes, label);
 }
 
+/* a fused epilogue (kind K_NORM_FUSED or K_ROPE_FUSED) and its unfused pair, n = 1, single launches and in a
+ * graph. norm: rows[0] x cols; rope: q, k, v rows with head_dim hd. Bytes: weights + x + (norm: residual read and
+ * written, norm weight, norm output; rope: q written, k and v written to the cache) */
+static void time_fused(int fused_kind, int32_t t, const int64_t *rows, int64_t cols, int hd, int n, const char *label) {
+    const bool norm = fused_kind == K_NORM_FUSED;
+    const int nj = norm ? 1 : 3;
+    int64_t rows_tot = 0;
+    for (int j = 0; j < nj; j++) rows_tot += rows[j];
+    const size_t rb = row_bytes_of(t, cols), per = rb * (size_t)rows_tot, want = (size_t)160 << 20;
+    const int copies = per >= want ? 1 : (int)((want + per - 1) / per);
+    for (int pair = 0; pair < 2 && tb_budget_ok(); pair++) {
+        targ a;
+        memset(&a, 0, sizeof a);
+        a.kind = norm ? (pair ? K_NORM_PAIR : K_NORM_FUSED) : (pair ? K_ROPE_PAIR : K_ROPE_FUSED);
+        a.t = t;
+        for (int j = 0; j < nj; j++) a.rows[j] = rows[j];
+        a.cols = cols;
+        a.n = n;
+        a.per = per;
+        a.copies = copies;
+        char name[128];
+        snprintf(name, sizeof name, "%s %s %s n%d", type_name(t), label, pair ? "unfused" : "fused", n);
+        tb_case("time %s", name);
+        a.w = tb_dev(per * (size_t)copies);
+        TB_CHECK(cudaMemset(a.w, 0x11, per * (size_t)copies)); /* small finite numbers in every type */
+        uint16_t *xh = tb_xmalloc((size_t)n * (size_t)cols * 2);
+        tb_fill_bf16(xh, NULL, (size_t)n * (size_t)cols, 1.0f);
+        a.x = tb_upload(xh, (size_t)n * (size_t)cols * 2);
+        a.out = tb_dev((size_t)n * (size_t)rows_tot * 2);
+        size_t cache_bytes = 0;
+        int32_t *pos_d = NULL;
+        int64_t *slot_d = NULL;
+        float *inv_d = NULL;
+        if (norm) {
+            a.res = tb_dev((size_t)n * (size_t)rows[0] * 4);
+            a.nw = tb_dev((size_t)rows[0] * 4);
+            a.nout = tb_dev((size_t)n * (size_t)rows[0] * 2);
+            a.scratch = tb_dev(TM_CUDA_GEMV_NORM_SCRATCH_BYTES);
+            TB_CHECK(cudaMemset(a.res, 0, (size_t)n * (size_t)rows[0] * 4));
+            TB_CHECK(cudaMemset(a.nw, 0, (size_t)rows[0] * 4));
+            TB_CHECK(cudaMemset(a.scratch, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES));
+        } else {
+            const int bs = 16, nblk = 64;
+            int32_t pos[MAX_N];
+            int64_t slot[MAX_N];
+            float inv[256];
+            for (int b = 0; b < MAX_N; b++) pos[b] = 1000 + 37 * b, slot[b] = 5 + 3 * b;
+            for (int j = 0; j < hd / 2 && j < 256; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+            pos_d = tb_upload(pos, sizeof pos);
+            slot_d = tb_upload(slot, sizeof slot);
+            inv_d = tb_upload(inv, sizeof inv);
+            cache_bytes = (size_t)nblk * bs * (size_t)rows[1] * 2;
+            a.rope = (tm_cuda_rope_args){n, (int32_t)(rows[0] / hd), (int32_t)(rows[1] / hd), hd, hd, bs, false, inv_d,
+                                         pos_d, slot_d, NULL, NULL, NULL, tb_dev(cache_bytes), tb_dev(cache_bytes)};
+            TB_CHECK(cudaMemset(a.rope.k_cache, 0, cache_bytes));
+            TB_CHECK(cudaMemset(a.rope.v_cache, 0, cache_bytes));
+        }
+        TB_CHECK(cudaStreamCreateWithFlags(&a.stream, cudaStreamNonBlocking));
+        TB_CHECK(cudaDeviceSynchronize());
+        const double bytes = (double)per + (double)n * (double)cols * 2.0 +
+                             (norm ? (double)n * (double)rows[0] * 10.0 + (double)rows[0] * 4.0
+                                   : (double)n * (double)rows_tot * 2.0);
+        const double flops = 2.0 * (double)n * (double)rows_tot * (double)cols;
+        const char *kern = norm ? "gemv_add_rmsnorm" : "gemv_qkv_rope";
+        cudaStream_t keep = a.stream;
+        a.stream = 0; /* tb_time_us records on the legacy stream */
+        const double us = tb_time_us(run_timed, &a, 5, 40);
+        a.stream = keep;
+        timed_result(kern, name, us, bytes, flops, true);
+        if (tb_budget_ok()) {
+            char full[160];
+            snprintf(full, sizeof full, "%s graph", name);
+            timed_result(kern, full, time_graph_us(&a, false), bytes, flops, true);
+        }
+        TB_CHECK(cudaStreamDestroy(a.stream));
+        TB_CHECK(cudaFree(a.w));
+        TB_CHECK(cudaFree(a.x));
+        TB_CHECK(cudaFree(a.out));
+        if (norm) {
+            TB_CHECK(cudaFree(a.res));
+            TB_CHECK(cudaFree(a.nw));
+            TB_CHECK(cudaFree(a.nout));
+            TB_CHECK(cudaFree(a.scratch));
+        } else {
+            TB_CHECK(cudaFree(a.rope.k_cache));
+            TB_CHECK(cudaFree(a.rope.v_cache));
+            TB_CHECK(cudaFree(pos_d));
+            TB_CHECK(cudaFree(slot_d));
+            TB_CHECK(cudaFree(inv_d));
+        }
+        free(xh);
+    }
+}
+
 static void time_all(void) {
     const int all = M_SINGLE | M_GRAPH | M_PDL | M_KEY;
+    /* the fused epilogues against their unfused pairs first (key cases), bf16 at n = 1 */
+    const int64_t o1[1] = {2048}, o8[1] = {4096}, qkv1[3] = {2048, 512, 512}, qkv8[3] = {4096, 1024, 1024};
+    time_fused(K_NORM_FUSED, TM_DT_BF16, o1, 2048, 0, 1, "1b-o");
+    time_fused(K_NORM_FUSED, TM_DT_BF16, o1, 8192, 0, 1, "1b-down");
+    time_fused(K_ROPE_FUSED, TM_DT_BF16, qkv1, 2048, 64, 1, "1b-qkv");
+    time_fused(K_NORM_FUSED, TM_DT_BF16, o8, 4096, 0, 1, "8b-o");
+    time_fused(K_NORM_FUSED, TM_DT_BF16, o8, 14336, 0, 1, "8b-down");
+    time_fused(K_ROPE_FUSED, TM_DT_BF16, qkv8, 4096, 128, 1, "8b-qkv");
+    time_fused(K_NORM_FUSED, TM_DT_BF16, o8, 4096, 0, 8, "8b-o");
+    time_fused(K_ROPE_FUSED, TM_DT_BF16, qkv8, 4096, 128, 8, "8b-qkv");
     /* bf16 at n = 1: Llama-3.2-1B then Llama-3-8B; single launches, in a graph, in a graph with PDL */
     time_case(TM_DT_BF16, 2048, 2048, 1, false, false, 2, all, "1b-o");
     time_case(TM_DT_BF16, 6144, 2048, 1, false, false, 2, all, "1b-qkv");
@@ -748,6 +1415,8 @@ int main(int argc, char **argv) {
     check_all();
     printf("# checks of single products done in %.1f s\n", tb_elapsed_s());
     check_groups();
+    check_fused();
+    printf("# fused checks done in %.1f s\n", tb_elapsed_s());
     check_chain(false);
     check_chain(true);
     printf("# all checks done in %.1f s\n", tb_elapsed_s());

@@ -116,21 +116,23 @@ static void test_concurrent_submitters(void **st) {
 static void test_abort_timeout_and_shutdown(void **st) {
     (void)st;
     tiny_opts o = tiny_default();
+    o.ctx = 8192; /* thousands of steps: an abort lands long before the end even on a loaded machine */
     const char *path = write_tiny(&o);
     tm_model *m = NULL;
     tm_error err = {0};
     assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
     tm_engine_cfg c = cfg();
-    c.runner.n_ctx = 256; /* long enough that the reader's abort lands long before the end */
+    c.runner.n_ctx = m->hp.n_ctx_train; /* as long as it gets: the reader's abort lands long before the end */
     tm_async *a = NULL;
     assert_int_equal(tm_async_create(m, &c, &a, &err), TM_OK);
     int32_t p[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
     /* bad requests are refused synchronously */
     tm_stream *s = NULL;
-    tm_gen_params gp = greedy(240);
+    tm_gen_params gp = greedy(m->hp.n_ctx_train - 16);
     assert_int_equal(tm_async_submit(a, p, 0, &gp, &s, &err), TM_ERR_INVALID);
-    static int32_t big[300];
-    assert_int_equal(tm_async_submit(a, big, 300, &gp, &s, &err), TM_ERR_RANGE);
+    int32_t *big = calloc((size_t)m->hp.n_ctx_train + 8, sizeof(int32_t));
+    assert_int_equal(tm_async_submit(a, big, (size_t)m->hp.n_ctx_train + 8, &gp, &s, &err), TM_ERR_RANGE);
+    free(big);
     /* abort mid-stream: the final event says so */
     assert_int_equal(tm_async_submit(a, p, 10, &gp, &s, &err), TM_OK);
     tm_stream_event ev;
@@ -139,14 +141,17 @@ static void test_abort_timeout_and_shutdown(void **st) {
     tm_stream_event_clear(&ev);
     tm_stream_abort(s);
     int guard = 0;
+    bool aborted = false;
     do {
         assert_int_equal(tm_stream_next(s, 30.0, &ev, &err), TM_OK);
         bool fin = ev.final;
-        if (fin) assert_string_equal(ev.finish_reason, "abort");
+        if (fin) aborted = !strcmp(ev.finish_reason, "abort");
         tm_stream_event_clear(&ev);
         if (fin) break;
-    } while (++guard < 300);
-    assert_true(guard < 200); /* stopped long before max_tokens */
+    } while (++guard < 100000);
+    /* it ended by the abort, not by reaching max_tokens (how many tokens came before the abort landed depends on
+     * how long this thread was descheduled, so the count is not checked) */
+    assert_true(aborted);
     assert_int_equal(tm_stream_next(s, 0.0, &ev, &err), TM_ERR_INVALID); /* ended */
     tm_stream_free(s);
     /* a stream whose reader never reads, freed while running, and one left running at shutdown */

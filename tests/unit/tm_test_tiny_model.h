@@ -18,10 +18,11 @@ typedef struct tiny_opts {
     int dim, layers, heads, kv_heads, ffn, vocab;
     const char *skip_tensor;      /* leave this tensor out */
     const char *bad_shape_tensor; /* write this tensor with a wrong shape */
+    int ctx;                      /* context_length (0: 256) */
 } tiny_opts;
 
 static inline tiny_opts tiny_default(void) {
-    tiny_opts o = {"llama", TM_DT_F16, false, 64, 2, 4, 2, 96, 300, NULL, NULL};
+    tiny_opts o = {"llama", TM_DT_F16, false, 64, 2, 4, 2, 96, 300, NULL, NULL, 0};
     return o;
 }
 
@@ -61,7 +62,7 @@ static inline const char *write_tiny(const tiny_opts *o) {
     tm_gw_kv_u32(gw, KEY("feed_forward_length"), (uint32_t)o->ffn);
     tm_gw_kv_u32(gw, KEY("attention.head_count"), (uint32_t)o->heads);
     tm_gw_kv_u32(gw, KEY("attention.head_count_kv"), (uint32_t)o->kv_heads);
-    tm_gw_kv_u32(gw, KEY("context_length"), 256);
+    tm_gw_kv_u32(gw, KEY("context_length"), (uint32_t)(o->ctx > 0 ? o->ctx : 256));
     tm_gw_kv_f32(gw, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
     tm_gw_kv_f32(gw, KEY("rope.freq_base"), 10000.0f);
 #undef KEY

@@ -63,6 +63,10 @@ typedef struct cu_backend {
     size_t argmax_cap;
     float *host_stage;           /* (stage_elems) pinned staging for to_host / from_host */
     size_t stage_bytes;
+    /* fused GEMV epilogues (off with TM_CUDA_NO_FUSE=1). The add+RMSNorm epilogue is opt-in
+     * (TM_CUDA_FUSE_NORM=1): its last-block tail measured slower than the separate norm kernel on the H200 */
+    bool no_fuse, fuse_norm;
+    void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
     /* graphs */
     cu_graph graphs[CU_MAX_GRAPHS];
     int32_t n_graphs;
@@ -520,26 +524,30 @@ static void cu_swiglu(tm_backend *be, const void *gate, const void *up, int32_t 
     buf_mark(c, out, false);
 }
 
+/* The RoPE frequency table on the device (uploaded on the first, eager, pass); false on an error (recorded). */
+static bool rope_table(cu_backend *c, const tm_attn_cfg *a) {
+    if (c->inv_freq_src == a->rope_inv_freq) return true;
+    if (c->capturing) {
+        cu_fail(c, cudaErrorStreamCaptureUnsupported, "rope table upload during capture");
+        return false;
+    }
+    graphs_reset(c);
+    cudaStreamSynchronize(c->stream);
+    cudaFree(c->d_inv_freq);
+    c->d_inv_freq = NULL;
+    size_t bytes = (size_t)(a->rope_dim / 2) * sizeof(float);
+    if (cu_fail(c, cudaMalloc((void **)&c->d_inv_freq, bytes), "rope table") ||
+        cu_fail(c, cudaMemcpy(c->d_inv_freq, a->rope_inv_freq, bytes, cudaMemcpyHostToDevice), "rope table"))
+        return false;
+    c->inv_freq_src = a->rope_inv_freq;
+    return true;
+}
+
 static void cu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, void *q, void *k,
                              const void *v) {
     cu_backend *c = cu(be);
     (void)b;
-    if (cu_failed(c)) return;
-    if (c->inv_freq_src != a->rope_inv_freq) { /* first (eager) pass: upload the frequency table */
-        if (c->capturing) {
-            cu_fail(c, cudaErrorStreamCaptureUnsupported, "rope table upload during capture");
-            return;
-        }
-        graphs_reset(c);
-        cudaStreamSynchronize(c->stream);
-        cudaFree(c->d_inv_freq);
-        c->d_inv_freq = NULL;
-        size_t bytes = (size_t)(a->rope_dim / 2) * sizeof(float);
-        if (cu_fail(c, cudaMalloc((void **)&c->d_inv_freq, bytes), "rope table") ||
-            cu_fail(c, cudaMemcpy(c->d_inv_freq, a->rope_inv_freq, bytes, cudaMemcpyHostToDevice), "rope table"))
-            return;
-        c->inv_freq_src = a->rope_inv_freq;
-    }
+    if (cu_failed(c) || !rope_table(c, a)) return;
     tm_cuda_rope_args r = {
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
@@ -547,6 +555,52 @@ static void cu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t layer
         .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1),
     };
     cu_fail(c, tm_cuda_rope_kv_write(&r, c->stream), "rope_kv_write");
+}
+
+/* Fused epilogues for small batches (tm_cuda_gemv_add_rmsnorm, tm_cuda_gemv_qkv_rope): false when the launcher
+ * does not take the case (cudaErrorNotSupported, nothing launched) so that the forward runs the unfused ops. */
+static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, const void *x, int32_t n, void *residual,
+                                  const tm_weight *norm_w, float eps, void *norm_out) {
+    cu_backend *c = cu(be);
+    const tm_weight *w = job->w;
+    if (c->no_fuse || !c->fuse_norm || !c->norm_scratch || n < 1 || n > TM_CUDA_GEMV_MAX_N || job->out_f32 || norm_w->cols != w->rows)
+        return false;
+    if (cu_failed(c)) return true; /* ops do nothing after an error */
+    cudaError_t e = tm_cuda_gemv_add_rmsnorm(w->data, (int32_t)w->type, w->rows, w->cols, x, n,
+                                             job->bias ? job->bias->data : NULL, NULL, residual, norm_w->data, eps,
+                                             norm_out, c->norm_scratch, c->stream);
+    if (e == cudaErrorNotSupported) return false;
+    cu_fail(c, e, "gemv_add_rmsnorm");
+    buf_mark(c, norm_out, false);
+    return true;
+}
+
+static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const void *x, int32_t n,
+                               const tm_attn_cfg *a, int32_t layer, const tm_batch *b, void *q, void *k, void *v) {
+    cu_backend *c = cu(be);
+    (void)b;
+    if (c->no_fuse || n < 1 || n > TM_CUDA_GEMV_MAX_N || n != c->n_tokens || a->rope_neox || jobs[0].out != q ||
+        jobs[1].out != k || jobs[2].out != v)
+        return false;
+    for (int32_t j = 0; j < 3; j++)
+        if (jobs[j].out_f32 || jobs[j].w->type != jobs[0].w->type || jobs[j].w->cols != jobs[0].w->cols) return false;
+    if (cu_failed(c)) return true;
+    if (!rope_table(c, a)) return true;
+    tm_cuda_gemv_job gj[3];
+    for (int32_t j = 0; j < 3; j++)
+        gj[j] = (tm_cuda_gemv_job){.w = jobs[j].w->data, .rows = jobs[j].w->rows,
+                                   .bias = jobs[j].bias ? jobs[j].bias->data : NULL, .out = j == 0 ? q : NULL};
+    tm_cuda_rope_args r = {
+        .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
+        .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
+        .positions = c->d_pos, .slot_mapping = c->d_slots, .q = q, .k = k, .v = v,
+        .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1),
+    };
+    cudaError_t e = tm_cuda_gemv_qkv_rope(gj, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n, &r, c->stream);
+    if (e == cudaErrorNotSupported) return false;
+    cu_fail(c, e, "gemv_qkv_rope");
+    buf_mark(c, q, false);
+    return true;
 }
 
 static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, const void *q,
@@ -664,6 +718,7 @@ static void cu_free(tm_backend *be) {
     cudaFree(c->ffn_tmp);
     cudaFreeHost(c->host_stage);
     cudaFree(c->d_argmax);
+    cudaFree(c->norm_scratch);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     tm_cuda_blas_free(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -723,6 +778,8 @@ static const tm_backend_ops k_cuda_ops = {
     .begin_step = cu_begin_step,
     .end_step = cu_end_step,
     .matmul_swiglu = cu_matmul_swiglu,
+    .matmul_add_rmsnorm = cu_matmul_add_rmsnorm,
+    .matmul_qkv_rope = cu_matmul_qkv_rope,
     .weight_place = cu_weight_place,
     .weight_release = cu_weight_release,
     .last_error = cu_last_error,
@@ -763,6 +820,16 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         goto fail;
     }
     if ((s = tm_cuda_blas_create((size_t)64 << 20, &c->blas, err)) != TM_OK) goto fail;
+    const char *nf = getenv("TM_CUDA_NO_FUSE");
+    c->no_fuse = nf && nf[0] == '1' && nf[1] == '\0';
+    const char *fn = getenv("TM_CUDA_FUSE_NORM");
+    c->fuse_norm = fn && fn[0] == '1' && fn[1] == '\0';
+    if ((e = cudaMalloc(&c->norm_scratch, TM_CUDA_GEMV_NORM_SCRATCH_BYTES)) != cudaSuccess ||
+        (e = cudaMemsetAsync(c->norm_scratch, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES, c->stream)) != cudaSuccess) {
+        cudaGetLastError();
+        s = tm_err(err, TM_ERR_DEVICE, "cuda fused-norm scratch: %s", cudaGetErrorString(e));
+        goto fail;
+    }
     *out = &c->base;
     return TM_OK;
 fail:

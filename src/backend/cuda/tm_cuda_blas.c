@@ -2,7 +2,62 @@
 #include "backend/cuda/tm_cuda_blas.h"
 
 #include <cublasLt.h>
+#include <dlfcn.h>
 #include <stdlib.h>
+
+/* cuBLASLt is loaded at run time (dlopen) when a CUDA backend is created, so the binary starts, and runs on the
+ * CPU, without the library (which also costs ~200 MB of resident memory just by being mapped at start). */
+typedef struct lt_api {
+    void *lib;
+    cublasStatus_t (*create)(cublasLtHandle_t *);
+    cublasStatus_t (*destroy)(cublasLtHandle_t);
+    const char *(*status_string)(cublasStatus_t);
+    cublasStatus_t (*desc_create)(cublasLtMatmulDesc_t *, cublasComputeType_t, cudaDataType_t);
+    cublasStatus_t (*desc_set)(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void *, size_t);
+    cublasStatus_t (*desc_destroy)(cublasLtMatmulDesc_t);
+    cublasStatus_t (*layout_create)(cublasLtMatrixLayout_t *, cudaDataType, uint64_t, uint64_t, int64_t);
+    cublasStatus_t (*layout_destroy)(cublasLtMatrixLayout_t);
+    cublasStatus_t (*pref_create)(cublasLtMatmulPreference_t *);
+    cublasStatus_t (*pref_set)(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void *, size_t);
+    cublasStatus_t (*pref_destroy)(cublasLtMatmulPreference_t);
+    cublasStatus_t (*heuristic)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int,
+                                cublasLtMatmulHeuristicResult_t *, int *);
+    cublasStatus_t (*matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *, cublasLtMatrixLayout_t,
+                             const void *, cublasLtMatrixLayout_t, const void *, const void *, cublasLtMatrixLayout_t,
+                             void *, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *, void *, size_t,
+                             cudaStream_t);
+} lt_api;
+
+static tm_status lt_load(lt_api *a, tm_error *err) {
+    const char *names[] = {"libcublasLt.so.13", "libcublasLt.so", NULL};
+    for (int i = 0; names[i] && !a->lib; i++) a->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!a->lib) return tm_err(err, TM_ERR_DEVICE, "cannot load cuBLASLt (libcublasLt.so.13): %s", dlerror());
+#define SYM(field, name)                                                                                      \
+    do {                                                                                                      \
+        *(void **)&a->field = dlsym(a->lib, name);                                                            \
+        if (!a->field) {                                                                                      \
+            dlclose(a->lib);                                                                                  \
+            a->lib = NULL;                                                                                    \
+            return tm_err(err, TM_ERR_DEVICE, "cuBLASLt lacks %s", name);                                     \
+        }                                                                                                     \
+    } while (0)
+    SYM(create, "cublasLtCreate");
+    SYM(destroy, "cublasLtDestroy");
+    SYM(status_string, "cublasLtGetStatusString");
+    SYM(desc_create, "cublasLtMatmulDescCreate");
+    SYM(desc_set, "cublasLtMatmulDescSetAttribute");
+    SYM(desc_destroy, "cublasLtMatmulDescDestroy");
+    SYM(layout_create, "cublasLtMatrixLayoutCreate");
+    SYM(layout_destroy, "cublasLtMatrixLayoutDestroy");
+    SYM(pref_create, "cublasLtMatmulPreferenceCreate");
+    SYM(pref_set, "cublasLtMatmulPreferenceSetAttribute");
+    SYM(pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    SYM(heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    SYM(matmul, "cublasLtMatmul");
+#undef SYM
+    return TM_OK;
+}
 
 /* One cached plan per (n, m, k, out type, bias): descriptors and the heuristic's first algorithm. */
 typedef struct blas_plan {
@@ -14,6 +69,7 @@ typedef struct blas_plan {
 } blas_plan;
 
 struct tm_cuda_blas {
+    lt_api lt;
     cublasLtHandle_t h;
     void *ws;            /* (ws_bytes) device workspace */
     size_t ws_bytes;
@@ -25,15 +81,23 @@ tm_status tm_cuda_blas_create(size_t workspace_bytes, tm_cuda_blas **out, tm_err
     *out = NULL;
     tm_cuda_blas *b = tm_calloc(1, sizeof *b);
     if (!b) return tm_err(err, TM_ERR_NOMEM, "out of memory");
-    cublasStatus_t cs = cublasLtCreate(&b->h);
-    if (cs != CUBLAS_STATUS_SUCCESS) {
+    tm_status st = lt_load(&b->lt, err);
+    if (st != TM_OK) {
         free(b);
-        return tm_err(err, TM_ERR_DEVICE, "cublasLtCreate failed: %s", cublasLtGetStatusString(cs));
+        return st;
+    }
+    cublasStatus_t cs = b->lt.create(&b->h);
+    if (cs != CUBLAS_STATUS_SUCCESS) {
+        st = tm_err(err, TM_ERR_DEVICE, "cublasLtCreate failed: %s", b->lt.status_string(cs));
+        dlclose(b->lt.lib);
+        free(b);
+        return st;
     }
     b->ws_bytes = workspace_bytes;
     cudaError_t ce = cudaMalloc(&b->ws, workspace_bytes);
     if (ce != cudaSuccess) {
-        cublasLtDestroy(b->h);
+        b->lt.destroy(b->h);
+        dlclose(b->lt.lib);
         free(b);
         return tm_err(err, TM_ERR_NOMEM, "cuBLASLt workspace of %zu bytes: %s", workspace_bytes, cudaGetErrorString(ce));
     }
@@ -41,19 +105,22 @@ tm_status tm_cuda_blas_create(size_t workspace_bytes, tm_cuda_blas **out, tm_err
     return TM_OK;
 }
 
-static void plan_destroy(blas_plan *p) {
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+static void plan_destroy(const lt_api *lt, blas_plan *p) {
+    if (p->op) lt->desc_destroy(p->op);
+    if (p->la) lt->layout_destroy(p->la);
+    if (p->lb) lt->layout_destroy(p->lb);
+    if (p->lc) lt->layout_destroy(p->lc);
+    p->op = NULL;
+    p->la = p->lb = p->lc = NULL;
 }
 
 void tm_cuda_blas_free(tm_cuda_blas *b) {
     if (!b) return;
-    for (int32_t i = 0; i < b->n_plans; i++) plan_destroy(&b->plans[i]);
+    for (int32_t i = 0; i < b->n_plans; i++) plan_destroy(&b->lt, &b->plans[i]);
     free(b->plans);
     cudaFree(b->ws);
-    cublasLtDestroy(b->h);
+    b->lt.destroy(b->h);
+    dlclose(b->lt.lib);
     free(b);
 }
 
@@ -67,39 +134,38 @@ static tm_status plan_make(tm_cuda_blas *b, blas_plan *p, tm_error *err) {
     do {                                                                                                      \
         if ((cs = (call)) != CUBLAS_STATUS_SUCCESS) goto fail;                                                \
     } while (0)
-    LT(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    const lt_api *lt = &b->lt;
+    LT(lt->desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (p->bias) {
         cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
         cudaDataType_t bt = CUDA_R_32F;
-        LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
-        LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+        LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
-    LT(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->m, p->k));
-    LT(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->n, p->k));
-    LT(cublasLtMatrixLayoutCreate(&p->lc, ct, (uint64_t)p->m, (uint64_t)p->n, p->m));
+    LT(lt->layout_create(&p->la, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->m, p->k));
+    LT(lt->layout_create(&p->lb, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->n, p->k));
+    LT(lt->layout_create(&p->lc, ct, (uint64_t)p->m, (uint64_t)p->n, p->m));
     cublasLtMatmulPreference_t pref = NULL;
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    cs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b->ws_bytes,
-                                              sizeof b->ws_bytes);
+    LT(lt->pref_create(&pref));
+    cs = lt->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b->ws_bytes, sizeof b->ws_bytes);
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    if (cs == CUBLAS_STATUS_SUCCESS)
-        cs = cublasLtMatmulAlgoGetHeuristic(b->h, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    if (cs == CUBLAS_STATUS_SUCCESS) cs = lt->heuristic(b->h, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+    lt->pref_destroy(pref);
     if (cs != CUBLAS_STATUS_SUCCESS) goto fail;
     if (!found) {
-        plan_destroy(p);
+        plan_destroy(lt, p);
         return tm_err(err, TM_ERR_DEVICE, "cuBLASLt has no algorithm for %lld x %lld x %lld", (long long)p->n,
                       (long long)p->m, (long long)p->k);
     }
     p->algo = res.algo;
     return TM_OK;
 fail:
-    plan_destroy(p);
+    plan_destroy(&b->lt, p);
     return tm_err(err, TM_ERR_DEVICE, "cuBLASLt plan for %lld x %lld x %lld: %s", (long long)p->n, (long long)p->m,
-                  (long long)p->k, cublasLtGetStatusString(cs));
+                  (long long)p->k, b->lt.status_string(cs));
 #undef LT
 }
 
@@ -126,15 +192,14 @@ tm_status tm_cuda_blas_gemm(tm_cuda_blas *b, const uint16_t *x, const uint16_t *
         p = &b->plans[b->n_plans - 1];
     }
     if (want_bias) {
-        cublasStatus_t cs = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-        if (cs != CUBLAS_STATUS_SUCCESS)
-            return tm_err(err, TM_ERR_DEVICE, "cuBLASLt bias: %s", cublasLtGetStatusString(cs));
+        cublasStatus_t cs = b->lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        if (cs != CUBLAS_STATUS_SUCCESS) return tm_err(err, TM_ERR_DEVICE, "cuBLASLt bias: %s", b->lt.status_string(cs));
     }
     float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t cs = cublasLtMatmul(b->h, p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc, out, p->lc, &p->algo,
-                                       b->ws, b->ws_bytes, stream);
+    cublasStatus_t cs = b->lt.matmul(b->h, p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc, out, p->lc, &p->algo,
+                                     b->ws, b->ws_bytes, stream);
     if (cs != CUBLAS_STATUS_SUCCESS)
         return tm_err(err, TM_ERR_DEVICE, "cublasLtMatmul %lld x %lld x %lld: %s", (long long)n, (long long)m,
-                      (long long)k, cublasLtGetStatusString(cs));
+                      (long long)k, b->lt.status_string(cs));
     return TM_OK;
 }

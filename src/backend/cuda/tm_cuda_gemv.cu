@@ -32,6 +32,20 @@
  * result is bit-identical whether it is computed alone, in a group, or for any n (batch row b of an n-row call
  * equals the 1-row call on x[b]); tb_gemv checks all three.
  *
+ * Fused epilogues (tm_cuda_gemv_add_rmsnorm, tm_cuda_gemv_qkv_rope): the same v2 kernel and launch shape (so the
+ * GEMV sums are bit-identical to tm_cuda_gemv's), only the epilogue differs (template parameter EPI):
+ *  - EPI_NORM: the R * N epilogue threads round their sums to bf16 (as tm_cuda_gemv stores them), add them into
+ *    the residual (as tm_cuda_add_rmsnorm adds bf16 x) and fence; thread 0 then counts the block done with an
+ *    atomicAdd on a device counter; the block that sees gridDim - 1 (the last) reads the whole (n, rows) residual
+ *    back through L2 twice (sum of squares per batch row in a fixed order: per thread, warp butterfly, across
+ *    warps; then residual * scale * norm_w in 16-byte vectors) and resets the counter. Deterministic: unlike
+ *    per-block atomicAdd partial sums, which would make the norm depend on the blocks' finishing order. The cost
+ *    is a serial tail on one block: two L2 passes over n * rows * 4 bytes (8 KB at 1B, n = 1).
+ *  - EPI_ROPE: jobs q, k, v; thread b < N of a block holds rows r0, r0 + 1 of token b, i.e. the RoPE pair (2j,
+ *    2j + 1) of a head (r0 even, head_dim even); it rounds both to bf16, rotates them in f32 with the (cos, sin)
+ *    of tm_cuda_rope.cu's f32 angle (double sincospi), and stores 4 bytes: q to its output, k (rotated) and v to
+ *    the cache slot of token b (none when slot < 0), the unrotated k and v to their outputs when those are set.
+ *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
  * falls back to one launch per job (each job exactly as tm_cuda_gemv would run it).
@@ -222,10 +236,110 @@ struct v2_args {
     int64_t row_bytes;
     int cols;
     bool out_f32, pdl;
+    /* EPI_NORM (one job; out[0] may be NULL) */
+    float *residual;              /* (n, rows) f32 */
+    const float *norm_w;          /* (rows) f32 */
+    uint16_t *norm_out;           /* (n, rows) bf16 */
+    unsigned int *counter;        /* blocks done; 0 between launches */
+    float eps;
+    /* EPI_ROPE (jobs 0, 1, 2 = q, k, v; out[1], out[2] may be NULL) */
+    const float *inv_freq;        /* (rope_dim / 2) */
+    const int32_t *positions;     /* (n) */
+    const int64_t *slot_mapping;  /* (n) */
+    uint16_t *k_cache, *v_cache;  /* (n_blocks, n_kv_heads, block_size, head_dim) */
+    int head_dim, rope_dim, block_size, n_kv_heads;
 };
 
-template <class T, int N, bool SWIGLU>
+/* what the v2 kernel does with its sums (the GEMV part is the same for all) */
+enum { EPI_PLAIN = 0, EPI_SWIGLU = 1, EPI_NORM = 2, EPI_ROPE = 3 };
+
+__device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return (uint32_t)__bfloat16_as_ushort(h.x) | ((uint32_t)__bfloat16_as_ushort(h.y) << 16);
+}
+
+/* EPI_NORM, after the block has added its rows into the residual: count the block done; the last block of the
+ * grid computes norm_out = rmsnorm(residual) * norm_w over the whole (n, rows) residual, then resets the counter.
+ * The last block reads the other blocks' residual values through L2 (ld.global.cg), after the writers' and its
+ * own fences. Sum of squares: per thread over its chunks of 8 in order, then the warp butterfly, then across
+ * warps in order: a fixed order, so the result does not depend on which block finished last. */
+template <int N> __device__ __forceinline__ void norm_finish(const v2_args &a, int rows) {
+    __shared__ unsigned int is_last;
+    __shared__ float red2[kMaxWarps][N];
+    __syncthreads(); /* every writer of this block has fenced its residual stores */
+    if (threadIdx.x == 0) is_last = atomicAdd(a.counter, 1u) == gridDim.x - 1u ? 1u : 0u;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int tid = (int)threadIdx.x, nthreads = (int)blockDim.x, nch = rows >> 3;
+    const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
+    const float4 *res4 = reinterpret_cast<const float4 *>(a.residual);
+    float ss[N];
+#pragma unroll
+    for (int b = 0; b < N; b++) ss[b] = 0.0f;
+#pragma unroll 2
+    for (int c = tid; c < nch; c += nthreads) {
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const float4 *p = res4 + 2 * ((int64_t)b * nch + c);
+            const float4 u = __ldcg(p), v = __ldcg(p + 1);
+            ss[b] += u.x * u.x;
+            ss[b] += u.y * u.y;
+            ss[b] += u.z * u.z;
+            ss[b] += u.w * u.w;
+            ss[b] += v.x * v.x;
+            ss[b] += v.y * v.y;
+            ss[b] += v.z * v.z;
+            ss[b] += v.w * v.w;
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < N; b++) {
+        const float t = warp_sum(ss[b]);
+        if (lane == 0) red2[warp][b] = t;
+    }
+    __syncthreads();
+    float scale[N];
+#pragma unroll
+    for (int b = 0; b < N; b++) {
+        float t = 0.0f;
+        for (int w = 0; w < nwarps; w++) t += red2[w][b];
+        scale[b] = 1.0f / sqrtf(t / (float)rows + a.eps);
+    }
+    const float4 *w4 = reinterpret_cast<const float4 *>(a.norm_w);
+    uint4 *o4 = reinterpret_cast<uint4 *>(a.norm_out);
+#pragma unroll 2
+    for (int c = tid; c < nch; c += nthreads) {
+        const float4 wa = __ldg(w4 + 2 * c), wb = __ldg(w4 + 2 * c + 1);
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const float4 *p = res4 + 2 * ((int64_t)b * nch + c);
+            const float4 u = __ldcg(p), v = __ldcg(p + 1);
+            const float r = scale[b];
+            uint4 o;
+            o.x = pack_bf16x2(u.x * r * wa.x, u.y * r * wa.y);
+            o.y = pack_bf16x2(u.z * r * wa.z, u.w * r * wa.w);
+            o.z = pack_bf16x2(v.x * r * wb.x, v.y * r * wb.y);
+            o.w = pack_bf16x2(v.z * r * wb.z, v.w * r * wb.w);
+            o4[(int64_t)b * nch + c] = o;
+        }
+    }
+    if (tid == 0) atomicExch(a.counter, 0u); /* every other block has counted itself: ready for the next launch */
+}
+
+/* EPI_ROPE: (cos, sin) of the f32 angle pos * inv_freq, exactly as tm_cuda_rope.cu's load_angles */
+__device__ __forceinline__ float2 rope_cs(int32_t pos, float inv_freq) {
+    const float th = __fmul_rn((float)pos, inv_freq);
+    double sn, cs;
+    sincospi((double)th * 0.318309886183790671537767526745, &sn, &cs);
+    return make_float2((float)cs, (float)sn);
+}
+
+template <class T, int N, int EPI>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel_v2(const v2_args a) {
+    constexpr bool SWIGLU = EPI == EPI_SWIGLU;
     constexpr int R = SWIGLU ? 1 : 2;    /* output rows per block */
     constexpr int NR = SWIGLU ? 2 : R;   /* weight rows per block */
     constexpr int U = unroll_for<T, N>();
@@ -236,7 +350,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     const uint8_t *wj = a.w[0];
     const float *bias = a.bias[0];
     void *out = a.out[0];
-    int rows = a.rows[0], b0 = 0;
+    int rows = a.rows[0], b0 = 0, jid = 0;
 #pragma unroll
     for (int k = 1; k < kMaxJobs; k++) {
         if (bid >= a.blk0[k]) {
@@ -245,6 +359,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             out = a.out[k];
             rows = a.rows[k];
             b0 = a.blk0[k];
+            jid = k;
         }
     }
     const int r0 = (bid - b0) * R;
@@ -300,6 +415,58 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
         }
     }
     __syncthreads();
+    if constexpr (EPI == EPI_NORM) {
+        /* o = bf16(sum + bias) as tm_cuda_gemv stores it; residual += o as tm_cuda_add_rmsnorm adds it */
+        if (threadIdx.x < R * N) {
+            const int i = threadIdx.x / N, b = threadIdx.x % N, r = r0 + i;
+            if (r < rows) {
+                float s = 0.0f;
+                for (int w = 0; w < nwarps; w++) s += red[w][i][b];
+                const uint16_t o = bf16_bits(s + (bias ? bias[r] : 0.0f));
+                const int64_t idx = (int64_t)b * rows + r;
+                if (out) ((uint16_t *)out)[idx] = o;
+                a.residual[idx] = a.residual[idx] + tmq::bf16f(o);
+            }
+            __threadfence();
+        }
+        norm_finish<N>(a, rows);
+        return;
+    }
+    if constexpr (EPI == EPI_ROPE) {
+        /* thread b: rows r0, r0 + 1 (one RoPE pair: r0 even, head_dim even) of token b; q, k, v rounded to bf16
+         * as tm_cuda_gemv stores them, then rotated as tm_cuda_rope_kv_write rotates the stored values */
+        if (threadIdx.x < N) {
+            const int b = threadIdx.x;
+            float s0 = 0.0f, s1 = 0.0f;
+            for (int w = 0; w < nwarps; w++) {
+                s0 += red[w][0][b];
+                s1 += red[w][1][b];
+            }
+            const uint16_t o0 = bf16_bits(s0 + (bias ? bias[r0] : 0.0f));
+            const uint16_t o1 = bf16_bits(s1 + (bias ? bias[r0 + 1] : 0.0f));
+            const uint32_t plain = (uint32_t)o0 | ((uint32_t)o1 << 16);
+            const int hd = a.head_dim, h = r0 / hd, d0 = r0 - h * hd;
+            uint32_t rot = plain;
+            if (jid < 2 && d0 < a.rope_dim) {
+                const float2 t = rope_cs(a.positions[b], a.inv_freq[d0 >> 1]);
+                const float x0 = tmq::bf16f(o0), x1 = tmq::bf16f(o1);
+                rot = pack_bf16x2(x0 * t.x - x1 * t.y, x0 * t.y + x1 * t.x);
+            }
+            const int64_t idx = (int64_t)b * rows + r0; /* even: a 4-byte store */
+            if (jid == 0) {
+                *reinterpret_cast<uint32_t *>((uint16_t *)out + idx) = rot;
+            } else {
+                if (out) *reinterpret_cast<uint32_t *>((uint16_t *)out + idx) = plain;
+                const int64_t slot = a.slot_mapping[b];
+                if (slot >= 0) {
+                    const int64_t blk = slot / a.block_size, off = slot - blk * a.block_size;
+                    const int64_t at = ((blk * a.n_kv_heads + h) * a.block_size + off) * hd + d0;
+                    *reinterpret_cast<uint32_t *>((jid == 1 ? a.k_cache : a.v_cache) + at) = rot;
+                }
+            }
+        }
+        return;
+    }
     if (threadIdx.x < R * N) {
         const int i = threadIdx.x / N, b = threadIdx.x % N, r = r0 + i;
         if (r < rows) {
@@ -326,7 +493,7 @@ int warps_for(int units, int unroll) {
     return w < 1 ? 1 : w > kMaxWarps ? kMaxWarps : w;
 }
 
-template <class T, bool SWIGLU> cudaError_t launch_v2(const v2_args &a, int n, int blocks, cudaStream_t stream) {
+template <class T, int EPI> cudaError_t launch_v2(const v2_args &a, int n, int blocks, cudaStream_t stream) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)blocks);
     /* TM_CUDA_GEMV_WIDE=1: the first version's rule (>= 2 units per lane), for A/B timing */
@@ -342,7 +509,7 @@ template <class T, bool SWIGLU> cudaError_t launch_v2(const v2_args &a, int n, i
     cudaError_t e = cudaErrorInvalidValue;
     switch (n) {
 #define TM_GEMV_N(NN)                                                                                              \
-    case NN: e = cudaLaunchKernelEx(&cfg, gemv_kernel_v2<T, NN, SWIGLU>, a); break;
+    case NN: e = cudaLaunchKernelEx(&cfg, gemv_kernel_v2<T, NN, EPI>, a); break;
         TM_GEMV_N(1)
         TM_GEMV_N(2)
         TM_GEMV_N(3)
@@ -447,12 +614,57 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     a.pdl = env_is_1("TM_CUDA_PDL");
     switch (type) {
 #define TMQ_LAUNCH(T)                                                                                              \
-    return swiglu ? launch_v2<T, true>(a, n, (int)blocks, stream) : launch_v2<T, false>(a, n, (int)blocks, stream)
+    return swiglu ? launch_v2<T, EPI_SWIGLU>(a, n, (int)blocks, stream) : launch_v2<T, EPI_PLAIN>(a, n, (int)blocks, stream)
         TMQ_TYPE_CASES(type, TMQ_LAUNCH)
 #undef TMQ_LAUNCH
     default: return cudaErrorInvalidValue;
     }
 }
+
+/* The fused launchers' common part: v2 over jobs (none empty) with epilogue EPI; extra fields of `a` already set.
+ * cudaErrorNotSupported when v2 cannot run them (alignment, TM_CUDA_GEMV_V=1). */
+template <int EPI>
+cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
+                      const uint16_t *x, int32_t n, cudaStream_t stream) {
+    tmq::info ti;
+    if (!x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 || cols > INT32_MAX || !tmq::type_info(type, &ti) ||
+        cols % ti.qk)
+        return cudaErrorInvalidValue;
+    if (env_is_1("TM_CUDA_GEMV_V")) return cudaErrorNotSupported;
+    int64_t blocks = 0;
+    for (int32_t j = 0; j < n_jobs; j++) {
+        if (!jobs[j].w || jobs[j].rows < 2 || jobs[j].rows % 2 || jobs[j].rows > INT32_MAX) return cudaErrorInvalidValue;
+        if (!v2_ok(type, jobs[j].w, jobs[j].w, cols, x)) return cudaErrorNotSupported;
+        a.w[j] = (const uint8_t *)jobs[j].w;
+        a.bias[j] = jobs[j].bias;
+        a.out[j] = jobs[j].out;
+        a.rows[j] = (int)jobs[j].rows;
+        a.blk0[j] = (int)blocks;
+        blocks += jobs[j].rows / 2; /* R = 2 rows per block: no block straddles two jobs */
+    }
+    if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+    for (int j = n_jobs; j < kMaxJobs; j++) {
+        a.w[j] = a.w[0];
+        a.bias[j] = NULL;
+        a.out[j] = a.out[0];
+        a.rows[j] = a.rows[0];
+        a.blk0[j] = INT_MAX;
+    }
+    a.w_up = NULL;
+    a.x = x;
+    a.row_bytes = cols / ti.qk * ti.bytes;
+    a.cols = (int)cols;
+    a.out_f32 = false;
+    a.pdl = env_is_1("TM_CUDA_PDL");
+    switch (type) {
+#define TMQ_LAUNCH(T) return launch_v2<T, EPI>(a, n, (int)blocks, stream)
+        TMQ_TYPE_CASES(type, TMQ_LAUNCH)
+#undef TMQ_LAUNCH
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+bool aligned(const void *p, uintptr_t k) { return ((uintptr_t)p & (k - 1)) == 0; }
 
 } /* namespace */
 
@@ -472,4 +684,49 @@ extern "C" cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up,
                                            cudaStream_t stream) {
     const tm_cuda_gemv_job job = {w_gate, rows, NULL, out};
     return gemv_run(&job, 1, w_up, type, cols, x, n, false, true, stream);
+}
+
+extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, int64_t cols,
+                                                const uint16_t *x, int32_t n, const float *bias, uint16_t *out,
+                                                float *residual, const float *norm_w, float eps, uint16_t *norm_out,
+                                                void *scratch, cudaStream_t stream) {
+    if (!w || !residual || !norm_w || !norm_out || !scratch || rows <= 0) return cudaErrorInvalidValue;
+    if (rows % 8 || !aligned(residual, 16) || !aligned(norm_w, 16) || !aligned(norm_out, 16) || !aligned(scratch, 4))
+        return cudaErrorNotSupported;
+    v2_args a = {};
+    a.residual = residual;
+    a.norm_w = norm_w;
+    a.norm_out = norm_out;
+    a.counter = (unsigned int *)scratch;
+    a.eps = eps;
+    const tm_cuda_gemv_job job = {w, rows, bias, out};
+    return fused_run<EPI_NORM>(a, &job, 1, type, cols, x, n, stream);
+}
+
+extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols,
+                                             const uint16_t *x, int32_t n, const tm_cuda_rope_args *rope,
+                                             cudaStream_t stream) {
+    if (!jobs || !rope || !jobs[0].out || !rope->positions || !rope->slot_mapping || !rope->k_cache ||
+        !rope->v_cache || rope->n_tokens != n || rope->n_heads <= 0 || rope->n_kv_heads <= 0 || rope->head_dim <= 0 ||
+        rope->block_size <= 0 || rope->rope_dim < 0 || rope->rope_dim > rope->head_dim ||
+        (rope->rope_dim > 0 && !rope->inv_freq))
+        return cudaErrorInvalidValue;
+    const int64_t hd = rope->head_dim;
+    if (rope->neox || hd % 2 || rope->rope_dim % 2 || jobs[0].rows != rope->n_heads * hd ||
+        jobs[1].rows != rope->n_kv_heads * hd || jobs[2].rows != rope->n_kv_heads * hd)
+        return cudaErrorNotSupported;
+    for (int j = 0; j < 3; j++)
+        if (!aligned(jobs[j].out, 4)) return cudaErrorNotSupported; /* NULL passes: k, v outputs are optional */
+    if (!aligned(rope->k_cache, 4) || !aligned(rope->v_cache, 4)) return cudaErrorNotSupported;
+    v2_args a = {};
+    a.inv_freq = rope->inv_freq;
+    a.positions = rope->positions;
+    a.slot_mapping = rope->slot_mapping;
+    a.k_cache = rope->k_cache;
+    a.v_cache = rope->v_cache;
+    a.head_dim = rope->head_dim;
+    a.rope_dim = rope->rope_dim;
+    a.block_size = rope->block_size;
+    a.n_kv_heads = rope->n_kv_heads;
+    return fused_run<EPI_ROPE>(a, jobs, 3, type, cols, x, n, stream);
 }

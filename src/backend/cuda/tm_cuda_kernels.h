@@ -111,6 +111,36 @@ typedef struct tm_cuda_gemv_job {
 cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream);
 
+/* Fused decode epilogues (tm_cuda_gemv.cu). Both return cudaErrorNotSupported, having launched nothing, when a
+ * shape, an alignment or the environment rules the fusion out (TM_CUDA_GEMV_V=1 included): the caller then runs
+ * the unfused pair. Results equal the unfused pair's up to the order of the norm's sum of squares (the GEMV part
+ * is the very kernel of tm_cuda_gemv, the residual add and the rotation round exactly as the unfused kernels). */
+
+/* One launch of tm_cuda_gemv (bf16 output) followed by tm_cuda_add_rmsnorm:
+ *   o = bf16(x · wᵀ (+ bias)) ; residual (n, rows) f32 += o ; norm_out (n, rows) bf16 = rmsnorm(residual) * norm_w
+ * out: (n, rows) bf16 copy of o, or NULL (not written). Needs rows % 8 == 0 and 16-byte aligned residual, norm_w
+ * and norm_out. The norm needs every row of the residual: each thread block adds its rows, then counts itself
+ * done on a device counter; the last block to finish computes the norm over whole rows (a fixed-order tree sum,
+ * so results are deterministic) and resets the counter. scratch: TM_CUDA_GEMV_NORM_SCRATCH_BYTES of device
+ * memory, zeroed once when allocated; every launch leaves it zeroed. One scratch per stream (launches that can
+ * run concurrently must not share one). */
+#define TM_CUDA_GEMV_NORM_SCRATCH_BYTES 256
+cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
+                                     int32_t n, const float *bias, uint16_t *out, float *residual,
+                                     const float *norm_w, float eps, uint16_t *norm_out, void *scratch,
+                                     cudaStream_t stream);
+
+/* The grouped Q/K/V GEMV (jobs[0] = q, [1] = k, [2] = v, bf16 outputs) with tm_cuda_rope_kv_write in its epilogue:
+ * q, k, v = bf16(x · w_jᵀ (+ bias_j)), then q rotated into jobs[0].out, k rotated and v written to their cache
+ * slots (rope->k_cache, rope->v_cache, slot_mapping < 0: not written), as tm_cuda_rope_kv_write does on the
+ * bf16 q, k, v. jobs[1].out and jobs[2].out may be NULL; when set they receive the unrotated k and v.
+ * rope: geometry, inv_freq, positions, slot_mapping and caches; rope->q, k, v are ignored; rope->n_tokens must
+ * equal n. Supported: !neox, even head_dim and rope_dim, rows q = n_heads * head_dim, k = v = n_kv_heads *
+ * head_dim (a block computes the two rows 2j, 2j + 1 of a head: one RoPE pair), 4-byte aligned outputs and
+ * caches; anything else returns cudaErrorNotSupported. */
+cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols, const uint16_t *x,
+                                  int32_t n, const tm_cuda_rope_args *rope, cudaStream_t stream);
+
 /* ---- attention over the paged KV cache (tm_cuda_attn_decode.cu, tm_cuda_attn_prefill.cu) ---- */
 
 /* One layer's attention for a ragged batch (see tm_batch in backend.h for the meaning of the arrays).
