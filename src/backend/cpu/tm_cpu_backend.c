@@ -202,10 +202,8 @@ static void matmul_rows(const matmul_task *t, const tm_matmul_job *job, int64_t 
     }
 }
 
-static void matmul_fn(void *p, int ith, int nth) {
-    matmul_task *t = p;
-    int64_t blo, bhi;
-    tm_split_range(t->blk_start[t->n_jobs], ith, nth, &blo, &bhi);
+/* global row blocks [blo, bhi) across the group's jobs */
+static void matmul_blocks(matmul_task *t, int64_t blo, int64_t bhi) {
     for (int32_t j = 0; j < t->n_jobs && blo < bhi; j++) {
         int64_t s = t->blk_start[j], e = t->blk_start[j + 1];
         if (bhi <= s || blo >= e) continue;
@@ -214,6 +212,13 @@ static void matmul_fn(void *p, int ith, int nth) {
         int64_t r0 = (b0 - s) * TM_ROW_BLOCK, r1 = (b1 - s) * TM_ROW_BLOCK;
         matmul_rows(t, &t->jobs[j], r0, r1 < rows ? r1 : rows);
     }
+}
+
+static void matmul_fn(void *p, int ith, int nth) {
+    matmul_task *t = p;
+    int64_t blo, bhi;
+    tm_split_range(t->blk_start[t->n_jobs], ith, nth, &blo, &bhi);
+    matmul_blocks(t, blo, bhi);
 }
 
 static const tm_quant_ops *cpu_dot_ops(const tm_cpu_backend *c, tm_dtype t) {
@@ -245,7 +250,8 @@ static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs
     } else {
         t.arb = (size_t)tm_dtype_row_bytes(t.qo->act_type, (uint64_t)t.cols);
         t.xq = c->scratch;
-        tm_threadpool_run(c->tp, quant_act_fn, &t);
+        if (n < 4) quant_act_fn(&t, 0, 1); /* a few rows: converting them here beats a dispatch */
+        else tm_threadpool_run(c->tp, quant_act_fn, &t);
     }
     tm_threadpool_run(c->tp, matmul_fn, &t);
 }
