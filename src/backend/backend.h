@@ -56,6 +56,14 @@ typedef struct tm_kv_cfg {
 
 typedef struct tm_backend tm_backend;
 
+/* One row's sampling recipe for a backend that samples on its own (ops->sample): temperature <= 0 is argmax;
+ * top_k <= 0, top_p >= 1, min_p <= 0 are off; the draw is a function of (seed, offset). */
+typedef struct tm_sample_row {
+    float temperature, top_p, min_p;
+    int32_t top_k;
+    uint64_t seed, offset;
+} tm_sample_row;
+
 /* One matrix product of a group sharing an input (see ops->matmul). */
 typedef struct tm_matmul_job {
     const tm_weight *w;
@@ -139,6 +147,9 @@ typedef struct tm_backend_ops {
     /* out_host (n_rows) = argmax of each row of an f32 logits buffer (ties: lowest id); only ids cross to the host */
     tm_status (*argmax)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t *out_host,
                         tm_error *err);
+    /* out_host (n_rows) = one token per row of an f32 logits buffer drawn per rows[r]; only ids cross to the host */
+    tm_status (*sample)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
+                        int32_t *out_host, tm_error *err);
     /* bytes of backend memory still free */
     uint64_t (*mem_free)(tm_backend *be);
     /* ops stopped early on a device error: the first error since the last call (TM_OK if none), then cleared */

@@ -295,6 +295,12 @@ static const char *postprocess(tm_engine *e, tm_request *q, int32_t tok, const t
     return NULL;
 }
 
+/* no penalties and no logprobs: the token depends on the raw logits and the recipe only */
+static bool sampling_is_plain(const tm_sampling_params *sp) {
+    return sp->repeat_penalty == 1.0f && sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f &&
+           sp->n_logprobs == 0;
+}
+
 /* temperature 0 (or top-k 1) with no penalties and no logprobs: the token is the argmax of the raw logits */
 static bool sampling_is_plain_greedy(const tm_sampling_params *sp) {
     return (sp->temperature == 0.0f || sp->top_k == 1) && sp->repeat_penalty == 1.0f && sp->presence_penalty == 0.0f &&
@@ -335,6 +341,22 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
     for (int32_t i = 0; i < p->n && dev_greedy; i++)
         if (e->st_logits[i] && !sampling_is_plain_greedy(&((tm_request *)p->seqs[i]->user)->gp.sampling)) dev_greedy = false;
     r->greedy_on_device = dev_greedy;
+    /* otherwise requests without penalties or logprobs can be drawn on the device too (a per-request stream keyed
+     * by (seed, tokens generated): reproducible for a seed, but not the host sampler's sequence) */
+    bool dev_sample = !dev_greedy && tm_runner_can_sample(r);
+    for (int32_t i = 0, row = 0; i < p->n && dev_sample; i++) {
+        if (!e->st_logits[i]) continue;
+        tm_request *q = p->seqs[i]->user;
+        const tm_sampling_params *sp = &q->gp.sampling;
+        if (!sampling_is_plain(sp)) {
+            dev_sample = false;
+            break;
+        }
+        r->sample_rows[row++] = (tm_sample_row){
+            .temperature = sp->top_k == 1 ? 0.0f : sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
+            .top_k = sp->top_k, .seed = sp->seed, .offset = (uint64_t)(q->seq.n_tokens - q->seq.n_prompt)};
+    }
+    r->sample_on_device = dev_sample;
     if ((s = tm_runner_step(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, p->n, err)) != TM_OK) return s;
     tm_sched_commit(&e->sched, p);
     now = tm_time_s();
@@ -344,7 +366,7 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         if (!e->st_logits[i]) continue;
         tm_request *q = p->seqs[i]->user;
         tm_logprob chosen = {0, 0};
-        if (dev_greedy) { /* argmax already taken on the device; a greedy sampler draws no random numbers */
+        if (dev_greedy || dev_sample) { /* drawn on the device (a greedy sampler draws no random numbers) */
             int32_t tok = r->greedy[row++];
             chosen.id = tok;
             const char *reason = postprocess(e, q, tok, &chosen, now, err, &s);

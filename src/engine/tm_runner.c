@@ -82,6 +82,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     size_t T = (size_t)cfg.max_batch_tokens;
     r->logits = tm_malloc_array((size_t)max_logits * (size_t)m->hp.n_vocab, sizeof(float));
     r->greedy = tm_malloc_array((size_t)max_logits, sizeof(int32_t));
+    r->sample_rows = tm_malloc_array((size_t)max_logits, sizeof(tm_sample_row));
     r->b_ids = tm_malloc_array(T, sizeof(int32_t));
     r->b_pos = tm_malloc_array(T, sizeof(int32_t));
     r->b_seq = tm_malloc_array(T, sizeof(int32_t));
@@ -90,7 +91,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     r->b_qstart = tm_malloc_array((size_t)r->max_seqs + 1, sizeof(int32_t));
     r->b_ctx = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_btab = tm_malloc_array((size_t)r->max_seqs * (size_t)r->max_blocks, sizeof(int32_t));
-    if (!r->logits || !r->greedy || !r->b_ids || !r->b_pos || !r->b_seq || !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
+    if (!r->logits || !r->greedy || !r->sample_rows || !r->b_ids || !r->b_pos || !r->b_seq || !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
         !r->b_ctx || !r->b_btab) {
         s = tm_err(err, TM_ERR_NOMEM, "out of memory allocating batch buffers");
         goto fail;
@@ -112,6 +113,7 @@ void tm_runner_free(tm_runner *r) {
     tm_kv_pool_free(&r->pool);
     free(r->logits);
     free(r->greedy);
+    free(r->sample_rows);
     free(r->b_ids);
     free(r->b_pos);
     free(r->b_seq);
@@ -124,6 +126,7 @@ void tm_runner_free(tm_runner *r) {
 }
 
 bool tm_runner_can_argmax(const tm_runner *r) { return r->be->ops->argmax != NULL; }
+bool tm_runner_can_sample(const tm_runner *r) { return r->be->ops->sample != NULL; }
 
 tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
                          const bool *want_logits, int32_t n_seqs, tm_error *err) {
@@ -157,9 +160,12 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
         .slot_mapping = r->b_slots, .n_logits = nl, .logits_index = r->b_logits_idx,
     };
     bool dev_argmax = r->greedy_on_device && r->be->ops->argmax && nl > 0;
-    r->greedy_on_device = false; /* one step only: the next caller (prompt_logits, a sampled step) gets logits */
-    tm_status st = tm_model_forward(r->model, r->be, &r->ws, &b, dev_argmax ? NULL : r->logits, err);
+    bool dev_sample = !dev_argmax && r->sample_on_device && r->be->ops->sample && nl > 0;
+    r->greedy_on_device = r->sample_on_device = false; /* one step only: the next caller gets logits */
+    tm_status st = tm_model_forward(r->model, r->be, &r->ws, &b, dev_argmax || dev_sample ? NULL : r->logits, err);
     if (st == TM_OK && dev_argmax) st = r->be->ops->argmax(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->greedy, err);
+    if (st == TM_OK && dev_sample)
+        st = r->be->ops->sample(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->sample_rows, r->greedy, err);
     if (st != TM_OK) return st;
     /* the entries are written: record their tokens (full blocks become shareable prefix-cache blocks) */
     for (int32_t k = 0; k < n_seqs; k++)
@@ -193,7 +199,7 @@ tm_status tm_runner_check_prompt(const tm_runner *r, const int32_t *prompt, size
 }
 
 tm_status tm_runner_prompt_logits(tm_runner *r, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err) {
-    r->greedy_on_device = false;
+    r->greedy_on_device = r->sample_on_device = false;
     tm_status s = tm_runner_check_prompt(r, prompt, n_prompt, err);
     if (s != TM_OK) return s;
     tm_kv_seq seq = {0};

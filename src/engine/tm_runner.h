@@ -34,6 +34,8 @@ typedef struct tm_runner {
     int32_t *greedy;            /* (max_logits) argmax ids of the last pass when it ran with greedy_on_device */
     bool greedy_on_device;      /* the next step only: argmax on the backend, only ids to the host (r->logits
                                  * unset); cleared by tm_runner_step */
+    bool sample_on_device;      /* the next step only: draw each row per sample_rows on the backend (ids in greedy) */
+    tm_sample_row *sample_rows; /* (max_logits) recipes of the next step's logits rows */
     /* batch staging, (max_batch_tokens) each unless noted */
     int32_t *b_ids, *b_pos, *b_seq, *b_logits_idx;
     int64_t *b_slots;
@@ -57,6 +59,7 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
 
 /* True when the backend can take the argmax itself (set r->greedy_on_device per step). */
 bool tm_runner_can_argmax(const tm_runner *r);
+bool tm_runner_can_sample(const tm_runner *r);
 
 /* A prompt the runner can take: non-empty, shorter than the context, ids inside the vocabulary. Reads
  * only fields fixed at creation, so any thread may call it. */

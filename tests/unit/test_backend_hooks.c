@@ -256,6 +256,23 @@ static tm_status cpu_argmax(tm_backend *be, const void *logits, int32_t n_rows, 
     return TM_OK;
 }
 
+/* a backend sampler that records the recipes it is given and draws the argmax */
+static int g_sample_calls, g_seen_seed5, g_max_offset5, g_bad_rows;
+static tm_status mock_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
+                             int32_t *out, tm_error *err) {
+    g_sample_calls++;
+    for (int32_t r = 0; r < n_rows; r++) {
+        if (rows[r].seed == 5) {
+            g_seen_seed5++;
+            if ((int)rows[r].offset > g_max_offset5) g_max_offset5 = (int)rows[r].offset;
+            if (!(rows[r].temperature > 0.69f && rows[r].temperature < 0.71f)) g_bad_rows++;
+        } else if (rows[r].temperature != 0.0f) {
+            g_bad_rows++;
+        }
+    }
+    return cpu_argmax(be, logits, n_rows, vocab, out, err);
+}
+
 typedef struct collect {
     int32_t ids[16];
     int n;
@@ -334,6 +351,30 @@ static void test_engine_argmax_on_backend(void **st) {
     assert_memory_equal(lg, lg_ref, sizeof(float) * (size_t)m->hp.n_vocab);
     free(lg);
     free(lg_ref);
+    /* a sampled request next to greedy ones goes to the backend's sampler with its recipe: seed, temperature and
+     * a draw counter that advances by one per generated token; the greedy rows still come out as the argmax */
+    collect mixed[2];
+    memset(mixed, 0, sizeof mixed);
+    tm_engine *e3 = NULL;
+    assert_int_equal(tm_engine_create(m, &cfg, &e3, &err), TM_OK);
+    const tm_backend_ops *orig3 = e3->runner->be->ops;
+    tm_backend_ops ops3 = *orig3;
+    ops3.argmax = cpu_argmax;
+    ops3.sample = mock_sample;
+    e3->runner->be->ops = &ops3;
+    tm_gen_params hot = gp;
+    hot.sampling.temperature = 0.7f;
+    hot.sampling.seed = 5;
+    assert_int_equal(tm_engine_add(e3, prompts[0], 6, &gp, collect_cb, &mixed[0], NULL, &err), TM_OK);
+    assert_int_equal(tm_engine_add(e3, prompts[1], 6, &hot, collect_cb, &mixed[1], NULL, &err), TM_OK);
+    while (tm_engine_has_work(e3)) assert_int_equal(tm_engine_step(e3, &err), TM_OK);
+    e3->runner->be->ops = orig3;
+    tm_engine_free(e3);
+    assert_true(g_sample_calls > 0);
+    assert_int_equal(g_seen_seed5, 12);
+    assert_int_equal(g_max_offset5, 11);
+    assert_int_equal(g_bad_rows, 0);
+    assert_memory_equal(mixed[0].ids, out[0][0].ids, sizeof mixed[0].ids);
     for (int k = 0; k < 4; k++) {
         assert_int_equal(solo[k].n, 12);
         assert_memory_equal(solo[k].ids, out[0][k].ids, sizeof solo[k].ids);

@@ -59,8 +59,10 @@ typedef struct cu_backend {
     size_t ffn_elems;
     int64_t max_ffn_rows;
     int32_t max_tokens;
-    int32_t *d_argmax;           /* (argmax_cap) device argmax ids */
+    int32_t *d_argmax;           /* (argmax_cap) device argmax / sampled ids */
     size_t argmax_cap;
+    tm_cuda_sample_params *d_sparams; /* (sample_cap) per-row sampling recipes */
+    size_t sample_cap;
     float *host_stage;           /* (stage_elems) pinned staging for to_host / from_host */
     size_t stage_bytes;
     /* fused GEMV epilogues (off with TM_CUDA_NO_FUSE=1). The add+RMSNorm epilogue is opt-in
@@ -747,6 +749,41 @@ static tm_status cu_argmax(tm_backend *be, const void *logits, int32_t n_rows, i
     return TM_OK;
 }
 
+static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
+                           int32_t *out_host, tm_error *err) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return cu_last_error(be, err);
+    size_t pbytes = (size_t)n_rows * sizeof(tm_cuda_sample_params), ibytes = (size_t)n_rows * sizeof(int32_t);
+    size_t ioff = (pbytes + 63) & ~(size_t)63;
+    if (!stage(c, ioff + ibytes)) return cu_last_error(be, err);
+    if ((size_t)n_rows > c->sample_cap) {
+        cudaFree(c->d_sparams);
+        cudaFree(c->d_argmax);
+        c->d_sparams = NULL;
+        c->d_argmax = NULL;
+        c->sample_cap = c->argmax_cap = 0;
+        if (cu_fail(c, cudaMalloc((void **)&c->d_sparams, pbytes), "sampling params") ||
+            cu_fail(c, cudaMalloc((void **)&c->d_argmax, ibytes), "sampled ids"))
+            return cu_last_error(be, err);
+        c->sample_cap = c->argmax_cap = (size_t)n_rows;
+    }
+    if (cu_fail(c, cudaStreamSynchronize(c->stream), "sample")) return cu_last_error(be, err); /* staging is free */
+    tm_cuda_sample_params *hp = (tm_cuda_sample_params *)c->host_stage;
+    for (int32_t r = 0; r < n_rows; r++)
+        hp[r] = (tm_cuda_sample_params){.temperature = rows[r].temperature, .top_p = rows[r].top_p,
+                                        .min_p = rows[r].min_p, .top_k = rows[r].top_k, .seed = rows[r].seed,
+                                        .offset = rows[r].offset};
+    uint8_t *ids_stage = (uint8_t *)c->host_stage + ioff;
+    if (cu_fail(c, cudaMemcpyAsync(c->d_sparams, hp, pbytes, cudaMemcpyHostToDevice, c->stream), "sampling params") ||
+        cu_fail(c, tm_cuda_sample(logits, n_rows, vocab, c->d_sparams, NULL, c->d_argmax, NULL, c->stream), "sample") ||
+        cu_fail(c, cudaMemcpyAsync(ids_stage, c->d_argmax, ibytes, cudaMemcpyDeviceToHost, c->stream), "sampled ids") ||
+        cu_fail(c, cudaStreamSynchronize(c->stream), "sample"))
+        return cu_last_error(be, err);
+    c->meta_pending = false;
+    memcpy(out_host, ids_stage, ibytes);
+    return TM_OK;
+}
+
 static uint64_t cu_mem_free(tm_backend *be) {
     (void)be;
     size_t f = 0, t = 0;
@@ -760,6 +797,7 @@ static uint64_t cu_mem_free(tm_backend *be) {
 static const tm_backend_ops k_cuda_ops = {
     .mem_free = cu_mem_free,
     .argmax = cu_argmax,
+    .sample = cu_sample,
     .name = "cuda",
     .free = cu_free,
     .alloc = cu_alloc,
