@@ -1,8 +1,16 @@
 /* tm_tp.c -- tensor parallelism: Megatron-style shard plans and the host copy of a rank's shard of a model. */
 #include "tm_tp.h"
 
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 /* ---- checks and plans -------------------------------------------------------------------------- */
 
@@ -255,4 +263,196 @@ tm_kv_cfg tm_tp_kv_cfg(const tm_tp_plan *p, const tm_kv_cfg *full) {
 
 uint64_t tm_tp_kv_bytes_per_token(const tm_model *m, const tm_tp_plan *p, uint32_t elem_bytes) {
     return 2ull * (uint64_t)m->hp.n_layers * (uint64_t)p->n_kv_heads * (uint64_t)p->head_dim * elem_bytes;
+}
+
+/* ---- bootstrap over TCP ------------------------------------------------------------------------ */
+
+#define TP_MAGIC "TMTPID01"
+enum { TP_MAGIC_LEN = 8, TP_HELLO_LEN = 16, TP_MAX_ID = 4096 };
+
+static int64_t now_ms(void) { return (int64_t)(tm_time_ns() / 1000000u); }
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* Wait until fd is ready for `events` or the deadline passes: 1 ready, 0 timed out, -1 error. */
+static int wait_fd(int fd, short events, int64_t deadline) {
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0) return 0;
+        struct pollfd p = {.fd = fd, .events = events};
+        int r = poll(&p, 1, left > 1000000 ? 1000000 : (int)left);
+        if (r > 0) return 1;
+        if (r == 0) return 0;
+        if (errno != EINTR) return -1;
+    }
+}
+
+/* Move exactly n bytes (send when out, else receive) before the deadline. */
+static tm_status xfer(int fd, void *buf, size_t n, bool out, int64_t deadline, const char *what, tm_error *err) {
+    uint8_t *p = buf;
+    while (n > 0) {
+        int w = wait_fd(fd, out ? POLLOUT : POLLIN, deadline);
+        if (w == 0) return tm_err(err, TM_ERR_IO, "tensor-parallel bootstrap: timed out %s", what);
+        if (w < 0) return tm_err(err, TM_ERR_IO, "tensor-parallel bootstrap: %s: %s", what, strerror(errno));
+        ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        if (k < 0) return tm_err(err, TM_ERR_IO, "tensor-parallel bootstrap: %s: %s", what, strerror(errno));
+        if (k == 0) return tm_err(err, TM_ERR_IO, "tensor-parallel bootstrap: peer closed the connection %s", what);
+        p += k;
+        n -= (size_t)k;
+    }
+    return TM_OK;
+}
+
+tm_status tm_tp_listen(const char *host, int port, tm_tp_listener *out, tm_error *err) {
+    out->fd = -1;
+    out->port = 0;
+    if (port < 0 || port > 65535) return tm_err(err, TM_ERR_INVALID, "bad port %d", port);
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    int g = getaddrinfo(host, ps, &hints, &ai);
+    if (g != 0) return tm_err(err, TM_ERR_IO, "cannot resolve %s: %s", host ? host : "(any)", gai_strerror(g));
+    tm_status s = TM_OK;
+    int fd = -1, e = 0;
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 64) == 0) break;
+        e = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) return tm_err(err, TM_ERR_IO, "cannot listen on port %d: %s", port, strerror(e ? e : EADDRNOTAVAIL));
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
+        s = tm_err(err, TM_ERR_IO, "getsockname: %s", strerror(errno));
+        close(fd);
+        return s;
+    }
+    out->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                         : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    out->fd = fd;
+    return TM_OK;
+}
+
+void tm_tp_listener_close(tm_tp_listener *l) {
+    if (l->fd >= 0) close(l->fd);
+    l->fd = -1;
+}
+
+tm_status tm_tp_serve_id(tm_tp_listener *l, int32_t n_ranks, const void *id, size_t id_len, int timeout_ms,
+                         tm_error *err) {
+    if (l->fd < 0) return tm_err(err, TM_ERR_INVALID, "listener is closed");
+    if (n_ranks < 1 || n_ranks > 65536 || id_len < 1 || id_len > TP_MAX_ID)
+        return tm_err(err, TM_ERR_INVALID, "bad bootstrap (%d ranks, id of %zu bytes)", n_ranks, id_len);
+    bool *seen = tm_calloc((size_t)n_ranks, sizeof(bool));
+    uint8_t *msg = tm_malloc(TP_MAGIC_LEN + 4 + id_len); /* magic, id_len, id */
+    if (!seen || !msg) {
+        free(seen);
+        free(msg);
+        return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    }
+    memcpy(msg, TP_MAGIC, TP_MAGIC_LEN);
+    put_u32(msg + TP_MAGIC_LEN, (uint32_t)id_len);
+    memcpy(msg + TP_MAGIC_LEN + 4, id, id_len);
+    int64_t deadline = now_ms() + timeout_ms;
+    tm_status s = TM_OK;
+    for (int32_t got = 0; got < n_ranks - 1 && s == TM_OK; got++) {
+        int w = wait_fd(l->fd, POLLIN, deadline);
+        if (w <= 0) {
+            s = tm_err(err, TM_ERR_IO, "tensor-parallel bootstrap: %d of %d ranks connected before the %d ms deadline",
+                       got + 1, n_ranks, timeout_ms);
+            break;
+        }
+        int c = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) {
+                got--;
+                continue;
+            }
+            s = tm_err(err, TM_ERR_IO, "tensor-parallel bootstrap: accept: %s", strerror(errno));
+            break;
+        }
+        uint8_t hello[TP_HELLO_LEN]; /* magic, n_ranks, rank */
+        s = xfer(c, hello, sizeof hello, false, deadline, "reading a rank's hello", err);
+        if (s == TM_OK) {
+            int32_t pn = (int32_t)get_u32(hello + TP_MAGIC_LEN), pr = (int32_t)get_u32(hello + TP_MAGIC_LEN + 4);
+            if (memcmp(hello, TP_MAGIC, TP_MAGIC_LEN))
+                s = tm_err(err, TM_ERR_FORMAT, "tensor-parallel bootstrap: a connection is not a tokenmill rank");
+            else if (pn != n_ranks)
+                s = tm_err(err, TM_ERR_INVALID, "tensor-parallel bootstrap: rank %d runs with %d ranks, rank 0 with %d",
+                           pr, pn, n_ranks);
+            else if (pr < 1 || pr >= n_ranks)
+                s = tm_err(err, TM_ERR_INVALID, "tensor-parallel bootstrap: rank %d outside 1..%d", pr, n_ranks - 1);
+            else if (seen[pr])
+                s = tm_err(err, TM_ERR_INVALID, "tensor-parallel bootstrap: rank %d connected twice", pr);
+            else
+                seen[pr] = true;
+        }
+        if (s == TM_OK) s = xfer(c, msg, TP_MAGIC_LEN + 4 + id_len, true, deadline, "sending the id", err);
+        close(c);
+    }
+    free(seen);
+    free(msg);
+    return s;
+}
+
+tm_status tm_tp_fetch_id(const char *host, int port, int32_t n_ranks, int32_t rank, void *id, size_t id_len,
+                         int timeout_ms, tm_error *err) {
+    if (!host || port < 1 || port > 65535 || n_ranks < 2 || rank < 1 || rank >= n_ranks || id_len < 1 ||
+        id_len > TP_MAX_ID)
+        return tm_err(err, TM_ERR_INVALID, "bad bootstrap (%s:%d, rank %d of %d, id of %zu bytes)", host ? host : "?",
+                      port, rank, n_ranks, id_len);
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int g = getaddrinfo(host, ps, &hints, &ai);
+    if (g != 0) return tm_err(err, TM_ERR_IO, "cannot resolve %s: %s", host, gai_strerror(g));
+    int64_t deadline = now_ms() + timeout_ms;
+    int fd = -1, e = 0;
+    while (fd < 0 && now_ms() < deadline) { /* rank 0 may not listen yet: retry */
+        for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+            fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+            if (fd < 0) continue;
+            if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
+            e = errno;
+            close(fd);
+            fd = -1;
+        }
+        if (fd < 0) {
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0)
+        return tm_err(err, TM_ERR_IO,
+                      "tensor-parallel bootstrap: rank %d cannot reach rank 0 at %s:%d within %d ms: %s",
+                      rank, host, port, timeout_ms, strerror(e ? e : ETIMEDOUT));
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    uint8_t hello[TP_HELLO_LEN], head[TP_MAGIC_LEN + 4];
+    memcpy(hello, TP_MAGIC, TP_MAGIC_LEN);
+    put_u32(hello + TP_MAGIC_LEN, (uint32_t)n_ranks);
+    put_u32(hello + TP_MAGIC_LEN + 4, (uint32_t)rank);
+    tm_status s = xfer(fd, hello, sizeof hello, true, deadline, "sending the hello", err);
+    if (s == TM_OK) s = xfer(fd, head, sizeof head, false, deadline, "waiting for the id from rank 0", err);
+    if (s == TM_OK && memcmp(head, TP_MAGIC, TP_MAGIC_LEN))
+        s = tm_err(err, TM_ERR_FORMAT, "tensor-parallel bootstrap: %s:%d is not a tokenmill rank 0", host, port);
+    if (s == TM_OK && get_u32(head + TP_MAGIC_LEN) != id_len)
+        s = tm_err(err, TM_ERR_FORMAT, "tensor-parallel bootstrap: rank 0 sent an id of %u bytes, expected %zu",
+                   get_u32(head + TP_MAGIC_LEN), id_len);
+    if (s == TM_OK) s = xfer(fd, id, id_len, false, deadline, "receiving the id", err);
+    close(fd);
+    return s;
 }

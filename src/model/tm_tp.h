@@ -82,4 +82,26 @@ tm_kv_cfg tm_tp_kv_cfg(const tm_tp_plan *p, const tm_kv_cfg *full);
 /* Bytes of KV cache one token takes on one rank (K and V, every layer) for elements of elem_bytes. */
 uint64_t tm_tp_kv_bytes_per_token(const tm_model *m, const tm_tp_plan *p, uint32_t elem_bytes);
 
+/* ---- bootstrap of a multi-node run ---------------------------------------------------------------
+ * Rank 0 makes the collective library's id (NCCL: the 128-byte ncclUniqueId) and hands it to the other ranks over
+ * TCP: it listens, each other rank connects and says hello (magic, n_ranks, its rank), rank 0 checks the hello
+ * (same n_ranks, a rank in 1..n_ranks-1 not seen before) and answers with the id. Plain bytes, no CUDA: the same
+ * exchange serves any library. A peer that never comes, or a hello that does not match, is an error (with the
+ * numbers) rather than a hang: every wait has a deadline. */
+typedef struct tm_tp_listener {
+    int fd;   /* listening socket, -1 when closed */
+    int port; /* the bound port (the one chosen by the kernel when 0 was asked) */
+} tm_tp_listener;
+
+/* Listen on host:port (host NULL: every address; port 0: any free port). */
+tm_status tm_tp_listen(const char *host, int port, tm_tp_listener *out, tm_error *err);
+/* Accept the n_ranks - 1 other ranks within timeout_ms and send each the id (id_len bytes). */
+tm_status tm_tp_serve_id(tm_tp_listener *l, int32_t n_ranks, const void *id, size_t id_len, int timeout_ms,
+                         tm_error *err);
+void tm_tp_listener_close(tm_tp_listener *l);
+/* Rank `rank` (1..n_ranks-1): connect to rank 0 at host:port (retrying until it listens, within timeout_ms), say
+ * hello and receive the id (exactly id_len bytes). */
+tm_status tm_tp_fetch_id(const char *host, int port, int32_t n_ranks, int32_t rank, void *id, size_t id_len,
+                         int timeout_ms, tm_error *err);
+
 #endif /* TM_TP_H */

@@ -1,12 +1,14 @@
 /* test_tp.c -- tensor-parallel shard plans: shards reassemble every weight byte for byte; a sharded forward with an
  * in-process sum of the wo / w_down partials equals the unsharded one (dense f64 and on the cpu backend's ops);
- * indivisible head counts and misaligned quantized column splits are refused. */
+ * indivisible head counts and misaligned quantized column splits are refused; the TCP exchange of the collective
+ * library's id between ranks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -46,7 +48,9 @@ static const tm_weight *wt(const tm_model *m, int l, int k) {
 /* how the test expects layer weight k to be split: 0 replicated, 1 rows, 2 columns (biases: columns of (1, n)) */
 static const int k_layer_split[12] = {0, 1, 1, 1, 2, 2, 2, 2, 0, 1, 1, 2};
 
-static uint64_t wbytes(const tm_weight *w) { return tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows; }
+static uint64_t wbytes(const tm_weight *w) {
+    return tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows;
+}
 
 /* max |a-b| / max |b| */
 static double rel_err_fd(const float *a, const double *b, size_t n) {
@@ -237,7 +241,8 @@ static double *ref_forward_tp(tm_model *const *sh, int n_ranks, const int32_t *i
     double *x = calloc((size_t)n * dim, sizeof(double)), *xb = malloc(sizeof(double) * dim);
     double *q = malloc(sizeof(double) * qd), *att = malloc(sizeof(double) * qd), *tmp = malloc(sizeof(double) * dim);
     double *acc = malloc(sizeof(double) * dim);
-    double *K = malloc(sizeof(double) * (size_t)n_ranks * n * kvd), *V = malloc(sizeof(double) * (size_t)n_ranks * n * kvd);
+    double *K = malloc(sizeof(double) * (size_t)n_ranks * n * kvd); /* (rank, token, kv width) */
+    double *V = malloc(sizeof(double) * (size_t)n_ranks * n * kvd); /* (rank, token, kv width) */
     double *g = malloc(sizeof(double) * ffn), *u = malloc(sizeof(double) * ffn), *sc = malloc(sizeof(double) * n);
     dlayer *D = calloc((size_t)n_ranks, sizeof(dlayer));
     float *emb = dense(&sh[0]->tok_embd);
@@ -467,9 +472,12 @@ static void check_forward(const model_case *c, double tol) {
         /* cpu ops per rank + in-process all-reduce vs the dense reference and vs tm_model_forward */
         float *tp = cpu_forward_tp(sh, n, &seq.b);
         e = rel_err_fd(tp, ref, nl);
-        if (e > tol) fail_msg("%s/%s N=%d: sharded cpu forward error %g > %g", c->arch, tm_dtype_name(c->wtype), n, e, tol);
+        if (e > tol)
+            fail_msg("%s/%s N=%d: sharded cpu forward error %g > %g", c->arch, tm_dtype_name(c->wtype), n, e, tol);
         e = rel_err_ff(tp, full, nl);
-        if (e > tol) fail_msg("%s/%s N=%d: sharded vs unsharded cpu forward %g > %g", c->arch, tm_dtype_name(c->wtype), n, e, tol);
+        if (e > tol)
+            fail_msg("%s/%s N=%d: sharded vs unsharded cpu forward %g > %g", c->arch, tm_dtype_name(c->wtype), n, e,
+                     tol);
         if (n == 1) { /* one rank is the model itself: identical bits, and tm_model_forward runs the shard */
             assert_memory_equal(tp, full, sizeof(float) * nl);
             float *self = cpu_forward(sh[0], &seq.b);
@@ -622,6 +630,88 @@ static void test_misaligned_quantized_columns_refused(void **st) {
     unlink(path);
 }
 
+/* ---- bootstrap: the id over TCP ---------------------------------------------------------------- */
+
+enum { ID_BYTES = 128 };
+
+typedef struct serve_arg {
+    tm_tp_listener *l;
+    int32_t n_ranks;
+    const uint8_t *id;
+    int timeout_ms;
+    tm_status s;
+    tm_error err;
+} serve_arg;
+
+static void *serve_main(void *p) {
+    serve_arg *a = p;
+    a->s = tm_tp_serve_id(a->l, a->n_ranks, a->id, ID_BYTES, a->timeout_ms, &a->err);
+    return NULL;
+}
+
+typedef struct fetch_arg {
+    int port;
+    int32_t n_ranks, rank;
+    uint8_t id[ID_BYTES];
+    tm_status s;
+    tm_error err;
+} fetch_arg;
+
+static void *fetch_main(void *p) {
+    fetch_arg *a = p;
+    a->s = tm_tp_fetch_id("127.0.0.1", a->port, a->n_ranks, a->rank, a->id, ID_BYTES, 5000, &a->err);
+    return NULL;
+}
+
+static void test_bootstrap_id_over_tcp(void **st) {
+    (void)st;
+    uint8_t id[ID_BYTES];
+    for (int i = 0; i < ID_BYTES; i++) id[i] = (uint8_t)(i * 37 + 11);
+    tm_error err = {0};
+    tm_tp_listener l;
+    assert_int_equal(tm_tp_listen("127.0.0.1", 0, &l, &err), TM_OK);
+    assert_true(l.port > 0);
+    /* rank 0 serves ranks 1..3, which connect in any order */
+    serve_arg sa = {&l, 4, id, 5000, TM_OK, {0}};
+    fetch_arg fa[3];
+    pthread_t ts, tf[3];
+    assert_int_equal(pthread_create(&ts, NULL, serve_main, &sa), 0);
+    for (int i = 0; i < 3; i++) {
+        fa[i] = (fetch_arg){.port = l.port, .n_ranks = 4, .rank = 3 - i};
+        memset(fa[i].id, 0, ID_BYTES);
+        assert_int_equal(pthread_create(&tf[i], NULL, fetch_main, &fa[i]), 0);
+    }
+    pthread_join(ts, NULL);
+    for (int i = 0; i < 3; i++) pthread_join(tf[i], NULL);
+    if (sa.s != TM_OK) fail_msg("serve: %s", sa.err.msg);
+    for (int i = 0; i < 3; i++) {
+        if (fa[i].s != TM_OK) fail_msg("fetch rank %d: %s", fa[i].rank, fa[i].err.msg);
+        assert_memory_equal(fa[i].id, id, ID_BYTES);
+    }
+    /* a rank configured with another degree is refused by rank 0 (and learns it: the connection closes) */
+    serve_arg sb = {&l, 2, id, 5000, TM_OK, {0}};
+    assert_int_equal(pthread_create(&ts, NULL, serve_main, &sb), 0);
+    fetch_arg bad = {.port = l.port, .n_ranks = 3, .rank = 1};
+    fetch_main(&bad);
+    pthread_join(ts, NULL);
+    assert_int_equal(sb.s, TM_ERR_INVALID);
+    if (!strstr(sb.err.msg, "rank 1 runs with 3 ranks, rank 0 with 2")) fail_msg("%s", sb.err.msg);
+    assert_int_equal(bad.s, TM_ERR_IO);
+    /* nobody comes: a deadline, not a hang */
+    assert_int_equal(tm_tp_serve_id(&l, 3, id, ID_BYTES, 100, &err), TM_ERR_IO);
+    if (!strstr(err.msg, "1 of 3 ranks connected")) fail_msg("%s", err.msg);
+    int port = l.port;
+    tm_tp_listener_close(&l);
+    tm_tp_listener_close(&l); /* idempotent */
+    /* rank 0 is not there */
+    uint8_t got[ID_BYTES];
+    assert_int_equal(tm_tp_fetch_id("127.0.0.1", port, 2, 1, got, ID_BYTES, 150, &err), TM_ERR_IO);
+    /* bad arguments */
+    assert_int_equal(tm_tp_fetch_id("127.0.0.1", port, 2, 2, got, ID_BYTES, 150, &err), TM_ERR_INVALID);
+    assert_int_equal(tm_tp_fetch_id("127.0.0.1", port, 2, 0, got, ID_BYTES, 150, &err), TM_ERR_INVALID);
+    assert_int_equal(tm_tp_serve_id(&l, 2, id, ID_BYTES, 100, &err), TM_ERR_INVALID);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shards_reassemble),
@@ -630,6 +720,7 @@ int main(void) {
         cmocka_unit_test(test_plan_and_kv_geometry),
         cmocka_unit_test(test_indivisible_heads_refused),
         cmocka_unit_test(test_misaligned_quantized_columns_refused),
+        cmocka_unit_test(test_bootstrap_id_over_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
