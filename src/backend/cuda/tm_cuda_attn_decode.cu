@@ -53,7 +53,8 @@ constexpr int DEC_ROWS = 8;              /* query heads per CTA (v2, v3) */
 constexpr int DEC_STAGE_TOK = 64;        /* tokens per pipeline stage (v3) = split granularity */
 constexpr int DEC_NST = 3;               /* pipeline stages (v3) */
 constexpr int DEC_TBL = 1024;            /* block ids staged in shared memory at a time (v3) */
-constexpr int DEC_MIN_SPLIT_STAGES = 2;  /* a split the launcher picks covers >= 128 tokens */
+constexpr int DEC_MIN_SPLIT_STAGES = 4;  /* a split the launcher picks covers >= 256 tokens: below that the merge
+                                            * kernel costs more than the parallelism gains (H200, batch-1 decode) */
 constexpr int DEC_MAX_SEQ_SPLITS = 1024; /* n_seqs * n_splits <= this (bounds the work buffer) */
 constexpr int DEC_WORK_SLACK = 256;      /* alignment slack of the work buffer */
 constexpr unsigned FULL = 0xffffffffu;
