@@ -1,4 +1,5 @@
 /* main.c -- the tokenmill command line: run, chat, tokenize, inspect (over the public C API). */
+#include "tm_cli.h"
 #include "tokenmill.h"
 #include "tm_bench.h"
 #include "tm_bench_serve.h"
@@ -55,16 +56,6 @@ static int usage_error(const char *fmt, const char *arg) {
     return 2;
 }
 
-static bool parse_i32(const char *s, int32_t lo, int32_t hi, int32_t *out) {
-    if (!s || !*s) return false;
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = (int32_t)v;
-    return true;
-}
-
 static bool parse_u64(const char *s, uint64_t *out) {
     if (!s || !*s || *s == '-') return false;
     errno = 0;
@@ -115,13 +106,13 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEED_VALUE(); o->prompt = v; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
             NEED_VALUE();
-            if (!parse_i32(v, 0, 1 << 24, &o->gen.max_tokens)) return usage_error("bad token count '%s'", v);
+            if (!tm_cli_parse_i32(v, 0, 1 << 24, &o->gen.max_tokens)) return usage_error("bad token count '%s'", v);
         } else if (!strcmp(a, "--temp")) {
             NEED_VALUE();
             if (!parse_f32(v, 0.0f, 100.0f, &o->gen.temperature)) return usage_error("bad temperature '%s' (0..100)", v);
         } else if (!strcmp(a, "--top-k")) {
             NEED_VALUE();
-            if (!parse_i32(v, 0, INT32_MAX, &o->gen.top_k)) return usage_error("bad top-k '%s'", v);
+            if (!tm_cli_parse_i32(v, 0, INT32_MAX, &o->gen.top_k)) return usage_error("bad top-k '%s'", v);
         } else if (!strcmp(a, "--top-p")) {
             NEED_VALUE();
             if (!parse_f32(v, 0.0f, 1.0f, &o->gen.top_p) || o->gen.top_p <= 0.0f) return usage_error("bad top-p '%s' (0 < p <= 1)", v);
@@ -143,7 +134,7 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             if (!parse_u64(v, &o->gen.seed)) return usage_error("bad seed '%s'", v);
         } else if (!strcmp(a, "--logprobs")) {
             NEED_VALUE();
-            if (!parse_i32(v, 0, 20, &o->gen.n_logprobs)) return usage_error("bad logprobs count '%s' (0..20)", v);
+            if (!tm_cli_parse_i32(v, 0, 20, &o->gen.n_logprobs)) return usage_error("bad logprobs count '%s' (0..20)", v);
         } else if (!strcmp(a, "--stop")) {
             NEED_VALUE();
             if (o->gen.n_stop >= 16) return usage_error("too many stop strings (max 16) at '%s'", v);
@@ -151,37 +142,37 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             o->stops[o->gen.n_stop++] = v;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             NEED_VALUE();
-            if (!parse_i32(v, 1, 1024, &o->load.n_threads)) return usage_error("bad thread count '%s' (1..1024)", v);
+            if (!tm_cli_parse_i32(v, 1, 1024, &o->load.n_threads)) return usage_error("bad thread count '%s' (1..1024)", v);
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
             NEED_VALUE();
-            if (!parse_i32(v, 16, 1 << 24, &o->load.n_ctx)) return usage_error("bad context size '%s'", v);
+            if (!tm_cli_parse_i32(v, 16, 1 << 24, &o->load.n_ctx)) return usage_error("bad context size '%s'", v);
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-tokens") || !strcmp(a, "--max-batched-tokens")) {
             NEED_VALUE();
-            if (!parse_i32(v, 1, 65536, &o->load.max_batch_tokens)) return usage_error("bad batch size '%s' (1..65536)", v);
+            if (!tm_cli_parse_i32(v, 1, 65536, &o->load.max_batch_tokens)) return usage_error("bad batch size '%s' (1..65536)", v);
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE();
             o->load.device = v;
         } else if (!strcmp(a, "--kv-blocks")) {
             NEED_VALUE();
-            if (!parse_i32(v, 1, INT32_MAX, &o->load.kv_blocks)) return usage_error("bad KV block count '%s'", v);
+            if (!tm_cli_parse_i32(v, 1, INT32_MAX, &o->load.kv_blocks)) return usage_error("bad KV block count '%s'", v);
         } else if (!strcmp(a, "--no-graphs")) {
             o->load.no_graphs = true;
         } else if (!strcmp(a, "--act-bits")) {
             NEED_VALUE();
-            if (!parse_i32(v, 8, 16, &o->load.act_bits) || (o->load.act_bits != 8 && o->load.act_bits != 16))
+            if (!tm_cli_parse_i32(v, 8, 16, &o->load.act_bits) || (o->load.act_bits != 8 && o->load.act_bits != 16))
                 return usage_error("bad activation bits '%s' (8 or 16)", v);
         } else if (!strcmp(a, "--system")) { NEED_VALUE(); o->system = v; }
         else if (!strcmp(a, "--chat-template")) { NEED_VALUE(); o->chat_template = v; }
         else if (!strcmp(a, "--ids-file")) { NEED_VALUE(); o->ids_file = v; }
         else if (!strcmp(a, "--input-len")) {
             NEED_VALUE();
-            if (!parse_i32(v, 1, 1 << 20, &o->input_len)) return usage_error("bad input length '%s'", v);
+            if (!tm_cli_parse_i32(v, 1, 1 << 20, &o->input_len)) return usage_error("bad input length '%s'", v);
         } else if (!strcmp(a, "--output-len")) {
             NEED_VALUE();
-            if (!parse_i32(v, 1, 1 << 20, &o->output_len)) return usage_error("bad output length '%s'", v);
+            if (!tm_cli_parse_i32(v, 1, 1 << 20, &o->output_len)) return usage_error("bad output length '%s'", v);
         } else if (!strcmp(a, "--num-prompts")) {
             NEED_VALUE();
-            if (!parse_i32(v, 1, 1 << 20, &o->num_prompts)) return usage_error("bad prompt count '%s'", v);
+            if (!tm_cli_parse_i32(v, 1, 1 << 20, &o->num_prompts)) return usage_error("bad prompt count '%s'", v);
         } else if (!strcmp(a, "--output-len-dist")) {
             NEED_VALUE();
             char extra;
@@ -190,17 +181,17 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
                 return usage_error("bad output length distribution '%s' (uniform:A:B, 1 <= A <= B)", v);
         } else if (!strcmp(a, "--shared-prefix")) {
             NEED_VALUE();
-            if (!parse_i32(v, 0, 1 << 20, &o->shared_prefix)) return usage_error("bad shared prefix length '%s'", v);
+            if (!tm_cli_parse_i32(v, 0, 1 << 20, &o->shared_prefix)) return usage_error("bad shared prefix length '%s'", v);
         } else if (!strcmp(a, "--max-seqs")) {
             NEED_VALUE();
-            if (!parse_i32(v, 1, 4096, &o->max_seqs)) return usage_error("bad max sequences '%s' (1..4096)", v);
+            if (!tm_cli_parse_i32(v, 1, 4096, &o->max_seqs)) return usage_error("bad max sequences '%s' (1..4096)", v);
         } else if (!strcmp(a, "--schedule")) {
             NEED_VALUE();
             if (strcmp(v, "static") && strcmp(v, "continuous")) return usage_error("bad schedule '%s' (static|continuous)", v);
             o->static_batching = !strcmp(v, "static");
         } else if (!strcmp(a, "--batch")) {
             NEED_VALUE();
-            if (!parse_i32(v, 1, 4096, &o->batch)) return usage_error("bad batch '%s' (1..4096)", v);
+            if (!tm_cli_parse_i32(v, 1, 4096, &o->batch)) return usage_error("bad batch '%s' (1..4096)", v);
         } else if (!strcmp(a, "--bw")) {
             NEED_VALUE();
             if (!strcmp(v, "auto")) o->bw_gb_s = -1.0f; /* measured around the decode phase, same conditions */
@@ -214,7 +205,7 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             o->no_prefix_cache = true;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
             NEED_VALUE();
-            if (!parse_i32(v, 1, 1000, &o->reps)) return usage_error("bad repetition count '%s'", v);
+            if (!tm_cli_parse_i32(v, 1, 1000, &o->reps)) return usage_error("bad repetition count '%s'", v);
         }
         else if (!strcmp(a, "--out")) { NEED_VALUE(); o->out_dir = v; }
         else if (!strcmp(a, "--chat")) o->chat = true;
@@ -583,7 +574,7 @@ static int eval_batched(cli_opts *o, FILE *f) {
         for (char *tok = strtok(line, " \t\r\n"); tok; tok = strtok(NULL, " \t\r\n")) {
             int32_t id;
             tm_token_event ev = {0};
-            if (!parse_i32(tok, 0, INT32_MAX, &id)) { rc = usage_error("bad token id '%s'", tok); break; }
+            if (!tm_cli_parse_i32(tok, 0, INT32_MAX, &id)) { rc = usage_error("bad token id '%s'", tok); break; }
             ev.token = id;
             if (!collect_id(&prompts[n], &ev)) { rc = 1; break; }
         }
@@ -643,7 +634,7 @@ static int cmd_eval(cli_opts *o) {
         prompt.n = 0;
         for (char *tok = strtok(line, " \t\r\n"); tok; tok = strtok(NULL, " \t\r\n")) {
             int32_t id;
-            if (!parse_i32(tok, 0, INT32_MAX, &id)) { rc = usage_error("bad token id '%s'", tok); break; }
+            if (!tm_cli_parse_i32(tok, 0, INT32_MAX, &id)) { rc = usage_error("bad token id '%s'", tok); break; }
             tm_token_event ev = {.token = id};
             if (!collect_id(&prompt, &ev)) { rc = 1; break; }
         }

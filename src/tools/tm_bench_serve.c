@@ -1,4 +1,5 @@
 /* tm_bench_serve.c -- `tokenmill bench serve`: open-loop Poisson load on an OpenAI-compatible server (libcurl multi). */
+#include "tm_cli.h"
 #include "tm_bench_serve.h"
 
 #include "engine/tm_sampler.h"
@@ -61,16 +62,6 @@ static int bs_usage(const char *fmt, const char *arg) {
     return 2;
 }
 
-static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    if (!s || !*s) return false;
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 static bool parse_pos_double(const char *s, double *out) {
     if (!s || !*s) return false;
     errno = 0;
@@ -105,18 +96,18 @@ static int parse_opts(int argc, char **argv, bs_opts *o) {
         else if (!strcmp(a, "--plot")) o->plot = v;
         else if (!strcmp(a, "--prompt-kind")) prompt_kind = v;
         else if (!strcmp(a, "--num-prompts")) {
-            if (!parse_i64(v, 1, 1000000, &o->num_prompts)) return bs_usage("bad --num-prompts '%s' (1..1000000)", v);
+            if (!tm_cli_parse_i64(v, 1, 1000000, &o->num_prompts)) return bs_usage("bad --num-prompts '%s' (1..1000000)", v);
         } else if (!strcmp(a, "--max-concurrency")) {
-            if (!parse_i64(v, 1, 10000000, &o->max_concurrency)) return bs_usage("bad --max-concurrency '%s'", v);
+            if (!tm_cli_parse_i64(v, 1, 10000000, &o->max_concurrency)) return bs_usage("bad --max-concurrency '%s'", v);
         } else if (!strcmp(a, "--input-len")) {
-            if (!parse_i64(v, 1, 1 << 22, &o->input_len)) return bs_usage("bad --input-len '%s'", v);
+            if (!tm_cli_parse_i64(v, 1, 1 << 22, &o->input_len)) return bs_usage("bad --input-len '%s'", v);
         } else if (!strcmp(a, "--output-len")) {
-            if (!parse_i64(v, 1, 1 << 22, &o->output_len)) return bs_usage("bad --output-len '%s'", v);
+            if (!tm_cli_parse_i64(v, 1, 1 << 22, &o->output_len)) return bs_usage("bad --output-len '%s'", v);
         } else if (!strcmp(a, "--vocab-size")) {
-            if (!parse_i64(v, 200, INT32_MAX, &o->vocab_size)) return bs_usage("bad --vocab-size '%s' (>= 200)", v);
+            if (!tm_cli_parse_i64(v, 200, INT32_MAX, &o->vocab_size)) return bs_usage("bad --vocab-size '%s' (>= 200)", v);
         } else if (!strcmp(a, "--seed")) {
             int64_t s;
-            if (!parse_i64(v, 0, INT64_MAX, &s)) return bs_usage("bad --seed '%s'", v);
+            if (!tm_cli_parse_i64(v, 0, INT64_MAX, &s)) return bs_usage("bad --seed '%s'", v);
             o->seed = (uint64_t)s;
         } else if (!strcmp(a, "--request-rate")) {
             if (!strcmp(v, "inf") || !strcmp(v, "INF") || !strcmp(v, "Inf")) o->request_rate = INFINITY;

@@ -1,4 +1,5 @@
 /* tm_plan_cmd.c -- `tokenmill plan`: parse its flags, find the model's shape and weight bytes, print the plan. */
+#include "tm_cli.h"
 #include "tm_plan.h"
 
 #include <cjson/cJSON.h>
@@ -24,16 +25,6 @@ static int plan_usage(const char *fmt, const char *arg) {
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n%s", k_plan_usage);
     return 2;
-}
-
-static bool parse_int(const char *s, long long lo, long long hi, long long *out) {
-    if (!s || !*s) return false;
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
 }
 
 /* The shape and weight bytes of MODEL: dummy specs from their shape table (no weights generated), files
@@ -152,7 +143,7 @@ int tm_cmd_plan(int argc, char **argv) {
             if (tm_plan_parse_size(val, &o.mem_bytes, &err) != TM_OK) return plan_usage("%s", err.msg);
             have_mem = true;
         } else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) {
-            if (!parse_int(val, 1, 1ll << 30, &v)) return plan_usage("bad context length '%s' (1 .. 2^30 tokens)", val);
+            if (!tm_cli_parse_ll(val, 1, 1ll << 30, &v)) return plan_usage("bad context length '%s' (1 .. 2^30 tokens)", val);
             o.ctx = v;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!strcmp(val, "f16")) o.kv_dtype = TM_DT_F16;
@@ -160,10 +151,10 @@ int tm_cmd_plan(int argc, char **argv) {
             else if (!strcmp(val, "f32")) o.kv_dtype = TM_DT_F32;
             else return plan_usage("bad KV cache type '%s' (f16, bf16 or f32)", val);
         } else if (!strcmp(a, "--block-size")) {
-            if (!parse_int(val, 1, 65536, &v)) return plan_usage("bad block size '%s' (1 .. 65536 tokens)", val);
+            if (!tm_cli_parse_ll(val, 1, 65536, &v)) return plan_usage("bad block size '%s' (1 .. 65536 tokens)", val);
             o.block_size = (int32_t)v;
         } else {
-            if (!parse_int(val, 1, 1 << 20, &v)) return plan_usage("bad workspace token count '%s' (1 .. 2^20)", val);
+            if (!tm_cli_parse_ll(val, 1, 1 << 20, &v)) return plan_usage("bad workspace token count '%s' (1 .. 2^20)", val);
             o.workspace_tokens = (int32_t)v;
         }
     }

@@ -1,4 +1,5 @@
 /* tm_serve_cmd.c -- `tokenmill serve`: parse its flags, load the model, run the HTTP server until SIGINT/SIGTERM. */
+#include "tm_cli.h"
 #include "server/tm_server.h"
 
 #include "model/tm_model.h"
@@ -39,16 +40,6 @@ static int serve_usage(const char *fmt, const char *arg) {
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n%s", k_serve_usage);
     return 2;
-}
-
-static bool parse_ll(const char *s, long long lo, long long hi, long long *out) {
-    if (!s || !*s) return false;
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
 }
 
 /* Allow as many open files as the hard limit permits: one per connection. */
@@ -92,7 +83,7 @@ int tm_cmd_serve(int argc, char **argv) {
             sc.host = v;
         } else if (!strcmp(a, "--port")) {
             NEED_VALUE();
-            if (!parse_ll(v, 0, 65535, &x)) return serve_usage("bad port '%s' (0..65535)", v);
+            if (!tm_cli_parse_ll(v, 0, 65535, &x)) return serve_usage("bad port '%s' (0..65535)", v);
             sc.port = (uint16_t)x;
         } else if (!strcmp(a, "--api-key")) {
             NEED_VALUE();
@@ -106,27 +97,27 @@ int tm_cmd_serve(int argc, char **argv) {
             sc.chat_template = v;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             NEED_VALUE();
-            if (!parse_ll(v, 1, 1024, &x)) return serve_usage("bad thread count '%s' (1..1024)", v);
+            if (!tm_cli_parse_ll(v, 1, 1024, &x)) return serve_usage("bad thread count '%s' (1..1024)", v);
             ec.runner.n_threads = (int32_t)x;
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
             NEED_VALUE();
-            if (!parse_ll(v, 16, 1 << 24, &x)) return serve_usage("bad context size '%s'", v);
+            if (!tm_cli_parse_ll(v, 16, 1 << 24, &x)) return serve_usage("bad context size '%s'", v);
             ec.runner.n_ctx = (int32_t)x;
         } else if (!strcmp(a, "--max-seqs")) {
             NEED_VALUE();
-            if (!parse_ll(v, 1, 4096, &x)) return serve_usage("bad max sequences '%s' (1..4096)", v);
+            if (!tm_cli_parse_ll(v, 1, 4096, &x)) return serve_usage("bad max sequences '%s' (1..4096)", v);
             max_seqs = (int32_t)x;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-tokens") || !strcmp(a, "--max-batched-tokens")) {
             NEED_VALUE();
-            if (!parse_ll(v, 1, 65536, &x)) return serve_usage("bad batch size '%s' (1..65536)", v);
+            if (!tm_cli_parse_ll(v, 1, 65536, &x)) return serve_usage("bad batch size '%s' (1..65536)", v);
             ec.runner.max_batch_tokens = (int32_t)x;
         } else if (!strcmp(a, "--act-bits")) {
             NEED_VALUE();
-            if (!parse_ll(v, 8, 16, &x) || (x != 8 && x != 16)) return serve_usage("bad activation bits '%s' (8 or 16)", v);
+            if (!tm_cli_parse_ll(v, 8, 16, &x) || (x != 8 && x != 16)) return serve_usage("bad activation bits '%s' (8 or 16)", v);
             ec.runner.act_bits = (int32_t)x;
         } else if (!strcmp(a, "--kv-blocks")) {
             NEED_VALUE();
-            if (!parse_ll(v, 1, INT32_MAX, &x)) return serve_usage("bad KV block count '%s'", v);
+            if (!tm_cli_parse_ll(v, 1, INT32_MAX, &x)) return serve_usage("bad KV block count '%s'", v);
             ec.runner.kv_blocks = (int32_t)x;
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE();
@@ -137,15 +128,15 @@ int tm_cmd_serve(int argc, char **argv) {
             ec.runner.no_prefix_cache = true;
         } else if (!strcmp(a, "--max-body")) {
             NEED_VALUE();
-            if (!parse_ll(v, 1, (long long)1 << 40, &x)) return serve_usage("bad body limit '%s' (bytes)", v);
+            if (!tm_cli_parse_ll(v, 1, (long long)1 << 40, &x)) return serve_usage("bad body limit '%s' (bytes)", v);
             sc.max_body = (size_t)x;
         } else if (!strcmp(a, "--max-connections")) {
             NEED_VALUE();
-            if (!parse_ll(v, 1, 1 << 20, &x)) return serve_usage("bad connection limit '%s'", v);
+            if (!tm_cli_parse_ll(v, 1, 1 << 20, &x)) return serve_usage("bad connection limit '%s'", v);
             sc.max_connections = (unsigned)x;
         } else if (!strcmp(a, "--http-threads")) {
             NEED_VALUE();
-            if (!parse_ll(v, 1, 64, &x)) return serve_usage("bad HTTP thread count '%s' (1..64)", v);
+            if (!tm_cli_parse_ll(v, 1, 64, &x)) return serve_usage("bad HTTP thread count '%s' (1..64)", v);
             sc.http_threads = (unsigned)x;
         } else {
             return serve_usage(a[0] == '-' ? "unknown option '%s'" : "unexpected argument '%s'", a);

@@ -4,6 +4,7 @@
 #include "core/tm_dtype.h"
 #include "tb_common.h"
 #include "tb_guard.h"
+#include "tb_quant.h"
 
 /* Both kernels round like tm_dequant_row (no fused multiply-add), so the expected result is bit-exact: dequant
  * is compared with the CPU values rounded to bf16 (tolerance 1e-5 on the relative L2 error, i.e. at most a stray
@@ -15,50 +16,6 @@
  * shapes per type (bytes = weights + bf16 output) and embedding 512 tokens of a 128256 x 4096 table (bytes = the
  * rows read + f32 output). Robustness (tb_guard.h): checked allocations, "CASE <name>" before each case, crash and
  * hang reports naming the case, timing skipped past TB_BUDGET_S seconds (default 25). */
-
-static const int32_t k_types[] = {TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0,
-                                  TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K, TM_DT_Q6_K};
-#define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
-
-static bool is_quant(int32_t t) { return t != TM_DT_F32 && t != TM_DT_F16 && t != TM_DT_BF16; }
-static int qk_of(int32_t t) { return (int)tm_dtype_get((uint32_t)t)->block; }
-static size_t row_bytes_of(int32_t t, int64_t cols) { return (size_t)tm_dtype_row_bytes((uint32_t)t, (uint64_t)cols); }
-static const char *type_name(int32_t t) { return tm_dtype_name((uint32_t)t); }
-
-static void put_f16(uint8_t *p, float v) {
-    uint16_t h = tm_f32_to_f16(v);
-    memcpy(p, &h, 2);
-}
-
-static uint8_t *make_weights(int32_t t, int64_t rows, int64_t cols, bool random_bytes) {
-    const size_t rb = row_bytes_of(t, cols);
-    uint8_t *w = tb_xmalloc(rb * (size_t)rows);
-    float *tmp = tb_xmalloc((size_t)cols * sizeof(float));
-    for (int64_t r = 0; r < rows; r++) {
-        uint8_t *row = w + (size_t)r * rb;
-        if (random_bytes && is_quant(t)) {
-            for (size_t i = 0; i < rb; i++) row[i] = (uint8_t)tb_rand_u64();
-            const tm_dtype_info *ti = tm_dtype_get((uint32_t)t);
-            for (size_t b = 0; b < rb / ti->bytes; b++) {
-                uint8_t *blk = row + b * ti->bytes;
-                const float d = 0.002f + 0.01f * (tb_uniform() + 1.0f);
-                switch (t) {
-                case TM_DT_Q8_0: put_f16(blk, d * 0.1f); break;
-                case TM_DT_Q4_0: put_f16(blk, d); break;
-                case TM_DT_Q4_1: put_f16(blk, d); put_f16(blk + 2, 0.05f * tb_uniform()); break;
-                case TM_DT_Q4_K: put_f16(blk, d * 0.1f); put_f16(blk + 2, d * 0.05f); break;
-                case TM_DT_Q6_K: put_f16(blk + 208, d * 0.01f); break;
-                default: break;
-                }
-            }
-        } else {
-            for (int64_t j = 0; j < cols; j++) tmp[j] = 0.05f * tb_normal();
-            tm_quant_row((tm_dtype)t, tmp, row, cols);
-        }
-    }
-    free(tmp);
-    return w;
-}
 
 static void set_version(int v) {
     if (v == 1)

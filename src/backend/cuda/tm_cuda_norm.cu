@@ -1,4 +1,5 @@
 /* tm_cuda_norm.cu -- RMSNorm and fused residual-add + RMSNorm: one block per row, the row kept in registers. */
+#include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
 #include <cuda_bf16.h>
@@ -18,6 +19,9 @@
 
 namespace {
 
+using tmbf::unpack_bf16x8;
+using tmbf::pack_bf16x2;
+
 __device__ __forceinline__ float warp_sum(float v) {
     /* xor butterfly: every lane ends with the bitwise-same sum */
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -32,20 +36,6 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     __syncthreads();
     v = lane < nw ? red[lane] : 0.0f; /* each warp reduces the partials itself: no second barrier */
     return warp_sum(v);
-}
-
-__device__ __forceinline__ void unpack_bf16x8(uint4 u, float f[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return (uint32_t)__bfloat16_as_ushort(h.x) | ((uint32_t)__bfloat16_as_ushort(h.y) << 16);
 }
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }

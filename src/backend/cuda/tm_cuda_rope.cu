@@ -1,4 +1,5 @@
 /* tm_cuda_rope.cu -- RoPE on q and k fused with the write of k and v into their paged-cache slots. */
+#include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
 #include <cuda_bf16.h>
@@ -21,30 +22,13 @@
 
 namespace {
 
+using tmbf::bf;
+using tmbf::to_bf;
+using tmbf::unpack_bf16x8;
+using tmbf::pack_bf16x2;
+using tmbf::pack_bf16x8;
+
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-
-__device__ __forceinline__ uint16_t to_bf(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
-
-__device__ __forceinline__ void unpack_bf16x8(uint4 u, float f[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return (uint32_t)__bfloat16_as_ushort(h.x) | ((uint32_t)__bfloat16_as_ushort(h.y) << 16);
-}
-
-__device__ __forceinline__ uint4 pack_bf16x8(const float f[8]) {
-    return make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
-                      pack_bf16x2(f[6], f[7]));
-}
 
 /* cs[j] = (cos, sin) of the f32 angle positions[tok] * inv_freq[j], j < half; ends with a barrier. The cos and
  * sin of that f32 angle are evaluated in double as sincospi(angle / pi): angle / pi is off by ~1e-16 relative,
