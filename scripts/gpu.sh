@@ -65,12 +65,14 @@ if want e2e; then
     TM_LOG=info timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 -r 3 \
       --json >"$OUT/lat_$shape.json" 2>"$OUT/lat_$shape.err"
     cat "$OUT/lat_$shape.json"; grep -v "^$" "$OUT/lat_$shape.err" | sort | uniq -c | tail -n 8
+    if [ -z "${GPU_QUICK:-}" ]; then   # GPU_QUICK=1: no variants
     timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 -r 3 --json \
       --no-graphs >"$OUT/lat_${shape}_nograph.json" 2>&1
     echo "without graphs: $(cat "$OUT/lat_${shape}_nograph.json")"
     TM_CUDA_NO_FUSE=1 timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 \
       -r 3 --json >"$OUT/lat_${shape}_nofuse.json" 2>&1
     echo "without fused GEMV epilogues: $(cat "$OUT/lat_${shape}_nofuse.json")"
+    fi
     r=$(python3 - "$OUT/lat_$shape.json" "$COPY" <<'EOF'
 import json, sys
 try:

@@ -35,7 +35,8 @@ typedef struct tm_batch {
     const int32_t *block_table;  /* (n_seqs, max_blocks) physical block ids */
     const int64_t *slot_mapping; /* (n_tokens) cache slot = block * block_size + offset for each new token */
     int32_t n_logits;
-    const int32_t *logits_index; /* (n_logits) rows of the batch that need logits, ascending */
+    const int32_t *logits_index; /* (n_logits) rows of the batch that need logits, in the order the logits rows
+                                  * are wanted (the runner puts single-token sequences first in the batch) */
 } tm_batch;
 
 /* Attention geometry and RoPE parameters, fixed per model. */

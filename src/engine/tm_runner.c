@@ -90,9 +90,10 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     r->b_slots = tm_malloc_array(T, sizeof(int64_t));
     r->b_qstart = tm_malloc_array((size_t)r->max_seqs + 1, sizeof(int32_t));
     r->b_ctx = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
+    r->b_last = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_btab = tm_malloc_array((size_t)r->max_seqs * (size_t)r->max_blocks, sizeof(int32_t));
     if (!r->logits || !r->greedy || !r->sample_rows || !r->b_ids || !r->b_pos || !r->b_seq || !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
-        !r->b_ctx || !r->b_btab) {
+        !r->b_ctx || !r->b_last || !r->b_btab) {
         s = tm_err(err, TM_ERR_NOMEM, "out of memory allocating batch buffers");
         goto fail;
     }
@@ -121,6 +122,7 @@ void tm_runner_free(tm_runner *r) {
     free(r->b_slots);
     free(r->b_qstart);
     free(r->b_ctx);
+    free(r->b_last);
     free(r->b_btab);
     free(r);
 }
@@ -134,26 +136,35 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
         return tm_err(err, TM_ERR_RANGE, "step with %d sequences (limit %d)", n_seqs, r->max_seqs);
     int32_t n = 0, nl = 0;
     r->b_qstart[0] = 0;
-    for (int32_t k = 0; k < n_seqs; k++) {
-        tm_kv_seq *s = seqs[k];
-        if (n_new[k] < 1 || n_new[k] > r->cfg.max_batch_tokens - n)
-            return tm_err(err, TM_ERR_RANGE, "step of more than %d tokens", r->cfg.max_batch_tokens);
-        int32_t ctx = s->n_tokens + n_new[k];
-        if (ctx > r->cfg.n_ctx) return tm_err(err, TM_ERR_RANGE, "sequence of %d tokens exceeds the context %d", ctx, r->cfg.n_ctx);
-        if ((int64_t)s->n_blocks * r->pool.block_size < ctx)
-            return tm_err(err, TM_ERR_INTERNAL, "KV blocks not reserved for %d tokens", ctx);
-        for (int32_t j = 0; j < n_new[k]; j++, n++) {
-            int32_t c = s->n_tokens + j;
-            r->b_ids[n] = new_ids[k][j];
-            r->b_pos[n] = c;
-            r->b_seq[n] = k;
-            r->b_slots[n] = tm_kv_seq_slot(&r->pool, s, c);
+    /* Sequences that decode one token go first, then prefill chunks: a device backend runs decode attention on
+     * that prefix and prefill attention on the rest. Logits rows stay in the caller's order. */
+    int32_t bk = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t k = 0; k < n_seqs; k++) {
+            if ((n_new[k] == 1) != (pass == 0)) continue;
+            tm_kv_seq *s = seqs[k];
+            if (n_new[k] < 1 || n_new[k] > r->cfg.max_batch_tokens - n)
+                return tm_err(err, TM_ERR_RANGE, "step of more than %d tokens", r->cfg.max_batch_tokens);
+            int32_t ctx = s->n_tokens + n_new[k];
+            if (ctx > r->cfg.n_ctx)
+                return tm_err(err, TM_ERR_RANGE, "sequence of %d tokens exceeds the context %d", ctx, r->cfg.n_ctx);
+            if ((int64_t)s->n_blocks * r->pool.block_size < ctx)
+                return tm_err(err, TM_ERR_INTERNAL, "KV blocks not reserved for %d tokens", ctx);
+            for (int32_t j = 0; j < n_new[k]; j++, n++) {
+                int32_t c = s->n_tokens + j;
+                r->b_ids[n] = new_ids[k][j];
+                r->b_pos[n] = c;
+                r->b_seq[n] = bk;
+                r->b_slots[n] = tm_kv_seq_slot(&r->pool, s, c);
+            }
+            r->b_qstart[bk + 1] = n;
+            r->b_ctx[bk] = ctx;
+            memcpy(r->b_btab + (size_t)bk * (size_t)r->max_blocks, s->blocks, (size_t)s->n_blocks * sizeof(int32_t));
+            r->b_last[k] = n - 1;
+            bk++;
         }
-        r->b_qstart[k + 1] = n;
-        r->b_ctx[k] = ctx;
-        memcpy(r->b_btab + (size_t)k * (size_t)r->max_blocks, s->blocks, (size_t)s->n_blocks * sizeof(int32_t));
-        if (want_logits[k]) r->b_logits_idx[nl++] = n - 1;
-    }
+    for (int32_t k = 0; k < n_seqs; k++)
+        if (want_logits[k]) r->b_logits_idx[nl++] = r->b_last[k];
     tm_batch b = {
         .n_tokens = n, .token_ids = r->b_ids, .positions = r->b_pos, .seq_index = r->b_seq, .n_seqs = n_seqs,
         .query_start = r->b_qstart, .context_len = r->b_ctx, .max_blocks = r->max_blocks, .block_table = r->b_btab,

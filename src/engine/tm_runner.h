@@ -41,6 +41,7 @@ typedef struct tm_runner {
     int64_t *b_slots;
     int32_t *b_qstart;          /* (max_seqs + 1) */
     int32_t *b_ctx;             /* (max_seqs) */
+    int32_t *b_last;            /* (max_seqs) batch row of each caller sequence's last new token */
     int32_t *b_btab;            /* (max_seqs, max_blocks) */
     int32_t max_seqs, max_blocks;
 } tm_runner;

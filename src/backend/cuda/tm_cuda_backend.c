@@ -46,6 +46,11 @@ typedef struct cu_backend {
     /* device views of the current step (into meta_dev) */
     int32_t n_tokens, n_seqs, n_logits, stride, max_q, max_ctx, ctx_bucket;
     int32_t *d_ids, *d_pos, *d_seq, *d_qstart, *d_ctx, *d_btab, *d_lidx;
+    /* a mixed step (decode sequences first, then prefill chunks): the first n_dec sequences go to the decode
+     * kernel, the rest to the prefill kernel with their own query starts and sequence indices (rebased) */
+    int32_t n_dec, max_ctx_dec;
+    int32_t *d_qs_tail, *d_seq_tail;
+    bool split_mixed;
     int64_t *d_slots;
     const tm_batch *host_batch;
     /* scratch */
@@ -245,12 +250,18 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     cu_backend *c = cu(be);
     if (!c->kv_mem) return tm_err(err, TM_ERR_INVALID, "cuda backend: no KV cache (kv_init first)");
     if (cu_failed(c)) return tm_err(err, c->err_code, "%s", c->err.msg);
-    int32_t n = b->n_tokens, ns = b->n_seqs, max_q = 0, max_ctx = 0;
+    int32_t n = b->n_tokens, ns = b->n_seqs, max_q = 0, max_ctx = 0, n_dec = 0, max_ctx_dec = 0;
     for (int32_t s = 0; s < ns; s++) {
         int32_t q = b->query_start[s + 1] - b->query_start[s];
         if (q > max_q) max_q = q;
         if (b->context_len[s] > max_ctx) max_ctx = b->context_len[s];
+        if (q == 1 && n_dec == s) { /* the leading run of one-token sequences */
+            n_dec++;
+            if (b->context_len[s] > max_ctx_dec) max_ctx_dec = b->context_len[s];
+        }
     }
+    bool mixed = c->split_mixed && n_dec > 0 && n_dec < ns && b->query_start[n_dec] == n_dec;
+    if (!mixed) n_dec = 0;
     int32_t cap_ctx = b->max_blocks * c->kv.block_size;
     /* decode-only steps that want every row's logits run as CUDA graphs, padded to a bucket */
     bool graph = !c->cfg.no_graphs && !c->graphs_off && max_q == 1 && b->n_logits == n && n == ns;
@@ -288,7 +299,9 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     size_t o_slots = 0, o_ids = align8(o_slots + (size_t)nt * 8), o_pos = align8(o_ids + (size_t)nt * 4),
            o_seq = align8(o_pos + (size_t)nt * 4), o_lidx = align8(o_seq + (size_t)nt * 4),
            o_qs = align8(o_lidx + (size_t)(nl > 0 ? nl : 1) * 4), o_ctx = align8(o_qs + (size_t)(nsp + 1) * 4),
-           o_bt = align8(o_ctx + (size_t)nsp * 4), total = align8(o_bt + (size_t)nsp * (size_t)stride * 4);
+           o_bt = align8(o_ctx + (size_t)nsp * 4), o_qst = align8(o_bt + (size_t)nsp * (size_t)stride * 4),
+           o_sqt = align8(o_qst + (size_t)(mixed ? ns - n_dec + 1 : 0) * 4),
+           total = align8(o_sqt + (size_t)(mixed ? n - n_dec : 0) * 4);
     if (total > c->meta_cap) {
         graphs_reset(c);
         cudaStreamSynchronize(c->stream);
@@ -337,6 +350,11 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
             for (int32_t j = 0; j < stride; j++) row[j] = c->kv.n_blocks;
         }
     }
+    if (mixed) { /* the prefill part as a batch of its own */
+        int32_t *qst = (int32_t *)(h + o_qst), *sqt = (int32_t *)(h + o_sqt);
+        for (int32_t k = n_dec; k <= ns; k++) qst[k - n_dec] = b->query_start[k] - n_dec;
+        for (int32_t i = n_dec; i < n; i++) sqt[i - n_dec] = b->seq_index[i] - n_dec;
+    }
     if (cu_fail(c, cudaMemcpyAsync(c->meta_dev, h, total, cudaMemcpyHostToDevice, c->stream), "batch upload") ||
         cu_fail(c, cudaEventRecord(c->meta_done, c->stream), "batch upload event"))
         return tm_err(err, c->err_code, "%s", c->err.msg);
@@ -350,6 +368,10 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     c->d_qstart = (int32_t *)(d + o_qs);
     c->d_ctx = (int32_t *)(d + o_ctx);
     c->d_btab = (int32_t *)(d + o_bt);
+    c->d_qs_tail = (int32_t *)(d + o_qst);
+    c->d_seq_tail = (int32_t *)(d + o_sqt);
+    c->n_dec = n_dec;
+    c->max_ctx_dec = max_ctx_dec;
     c->n_tokens = nt;
     c->n_seqs = nsp;
     c->n_logits = nl;
@@ -619,6 +641,31 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
         .v_cache = kv_layer(c, layer, 1), .out = out, .work = c->attn_work, .work_bytes = c->attn_work_bytes,
     };
     bool decode = c->max_q == 1 && c->n_tokens == c->n_seqs;
+    if (c->n_dec > 0 && !decode) { /* mixed step: decode kernel on the leading one-token sequences */
+        tm_cuda_attn_args d = g;
+        d.n_tokens = d.n_seqs = c->n_dec;
+        d.max_query_len = 1;
+        d.max_context_len = c->max_ctx_dec;
+        size_t need_d = tm_cuda_attn_decode_work_bytes(d.n_seqs, a->n_heads, a->head_dim, d.max_context_len);
+        if (need_d > c->attn_work_bytes) {
+            d.work = NULL; /* fewer splits, never wrong */
+            d.work_bytes = 0;
+        }
+        if (cu_fail(c, tm_cuda_attn_decode(&d, c->stream), "attention (decode part)")) return;
+        size_t row = (size_t)a->n_heads * (size_t)a->head_dim;
+        tm_cuda_attn_args p = g;
+        p.n_tokens = c->n_tokens - c->n_dec;
+        p.n_seqs = c->n_seqs - c->n_dec;
+        p.seq_index = c->d_seq_tail;
+        p.query_start = c->d_qs_tail;
+        p.context_len = c->d_ctx + c->n_dec;
+        p.block_table = c->d_btab + (size_t)c->n_dec * (size_t)c->stride;
+        p.q = (const uint16_t *)q + (size_t)c->n_dec * row;
+        p.out = (uint16_t *)out + (size_t)c->n_dec * row;
+        cu_fail(c, tm_cuda_attn_prefill(&p, c->stream), "attention (prefill part)");
+        buf_mark(c, out, false);
+        return;
+    }
     size_t need = decode ? tm_cuda_attn_decode_work_bytes(c->n_seqs, a->n_heads, a->head_dim, c->max_ctx)
                          : tm_cuda_attn_prefill_work_bytes(c->n_tokens, a->n_heads, a->head_dim);
     if (need > c->attn_work_bytes) {
@@ -860,6 +907,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     if ((s = tm_cuda_blas_create((size_t)64 << 20, &c->blas, err)) != TM_OK) goto fail;
     const char *nf = getenv("TM_CUDA_NO_FUSE");
     c->no_fuse = nf && nf[0] == '1' && nf[1] == '\0';
+    const char *sm = getenv("TM_CUDA_NO_SPLIT_MIXED"); /* 1: mixed steps run every token through prefill attention */
+    c->split_mixed = !(sm && sm[0] == '1' && sm[1] == '\0');
     const char *fn = getenv("TM_CUDA_FUSE_NORM");
     c->fuse_norm = fn && fn[0] == '1' && fn[1] == '\0';
     if ((e = cudaMalloc(&c->norm_scratch, TM_CUDA_GEMV_NORM_SCRATCH_BYTES)) != cudaSuccess ||
