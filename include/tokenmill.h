@@ -50,6 +50,7 @@ typedef struct tm_load_params {
     const char *device;         /* "cpu" (default), "cuda" or "cuda:N" */
     bool no_graphs;             /* cuda: run decode steps without CUDA graphs */
     int32_t kv_blocks;          /* KV pool size in blocks; 0: max_seqs full contexts (cuda: what fits) */
+    int32_t tp;                 /* tensor-parallel ranks (Megatron sharding; cpu ranks for now); 0/1: none */
 } tm_load_params;
 
 tm_load_params tm_load_params_default(void);

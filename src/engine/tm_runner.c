@@ -1,6 +1,8 @@
 /* tm_runner.c -- batch building over the paged KV cache and forward passes. */
 #include "tm_runner.h"
 
+#include "model/tm_tp.h"
+
 #include <stdlib.h>
 
 tm_status tm_device_parse(const char *spec, tm_device *dev, int32_t *ordinal, tm_error *err) {
@@ -34,6 +36,11 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     if (cfg.block_size > 256 || cfg.max_batch_tokens > 65536 || cfg.n_seqs > 4096 || cfg.n_threads > 1024)
         return tm_err(err, TM_ERR_RANGE, "runner limits exceeded (block %d, batch %d, seqs %d, threads %d)",
                       cfg.block_size, cfg.max_batch_tokens, cfg.n_seqs, cfg.n_threads);
+    if (cfg.tp > TM_TP_MAX_RANKS) return tm_err(err, TM_ERR_RANGE, "--tp %d: at most %d ranks", cfg.tp, TM_TP_MAX_RANKS);
+    if (cfg.tp > 1 && cfg.device == TM_DEVICE_CUDA)
+        return tm_err(err, TM_ERR_UNSUPPORTED,
+                      "--tp %d on cuda needs one GPU per rank and NCCL between them: not wired yet (cpu ranks work)",
+                      cfg.tp);
     tm_runner *r = tm_calloc(1, sizeof *r);
     if (!r) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     r->model = m;
@@ -55,6 +62,18 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
             goto fail;
         }
         tm_cpu_cfg cc = {cfg.n_threads, cfg.act_bits};
+        if (cfg.tp > 1) { /* one shard, backend and workspace per rank; the threads are shared out */
+            cc.n_threads = cfg.n_threads / cfg.tp > 0 ? cfg.n_threads / cfg.tp : 1;
+            for (int32_t rk = 0; rk < cfg.tp; rk++) {
+                if ((s = tm_tp_shard_model(m, cfg.tp, rk, &r->tp_shard[rk], err)) != TM_OK) goto fail;
+                if (rk == 0) continue;
+                if ((s = tm_backend_cpu_create(&cc, &r->tp_be[rk], err)) != TM_OK) goto fail;
+                if ((s = tm_workspace_init(&r->tp_ws[rk], r->tp_shard[rk], r->tp_be[rk], cfg.max_batch_tokens, max_logits,
+                                           err)) != TM_OK)
+                    goto fail;
+            }
+            r->model = r->tp_shard[0];
+        }
         if ((s = tm_backend_cpu_create(&cc, &r->be, err)) != TM_OK) goto fail;
     }
     if ((s = tm_workspace_init(&r->ws, r->model, r->be, cfg.max_batch_tokens, max_logits, err)) != TM_OK) goto fail;
@@ -77,8 +96,10 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     if (n_blocks > INT32_MAX) { s = tm_err(err, TM_ERR_RANGE, "KV pool too large"); goto fail; }
     tm_kv_pool_cfg pc = {(int32_t)n_blocks, cfg.block_size, cfg.no_prefix_cache, 0};
     if ((s = tm_kv_pool_init_cfg(&r->pool, &pc, err)) != TM_OK) goto fail;
-    tm_kv_cfg kc = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, cfg.block_size, (int32_t)n_blocks, kv_type};
+    tm_kv_cfg kc = {m->hp.n_layers, r->model->hp.n_kv_heads, m->hp.head_dim, cfg.block_size, (int32_t)n_blocks, kv_type};
     if ((s = r->be->ops->kv_init(r->be, &kc, err)) != TM_OK) goto fail;
+    for (int32_t rk = 1; rk < cfg.tp; rk++) /* each rank caches its own KV heads */
+        if ((s = r->tp_be[rk]->ops->kv_init(r->tp_be[rk], &kc, err)) != TM_OK) goto fail;
     size_t T = (size_t)cfg.max_batch_tokens;
     r->logits = tm_malloc_array((size_t)max_logits * (size_t)m->hp.n_vocab, sizeof(float));
     r->greedy = tm_malloc_array((size_t)max_logits, sizeof(int32_t));
@@ -110,6 +131,13 @@ void tm_runner_free(tm_runner *r) {
         tm_workspace_free(&r->ws, r->be);
         tm_model_unplace(r->placed, r->be);
         r->be->ops->free(r->be);
+    }
+    for (int32_t rk = 0; rk < TM_TP_MAX_RANKS; rk++) {
+        if (r->tp_be[rk]) {
+            tm_workspace_free(&r->tp_ws[rk], r->tp_be[rk]);
+            r->tp_be[rk]->ops->free(r->tp_be[rk]);
+        }
+        tm_tp_shard_free(r->tp_shard[rk]);
     }
     tm_kv_pool_free(&r->pool);
     free(r->logits);
@@ -173,7 +201,17 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
     bool dev_argmax = r->greedy_on_device && r->be->ops->argmax && nl > 0;
     bool dev_sample = !dev_argmax && r->sample_on_device && r->be->ops->sample && nl > 0;
     r->greedy_on_device = r->sample_on_device = false; /* one step only: the next caller gets logits */
-    tm_status st = tm_model_forward(r->model, r->be, &r->ws, &b, dev_argmax || dev_sample ? NULL : r->logits, err);
+    tm_status st;
+    if (r->cfg.tp > 1) {
+        tm_tp_rank ranks[TM_TP_MAX_RANKS];
+        for (int32_t rk = 0; rk < r->cfg.tp; rk++)
+            ranks[rk] = (tm_tp_rank){rk ? r->tp_shard[rk] : r->model, rk ? r->tp_be[rk] : r->be, rk ? &r->tp_ws[rk] : &r->ws};
+        tm_tp_group g = {r->cfg.tp, ranks, tm_tp_allreduce_host, NULL};
+        dev_argmax = dev_sample = false;
+        st = tm_tp_forward(&g, &b, r->logits, err);
+    } else {
+        st = tm_model_forward(r->model, r->be, &r->ws, &b, dev_argmax || dev_sample ? NULL : r->logits, err);
+    }
     if (st == TM_OK && dev_argmax) st = r->be->ops->argmax(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->greedy, err);
     if (st == TM_OK && dev_sample)
         st = r->be->ops->sample(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->sample_rows, r->greedy, err);

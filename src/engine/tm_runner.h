@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "kv/tm_kv.h"
 #include "model/tm_model.h"
+#include "model/tm_tp_forward.h"
 
 typedef enum tm_device { TM_DEVICE_CPU = 0, TM_DEVICE_CUDA = 1 } tm_device;
 
@@ -21,11 +22,16 @@ typedef struct tm_runner_cfg {
     tm_device device;           /* cpu (default) or cuda */
     int32_t cuda_device;        /* CUDA device ordinal */
     bool no_graphs;             /* cuda: no CUDA graphs for decode steps */
+    int32_t tp;                 /* tensor-parallel ranks (<= 1: none); cpu only for now (an in-process sum) */
 } tm_runner_cfg;
 
 typedef struct tm_runner {
     const tm_model *model;      /* the model the forward runs: borrowed, or `placed` */
     tm_model *placed;           /* owned copy with weights in device memory (cuda), or NULL */
+    /* tensor parallelism (cfg.tp > 1): rank 0 is be/ws/model; ranks 1.. have their own backend and workspace */
+    tm_model *tp_shard[TM_TP_MAX_RANKS];     /* owned shard models */
+    tm_backend *tp_be[TM_TP_MAX_RANKS];      /* [0] unused (be) */
+    tm_workspace tp_ws[TM_TP_MAX_RANKS];     /* [0] unused (ws) */
     tm_backend *be;             /* owned */
     tm_workspace ws;
     tm_kv_pool pool;

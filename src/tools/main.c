@@ -26,6 +26,7 @@ static const char *k_usage =
     "           [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--stop STR]...\n"
     "           [--ignore-eos] [--logprobs N] [--chat] [--system TEXT] [--chat-template NAME] [--json]\n"
     "           [-t THREADS] [-c CTX] [-b TOKENS_PER_PASS] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs]\n"
+    "           [--tp N]   (tensor-parallel ranks: heads and MLP columns sharded, partial outputs summed)\n"
     "  chat     [-m MODEL] [same sampling options] [--system TEXT] [--chat-template NAME]\n"
     "  tokenize [-m MODEL] [--no-special] [--no-bos] TEXT\n"
     "  inspect  MODEL [--no-tensors]\n"
@@ -155,6 +156,9 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "--kv-blocks")) {
             NEED_VALUE();
             if (!tm_cli_parse_i32(v, 1, INT32_MAX, &o->load.kv_blocks)) return usage_error("bad KV block count '%s'", v);
+        } else if (!strcmp(a, "--tp")) {
+            NEED_VALUE();
+            if (!tm_cli_parse_i32(v, 1, 8, &o->load.tp)) return usage_error("bad tensor-parallel degree '%s' (1..8)", v);
         } else if (!strcmp(a, "--no-graphs")) {
             o->load.no_graphs = true;
         } else if (!strcmp(a, "--act-bits")) {
