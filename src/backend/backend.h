@@ -179,5 +179,17 @@ typedef struct tm_cuda_cfg {
 } tm_cuda_cfg;
 tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_error *err);
 bool tm_backend_cuda_available(void);
+/* a cuda backend's stream (cudaStream_t) and device ordinal (NULL / -1 without CUDA) */
+void *tm_backend_cuda_stream(tm_backend *be);
+int32_t tm_backend_cuda_device(tm_backend *be);
+
+/* Tensor parallelism over cuda backends (one per GPU) in one process: NCCL communicators (NVLS off) and the
+ * all-reduce callback of tm_tp_forward (bf16 activations, sum, on each rank's stream). */
+typedef struct tm_cuda_tp tm_cuda_tp;
+tm_status tm_cuda_tp_create(int32_t n_ranks, tm_backend *const *bes, tm_cuda_tp **out, tm_error *err);
+void tm_cuda_tp_free(tm_cuda_tp *t);
+void tm_cuda_tp_allreduce(void *user, void *const *bufs, int32_t n_ranks, size_t n_elems);
+/* the first error an all-reduce met since the last call (TM_OK if none), then cleared */
+tm_status tm_cuda_tp_last_error(tm_cuda_tp *t, tm_error *err);
 
 #endif /* TM_BACKEND_H */

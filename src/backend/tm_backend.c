@@ -8,4 +8,30 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     return tm_err(err, TM_ERR_UNSUPPORTED, "this build of tokenmill has no CUDA backend (nvcc was not found at build time)");
 }
 bool tm_backend_cuda_available(void) { return false; }
+void *tm_backend_cuda_stream(tm_backend *be) {
+    (void)be;
+    return NULL;
+}
+int32_t tm_backend_cuda_device(tm_backend *be) {
+    (void)be;
+    return -1;
+}
+tm_status tm_cuda_tp_create(int32_t n_ranks, tm_backend *const *bes, tm_cuda_tp **out, tm_error *err) {
+    (void)n_ranks;
+    (void)bes;
+    *out = NULL;
+    return tm_err(err, TM_ERR_UNSUPPORTED, "this build of tokenmill has no CUDA backend");
+}
+void tm_cuda_tp_free(tm_cuda_tp *t) { (void)t; }
+void tm_cuda_tp_allreduce(void *user, void *const *bufs, int32_t n_ranks, size_t n_elems) {
+    (void)user;
+    (void)bufs;
+    (void)n_ranks;
+    (void)n_elems;
+}
+tm_status tm_cuda_tp_last_error(tm_cuda_tp *t, tm_error *err) {
+    (void)t;
+    (void)err;
+    return TM_OK;
+}
 #endif

@@ -37,10 +37,6 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
         return tm_err(err, TM_ERR_RANGE, "runner limits exceeded (block %d, batch %d, seqs %d, threads %d)",
                       cfg.block_size, cfg.max_batch_tokens, cfg.n_seqs, cfg.n_threads);
     if (cfg.tp > TM_TP_MAX_RANKS) return tm_err(err, TM_ERR_RANGE, "--tp %d: at most %d ranks", cfg.tp, TM_TP_MAX_RANKS);
-    if (cfg.tp > 1 && cfg.device == TM_DEVICE_CUDA)
-        return tm_err(err, TM_ERR_UNSUPPORTED,
-                      "--tp %d on cuda needs one GPU per rank and NCCL between them: not wired yet (cpu ranks work)",
-                      cfg.tp);
     tm_runner *r = tm_calloc(1, sizeof *r);
     if (!r) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     r->model = m;
@@ -50,7 +46,31 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     int32_t max_logits = (r->max_seqs + 31) / 32 * 32;
     if (max_logits > cfg.max_batch_tokens) max_logits = cfg.max_batch_tokens;
     tm_status s;
-    if (cfg.device == TM_DEVICE_CUDA) {
+    if (cfg.device == TM_DEVICE_CUDA && cfg.tp > 1) {
+        /* one GPU per rank (devices cuda_device .. cuda_device + tp - 1), each with its shard; NCCL between them */
+        if (tm_model_has_deferred(m)) {
+            s = tm_err(err, TM_ERR_UNSUPPORTED, "--tp needs the weights on the host to shard them (dummy weights made "
+                                                "on the device cannot be sharded yet)");
+            goto fail;
+        }
+        tm_cuda_cfg cc = {.max_tokens = cfg.max_batch_tokens, .max_logits = max_logits, .no_graphs = true};
+        for (int32_t rk = 0; rk < cfg.tp; rk++) {
+            tm_backend *be = NULL;
+            cc.device = cfg.cuda_device + rk;
+            if ((s = tm_tp_shard_model(m, cfg.tp, rk, &r->tp_shard[rk], err)) != TM_OK) goto fail;
+            if ((s = tm_backend_cuda_create(&cc, &be, err)) != TM_OK) goto fail;
+            if (rk == 0) r->be = be;
+            else r->tp_be[rk] = be;
+            if ((s = tm_model_place(r->tp_shard[rk], be, &r->tp_placed[rk], err)) != TM_OK) goto fail;
+            if (rk > 0 && (s = tm_workspace_init(&r->tp_ws[rk], r->tp_placed[rk], be, cfg.max_batch_tokens, max_logits,
+                                                 err)) != TM_OK)
+                goto fail;
+        }
+        r->model = r->tp_placed[0];
+        tm_backend *bes[TM_TP_MAX_RANKS];
+        for (int32_t rk = 0; rk < cfg.tp; rk++) bes[rk] = rk ? r->tp_be[rk] : r->be;
+        if ((s = tm_cuda_tp_create(cfg.tp, bes, &r->cuda_tp, err)) != TM_OK) goto fail;
+    } else if (cfg.device == TM_DEVICE_CUDA) {
         tm_cuda_cfg cc = {.device = cfg.cuda_device, .max_tokens = cfg.max_batch_tokens, .max_logits = max_logits,
                           .no_graphs = cfg.no_graphs};
         if ((s = tm_backend_cuda_create(&cc, &r->be, err)) != TM_OK) goto fail;
@@ -127,14 +147,17 @@ fail:
 
 void tm_runner_free(tm_runner *r) {
     if (!r) return;
+    tm_cuda_tp_free(r->cuda_tp);
     if (r->be) {
         tm_workspace_free(&r->ws, r->be);
         tm_model_unplace(r->placed, r->be);
+        tm_model_unplace(r->tp_placed[0], r->be);
         r->be->ops->free(r->be);
     }
     for (int32_t rk = 0; rk < TM_TP_MAX_RANKS; rk++) {
         if (r->tp_be[rk]) {
             tm_workspace_free(&r->tp_ws[rk], r->tp_be[rk]);
+            tm_model_unplace(r->tp_placed[rk], r->tp_be[rk]);
             r->tp_be[rk]->ops->free(r->tp_be[rk]);
         }
         tm_tp_shard_free(r->tp_shard[rk]);
@@ -205,10 +228,12 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
     if (r->cfg.tp > 1) {
         tm_tp_rank ranks[TM_TP_MAX_RANKS];
         for (int32_t rk = 0; rk < r->cfg.tp; rk++)
-            ranks[rk] = (tm_tp_rank){rk ? r->tp_shard[rk] : r->model, rk ? r->tp_be[rk] : r->be, rk ? &r->tp_ws[rk] : &r->ws};
-        tm_tp_group g = {r->cfg.tp, ranks, tm_tp_allreduce_host, NULL};
+            ranks[rk] = (tm_tp_rank){rk ? (r->tp_placed[rk] ? r->tp_placed[rk] : r->tp_shard[rk]) : r->model,
+                                     rk ? r->tp_be[rk] : r->be, rk ? &r->tp_ws[rk] : &r->ws};
+        tm_tp_group g = {r->cfg.tp, ranks, r->cuda_tp ? tm_cuda_tp_allreduce : tm_tp_allreduce_host, r->cuda_tp};
         dev_argmax = dev_sample = false;
         st = tm_tp_forward(&g, &b, r->logits, err);
+        if (st == TM_OK && r->cuda_tp) st = tm_cuda_tp_last_error(r->cuda_tp, err);
     } else {
         st = tm_model_forward(r->model, r->be, &r->ws, &b, dev_argmax || dev_sample ? NULL : r->logits, err);
     }

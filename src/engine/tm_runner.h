@@ -22,7 +22,8 @@ typedef struct tm_runner_cfg {
     tm_device device;           /* cpu (default) or cuda */
     int32_t cuda_device;        /* CUDA device ordinal */
     bool no_graphs;             /* cuda: no CUDA graphs for decode steps */
-    int32_t tp;                 /* tensor-parallel ranks (<= 1: none); cpu only for now (an in-process sum) */
+    int32_t tp;                 /* tensor-parallel ranks (<= 1: none): cpu ranks in one process (an in-process sum)
+                                 * or one GPU per rank (cuda_device + r) with NCCL all-reduces */
 } tm_runner_cfg;
 
 typedef struct tm_runner {
@@ -32,6 +33,8 @@ typedef struct tm_runner {
     tm_model *tp_shard[TM_TP_MAX_RANKS];     /* owned shard models */
     tm_backend *tp_be[TM_TP_MAX_RANKS];      /* [0] unused (be) */
     tm_workspace tp_ws[TM_TP_MAX_RANKS];     /* [0] unused (ws) */
+    tm_model *tp_placed[TM_TP_MAX_RANKS];    /* cuda: each shard placed on its rank's GPU */
+    tm_cuda_tp *cuda_tp;                     /* cuda: the NCCL communicators, or NULL */
     tm_backend *be;             /* owned */
     tm_workspace ws;
     tm_kv_pool pool;

@@ -26,6 +26,13 @@ tm_status tm_tp_forward(const tm_tp_group *g, const tm_batch *b, float *logits_o
 #define BE(r) g->ranks[r].be
 #define WS(r) g->ranks[r].ws
 #define M(r) g->ranks[r].model
+    tm_status st;
+    EACH if (OP(r)->begin_step) { /* device ranks: the batch uploaded to each (graphs stay off: no padding) */
+        tm_step_plan plan = {.n_tokens = n, .n_logits = b->n_logits, .replayed = false};
+        if ((st = OP(r)->begin_step(BE(r), b, &plan, err)) != TM_OK) return st;
+        if (plan.replayed || plan.n_tokens != n || plan.n_logits != b->n_logits)
+            return tm_err(err, TM_ERR_INTERNAL, "tensor-parallel rank %d planned a graph; its backend needs graphs off", r);
+    }
     EACH OP(r)->embed(BE(r), &M(r)->tok_embd, b->token_ids, n, WS(r)->x);
     EACH OP(r)->rmsnorm(BE(r), WS(r)->x, &M(r)->layers[0].attn_norm, hp->norm_eps, n, WS(r)->xb);
     for (int32_t l = 0; l < hp->n_layers; l++) {
@@ -56,12 +63,18 @@ tm_status tm_tp_forward(const tm_tp_group *g, const tm_batch *b, float *logits_o
             OP(r)->add_rmsnorm(BE(r), WS(r)->x, WS(r)->proj, next, hp->norm_eps, n, WS(r)->xb);
         }
     }
+    EACH if (OP(r)->end_step) {
+        bool rerun = false;
+        if ((st = OP(r)->end_step(BE(r), &rerun, err)) != TM_OK) return st;
+    }
+    EACH if (OP(r)->last_error && (st = OP(r)->last_error(BE(r), err)) != TM_OK) return st;
     if (b->n_logits == 0) return TM_OK;
     /* the output projection is replicated: rank 0 computes the logits */
     OP(0)->get_rows(BE(0), WS(0)->xb, b->logits_index, b->n_logits, hp->dim, WS(0)->hsel);
     tm_matmul_job head = {&M(0)->output, NULL, WS(0)->logits, true};
     OP(0)->matmul(BE(0), &head, 1, WS(0)->hsel, b->n_logits);
     OP(0)->to_host(BE(0), WS(0)->logits, (size_t)b->n_logits * (size_t)hp->n_vocab, logits_out);
+    if (OP(0)->last_error && (st = OP(0)->last_error(BE(0), err)) != TM_OK) return st;
 #undef EACH
 #undef OP
 #undef BE

@@ -444,7 +444,7 @@ static int cmd_bench(cli_opts *o) {
     }
     if (o->positional && !strcmp(o->positional, "throughput")) {
         tm_bench_tp_cfg bc = {
-            .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs,
+            .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs, .tp = o->load.tp,
             .n_threads = o->load.n_threads, .num_prompts = o->num_prompts ? o->num_prompts : 64,
             .input_len = o->input_len ? o->input_len : 128, .output_len = o->output_len ? o->output_len : 128,
             .out_min = o->out_min, .out_max = o->out_max, .shared_prefix = o->shared_prefix,
@@ -461,7 +461,7 @@ static int cmd_bench(cli_opts *o) {
                            o->positional ? o->positional : "");
     if (o->batch > 0) {
         tm_bench_tp_cfg bc = {
-            .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs,
+            .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs, .tp = o->load.tp,
             .n_threads = o->load.n_threads, .num_prompts = o->batch,
             .input_len = o->input_len ? o->input_len : 512, .output_len = o->output_len ? o->output_len : 128,
             .act_bits = o->load.act_bits, .json = o->json, .seed = o->gen.seed, .ceiling_gflop_s = o->ceiling_gflop_s,

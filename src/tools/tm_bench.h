@@ -7,6 +7,7 @@
 typedef struct tm_bench_tp_cfg {
     const char *model;
     const char *device;          /* "cpu" (NULL) or "cuda[:N]" */
+    int32_t tp;                  /* tensor-parallel ranks (0/1: none) */
     bool no_graphs;
     int32_t n_threads;
     int32_t num_prompts;

@@ -73,6 +73,7 @@ typedef struct cu_backend {
     /* fused GEMV epilogues (off with TM_CUDA_NO_FUSE=1). The add+RMSNorm epilogue is opt-in
      * (TM_CUDA_FUSE_NORM=1): its last-block tail measured slower than the separate norm kernel on the H200 */
     bool no_fuse, fuse_norm;
+    bool multi_device;           /* more than one device in the process: switch to ours in every entry point */
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
     /* graphs */
     cu_graph graphs[CU_MAX_GRAPHS];
@@ -82,7 +83,13 @@ typedef struct cu_backend {
     bool graphs_off;
 } cu_backend;
 
-static cu_backend *cu(tm_backend *be) { return (cu_backend *)be; }
+/* The backend behind be, with its device made current: ranks of a tensor-parallel group share one thread, so
+ * every entry point switches to its own GPU first (a no-op when it already is current). */
+static cu_backend *cu(tm_backend *be) {
+    cu_backend *c = (cu_backend *)be;
+    if (c->multi_device) cudaSetDevice(c->cfg.device);
+    return c;
+}
 
 /* Record the first error; ops after it do nothing until last_error() clears it. */
 static bool cu_fail(cu_backend *c, cudaError_t e, const char *what) {
@@ -841,6 +848,9 @@ static uint64_t cu_mem_free(tm_backend *be) {
     return (uint64_t)f;
 }
 
+void *tm_backend_cuda_stream(tm_backend *be) { return cu(be)->stream; }
+int32_t tm_backend_cuda_device(tm_backend *be) { return cu(be)->cfg.device; }
+
 static const tm_backend_ops k_cuda_ops = {
     .mem_free = cu_mem_free,
     .argmax = cu_argmax,
@@ -897,6 +907,7 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     c->base.ops = &k_cuda_ops;
     c->cfg = *cfg;
     c->max_tokens = cfg->max_tokens;
+    c->multi_device = n > 1;
     if (getenv("TM_CUDA_NO_GRAPHS")) c->cfg.no_graphs = true;
     tm_status s;
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
