@@ -2,7 +2,7 @@
 # gpu.sh -- the one GPU script: kernel checks and micro-benchmarks, end-to-end benchmarks, the HF side by side,
 # and GPU-vs-CPU parity, with a short table last. Runs on a machine with an NVIDIA GPU from the repo root.
 #
-#   scripts/gpu.sh [STAGE...]     stages: kernels e2e hf parity (default: all)
+#   scripts/gpu.sh [STAGE...]     stages: kernels e2e hf parity tp (default: all but tp; tp needs >= 2 GPUs)
 #
 # Binaries come from .gpu/bin when present (built elsewhere by scripts/gpu_pack.sh, with their shared libraries
 # in .gpu/lib), else they are built here into build-gpu (needs the Debian build dependencies). Logs and JSON go
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/gpu}
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(kernels e2e hf parity)
+[ ${#stages[@]} -eq 0 ] && stages=(kernels e2e hf parity)   # tp: on demand
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
@@ -101,6 +101,24 @@ if want hf; then
   timeout 420 python3 bench/hf_gpu_bench.py --out "$OUT/hf.json" 2>&1 | tail -n 20
   r=$(python3 -c "import json; j=json.load(open('$OUT/hf.json')); print(' | '.join(f'{k} {v:.1f}' for k,v in j.items() if isinstance(v,(int,float))))" 2>/dev/null || echo "no result")
   row "HF eager tok/s" "$r"
+fi
+
+if want tp; then
+  ng=$(nvidia-smi -L | wc -l)
+  echo "== tensor parallelism on $ng GPUs (dummy weights from the host generator: the same at every TP degree)"
+  for n in 1 2 4; do
+    [ "$n" -le "$ng" ] || continue
+    TM_DUMMY_HOST=1 timeout 300 $TM run -m dummy:llama3.2-1b:bf16 --device cuda --tp "$n" -p "tensor parallel" -n 48 \
+      --temp 0 --ignore-eos --json >"$OUT/tp_run_$n.json" 2>"$OUT/tp_run_$n.err"; tail -n 2 "$OUT/tp_run_$n.err"
+    TM_DUMMY_HOST=1 timeout 300 $TM bench latency -m dummy:llama3-8b:bf16 --device cuda --tp "$n" --input-len 128 \
+      --output-len 128 -r 2 --json >"$OUT/tp_lat_$n.json" 2>&1
+    r=$(python3 -c "
+import json
+a = json.load(open('$OUT/tp_run_1.json'))['text']; b = json.load(open('$OUT/tp_run_$n.json'))['text']
+l = json.load(open('$OUT/tp_lat_$n.json'))
+print(('greedy same as tp1' if a == b else 'greedy DIFFERS from tp1') + f'; 8B decode {l[\"tg_tok_s\"]:.0f} tok/s')" 2>/dev/null || echo "no result")
+    row "tp $n" "$r"
+  done
 fi
 
 if want parity; then
