@@ -1,4 +1,5 @@
-/* tm_tp_forward.h -- the forward pass over N tensor-parallel ranks (one shard model, backend and workspace each). */
+/* tm_tp_forward.h -- the forward pass over N tensor-parallel ranks (one shard model, backend and workspace each);
+ * implemented with the one-rank forward in tm_forward.c. */
 #ifndef TM_TP_FORWARD_H
 #define TM_TP_FORWARD_H
 
