@@ -64,10 +64,8 @@ typedef struct cu_backend {
     size_t ffn_elems;
     int64_t max_ffn_rows;
     int32_t max_tokens;
-    int32_t *d_argmax;           /* (argmax_cap) device argmax / sampled ids */
-    size_t argmax_cap;
-    tm_cuda_sample_params *d_sparams; /* (sample_cap) per-row sampling recipes */
-    size_t sample_cap;
+    int32_t *d_ids_out;          /* (cfg.max_logits) argmax / sampled ids */
+    tm_cuda_sample_params *d_sparams; /* (cfg.max_logits) per-row sampling recipes */
     float *host_stage;           /* (stage_elems) pinned staging for to_host / from_host */
     size_t stage_bytes;
     /* fused GEMV epilogues (off with TM_CUDA_NO_FUSE=1). The add+RMSNorm epilogue is opt-in
@@ -773,7 +771,8 @@ static void cu_free(tm_backend *be) {
     cudaFree(c->deq);
     cudaFree(c->ffn_tmp);
     cudaFreeHost(c->host_stage);
-    cudaFree(c->d_argmax);
+    cudaFree(c->d_ids_out);
+    cudaFree(c->d_sparams);
     cudaFree(c->norm_scratch);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     tm_cuda_blas_free(c->blas);
@@ -781,61 +780,44 @@ static void cu_free(tm_backend *be) {
     free(c);
 }
 
+/* the first n_rows ids of d_ids to out_host (through the pinned staging), waiting for the stream */
+static tm_status ids_to_host(cu_backend *c, int32_t n_rows, int32_t *out_host, tm_error *err) {
+    size_t bytes = (size_t)n_rows * sizeof(int32_t);
+    if (!stage(c, bytes) ||
+        cu_fail(c, cudaMemcpyAsync(c->host_stage, c->d_ids_out, bytes, cudaMemcpyDeviceToHost, c->stream), "token ids") ||
+        cu_fail(c, cudaStreamSynchronize(c->stream), "token ids"))
+        return cu_last_error(&c->base, err);
+    c->meta_pending = false;
+    memcpy(out_host, c->host_stage, bytes);
+    return TM_OK;
+}
+
 static tm_status cu_argmax(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t *out_host,
                            tm_error *err) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return cu_last_error(be, err);
-    size_t bytes = (size_t)n_rows * sizeof(int32_t);
-    if (!stage(c, bytes + 64)) return cu_last_error(be, err);
-    if ((size_t)n_rows > c->argmax_cap) {
-        cudaFree(c->d_argmax);
-        c->d_argmax = NULL;
-        c->argmax_cap = 0;
-        if (cu_fail(c, cudaMalloc((void **)&c->d_argmax, bytes), "argmax ids")) return cu_last_error(be, err);
-        c->argmax_cap = (size_t)n_rows;
-    }
-    if (cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_argmax, c->stream), "argmax") ||
-        cu_fail(c, cudaMemcpyAsync(c->host_stage, c->d_argmax, bytes, cudaMemcpyDeviceToHost, c->stream), "argmax ids") ||
-        cu_fail(c, cudaStreamSynchronize(c->stream), "argmax"))
-        return cu_last_error(be, err);
-    c->meta_pending = false;
-    memcpy(out_host, c->host_stage, bytes);
-    return TM_OK;
+    if (n_rows > c->cfg.max_logits) return tm_err(err, TM_ERR_RANGE, "argmax over %d rows (at most %d)", n_rows, c->cfg.max_logits);
+    if (cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_ids_out, c->stream), "argmax")) return cu_last_error(be, err);
+    return ids_to_host(c, n_rows, out_host, err);
 }
 
 static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
                            int32_t *out_host, tm_error *err) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return cu_last_error(be, err);
-    size_t pbytes = (size_t)n_rows * sizeof(tm_cuda_sample_params), ibytes = (size_t)n_rows * sizeof(int32_t);
-    size_t ioff = (pbytes + 63) & ~(size_t)63;
-    if (!stage(c, ioff + ibytes)) return cu_last_error(be, err);
-    if ((size_t)n_rows > c->sample_cap) {
-        cudaFree(c->d_sparams);
-        cudaFree(c->d_argmax);
-        c->d_sparams = NULL;
-        c->d_argmax = NULL;
-        c->sample_cap = c->argmax_cap = 0;
-        if (cu_fail(c, cudaMalloc((void **)&c->d_sparams, pbytes), "sampling params") ||
-            cu_fail(c, cudaMalloc((void **)&c->d_argmax, ibytes), "sampled ids"))
-            return cu_last_error(be, err);
-        c->sample_cap = c->argmax_cap = (size_t)n_rows;
-    }
-    if (cu_fail(c, cudaStreamSynchronize(c->stream), "sample")) return cu_last_error(be, err); /* staging is free */
+    if (n_rows > c->cfg.max_logits) return tm_err(err, TM_ERR_RANGE, "sampling %d rows (at most %d)", n_rows, c->cfg.max_logits);
+    size_t pbytes = (size_t)n_rows * sizeof(tm_cuda_sample_params);
+    if (!stage(c, pbytes) || cu_fail(c, cudaStreamSynchronize(c->stream), "sample")) /* the staging is free */
+        return cu_last_error(be, err);
     tm_cuda_sample_params *hp = (tm_cuda_sample_params *)c->host_stage;
     for (int32_t r = 0; r < n_rows; r++)
         hp[r] = (tm_cuda_sample_params){.temperature = rows[r].temperature, .top_p = rows[r].top_p,
                                         .min_p = rows[r].min_p, .top_k = rows[r].top_k, .seed = rows[r].seed,
                                         .offset = rows[r].offset};
-    uint8_t *ids_stage = (uint8_t *)c->host_stage + ioff;
     if (cu_fail(c, cudaMemcpyAsync(c->d_sparams, hp, pbytes, cudaMemcpyHostToDevice, c->stream), "sampling params") ||
-        cu_fail(c, tm_cuda_sample(logits, n_rows, vocab, c->d_sparams, NULL, c->d_argmax, NULL, c->stream), "sample") ||
-        cu_fail(c, cudaMemcpyAsync(ids_stage, c->d_argmax, ibytes, cudaMemcpyDeviceToHost, c->stream), "sampled ids") ||
-        cu_fail(c, cudaStreamSynchronize(c->stream), "sample"))
+        cu_fail(c, tm_cuda_sample(logits, n_rows, vocab, c->d_sparams, NULL, c->d_ids_out, NULL, c->stream), "sample"))
         return cu_last_error(be, err);
-    c->meta_pending = false;
-    memcpy(out_host, ids_stage, ibytes);
-    return TM_OK;
+    return ids_to_host(c, n_rows, out_host, err); /* the copy follows the upload on the stream: staging reuse is safe */
 }
 
 static uint64_t cu_mem_free(tm_backend *be) {
@@ -916,6 +898,14 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         goto fail;
     }
     if ((s = tm_cuda_blas_create((size_t)64 << 20, &c->blas, err)) != TM_OK) goto fail;
+    size_t rows = (size_t)(cfg->max_logits > 0 ? cfg->max_logits : cfg->max_tokens);
+    c->cfg.max_logits = (int32_t)rows;
+    if ((e = cudaMalloc((void **)&c->d_ids_out, rows * sizeof(int32_t))) != cudaSuccess ||
+        (e = cudaMalloc((void **)&c->d_sparams, rows * sizeof(tm_cuda_sample_params))) != cudaSuccess) {
+        cudaGetLastError();
+        s = tm_err(err, TM_ERR_NOMEM, "device buffers for %zu sampled rows: %s", rows, cudaGetErrorString(e));
+        goto fail;
+    }
     const char *nf = getenv("TM_CUDA_NO_FUSE");
     c->no_fuse = nf && nf[0] == '1' && nf[1] == '\0';
     const char *sm = getenv("TM_CUDA_NO_SPLIT_MIXED"); /* 1: mixed steps run every token through prefill attention */
