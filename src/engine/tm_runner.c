@@ -45,56 +45,48 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     /* logits rows: one per sequence, rounded up to 32 so a device backend can pad a decode step into a graph */
     int32_t max_logits = (r->max_seqs + 31) / 32 * 32;
     if (max_logits > cfg.max_batch_tokens) max_logits = cfg.max_batch_tokens;
+    /* One rank, or one per tensor-parallel shard: rank rk has a backend (GPU cuda_device + rk, or its share of
+     * the cpu threads), its model (the shard, or the whole model) placed in that backend's memory on a GPU, and a
+     * workspace (rank 0's is r->ws). */
+    const int32_t R = cfg.tp > 1 ? cfg.tp : 1;
+    const bool cuda = cfg.device == TM_DEVICE_CUDA;
     tm_status s;
-    if (cfg.device == TM_DEVICE_CUDA && cfg.tp > 1) {
-        /* one GPU per rank (devices cuda_device .. cuda_device + tp - 1), each with its shard; NCCL between them */
-        if (tm_model_has_deferred(m)) {
-            s = tm_err(err, TM_ERR_UNSUPPORTED, "--tp needs the weights on the host to shard them (dummy weights made "
-                                                "on the device cannot be sharded yet)");
+    if (tm_model_has_deferred(m) && (!cuda || R > 1)) {
+        s = cuda ? tm_err(err, TM_ERR_UNSUPPORTED, "--tp needs the weights on the host to shard them (dummy weights "
+                                                   "made on the device cannot be sharded yet)")
+                 : tm_err(err, TM_ERR_INVALID, "the model's dummy weights were left for a device backend to make");
+        goto fail;
+    }
+    for (int32_t rk = 0; rk < R; rk++) {
+        tm_backend *be = NULL;
+        const tm_model *rm = m;
+        if (R > 1) {
+            if ((s = tm_tp_shard_model(m, R, rk, &r->tp_shard[rk], err)) != TM_OK) goto fail;
+            rm = r->tp_shard[rk];
+        }
+        if (cuda) { /* graphs stay off under tensor parallelism */
+            tm_cuda_cfg cc = {.device = cfg.cuda_device + rk, .max_tokens = cfg.max_batch_tokens,
+                              .max_logits = max_logits, .no_graphs = cfg.no_graphs || R > 1};
+            s = tm_backend_cuda_create(&cc, &be, err);
+        } else {
+            tm_cpu_cfg cc = {cfg.n_threads / R > 0 ? cfg.n_threads / R : 1, cfg.act_bits};
+            s = tm_backend_cpu_create(&cc, &be, err);
+        }
+        if (s != TM_OK) goto fail;
+        if (rk == 0) r->be = be;
+        else r->tp_be[rk] = be;
+        if (cuda) {
+            if ((s = tm_model_place(rm, be, &r->tp_placed[rk], err)) != TM_OK) goto fail;
+            rm = r->tp_placed[rk];
+        }
+        if (rk == 0) r->model = rm;
+        else if ((s = tm_workspace_init(&r->tp_ws[rk], rm, be, cfg.max_batch_tokens, max_logits, err)) != TM_OK)
             goto fail;
-        }
-        tm_cuda_cfg cc = {.max_tokens = cfg.max_batch_tokens, .max_logits = max_logits, .no_graphs = true};
-        for (int32_t rk = 0; rk < cfg.tp; rk++) {
-            tm_backend *be = NULL;
-            cc.device = cfg.cuda_device + rk;
-            if ((s = tm_tp_shard_model(m, cfg.tp, rk, &r->tp_shard[rk], err)) != TM_OK) goto fail;
-            if ((s = tm_backend_cuda_create(&cc, &be, err)) != TM_OK) goto fail;
-            if (rk == 0) r->be = be;
-            else r->tp_be[rk] = be;
-            if ((s = tm_model_place(r->tp_shard[rk], be, &r->tp_placed[rk], err)) != TM_OK) goto fail;
-            if (rk > 0 && (s = tm_workspace_init(&r->tp_ws[rk], r->tp_placed[rk], be, cfg.max_batch_tokens, max_logits,
-                                                 err)) != TM_OK)
-                goto fail;
-        }
-        r->model = r->tp_placed[0];
+    }
+    if (cuda && R > 1) {
         tm_backend *bes[TM_TP_MAX_RANKS];
-        for (int32_t rk = 0; rk < cfg.tp; rk++) bes[rk] = rk ? r->tp_be[rk] : r->be;
-        if ((s = tm_cuda_tp_create(cfg.tp, bes, &r->cuda_tp, err)) != TM_OK) goto fail;
-    } else if (cfg.device == TM_DEVICE_CUDA) {
-        tm_cuda_cfg cc = {.device = cfg.cuda_device, .max_tokens = cfg.max_batch_tokens, .max_logits = max_logits,
-                          .no_graphs = cfg.no_graphs};
-        if ((s = tm_backend_cuda_create(&cc, &r->be, err)) != TM_OK) goto fail;
-        if ((s = tm_model_place(m, r->be, &r->placed, err)) != TM_OK) goto fail;
-        r->model = r->placed;
-    } else {
-        if (tm_model_has_deferred(m)) {
-            s = tm_err(err, TM_ERR_INVALID, "the model's dummy weights were left for a device backend to make");
-            goto fail;
-        }
-        tm_cpu_cfg cc = {cfg.n_threads, cfg.act_bits};
-        if (cfg.tp > 1) { /* one shard, backend and workspace per rank; the threads are shared out */
-            cc.n_threads = cfg.n_threads / cfg.tp > 0 ? cfg.n_threads / cfg.tp : 1;
-            for (int32_t rk = 0; rk < cfg.tp; rk++) {
-                if ((s = tm_tp_shard_model(m, cfg.tp, rk, &r->tp_shard[rk], err)) != TM_OK) goto fail;
-                if (rk == 0) continue;
-                if ((s = tm_backend_cpu_create(&cc, &r->tp_be[rk], err)) != TM_OK) goto fail;
-                if ((s = tm_workspace_init(&r->tp_ws[rk], r->tp_shard[rk], r->tp_be[rk], cfg.max_batch_tokens, max_logits,
-                                           err)) != TM_OK)
-                    goto fail;
-            }
-            r->model = r->tp_shard[0];
-        }
-        if ((s = tm_backend_cpu_create(&cc, &r->be, err)) != TM_OK) goto fail;
+        for (int32_t rk = 0; rk < R; rk++) bes[rk] = rk ? r->tp_be[rk] : r->be;
+        if ((s = tm_cuda_tp_create(R, bes, &r->cuda_tp, err)) != TM_OK) goto fail;
     }
     if ((s = tm_workspace_init(&r->ws, r->model, r->be, cfg.max_batch_tokens, max_logits, err)) != TM_OK) goto fail;
     r->max_blocks = (cfg.n_ctx + cfg.block_size - 1) / cfg.block_size;
@@ -150,7 +142,6 @@ void tm_runner_free(tm_runner *r) {
     tm_cuda_tp_free(r->cuda_tp);
     if (r->be) {
         tm_workspace_free(&r->ws, r->be);
-        tm_model_unplace(r->placed, r->be);
         tm_model_unplace(r->tp_placed[0], r->be);
         r->be->ops->free(r->be);
     }

@@ -27,13 +27,12 @@ typedef struct tm_runner_cfg {
 } tm_runner_cfg;
 
 typedef struct tm_runner {
-    const tm_model *model;      /* the model the forward runs: borrowed, or `placed` */
-    tm_model *placed;           /* owned copy with weights in device memory (cuda), or NULL */
+    const tm_model *model;      /* the model rank 0's forward runs: borrowed, a shard, or a placed copy */
     /* tensor parallelism (cfg.tp > 1): rank 0 is be/ws/model; ranks 1.. have their own backend and workspace */
     tm_model *tp_shard[TM_TP_MAX_RANKS];     /* owned shard models */
     tm_backend *tp_be[TM_TP_MAX_RANKS];      /* [0] unused (be) */
     tm_workspace tp_ws[TM_TP_MAX_RANKS];     /* [0] unused (ws) */
-    tm_model *tp_placed[TM_TP_MAX_RANKS];    /* cuda: each shard placed on its rank's GPU */
+    tm_model *tp_placed[TM_TP_MAX_RANKS];    /* cuda: each rank's model (shard or whole) placed on its GPU */
     tm_cuda_tp *cuda_tp;                     /* cuda: the NCCL communicators, or NULL */
     tm_backend *be;             /* owned */
     tm_workspace ws;
