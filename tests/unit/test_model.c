@@ -13,17 +13,10 @@
 #include "backend/cpu/tm_quant.h"
 #include "engine/tm_engine.h"
 #include "model/tm_model.h"
+#include "tm_test_ref.h"
 #include "tm_test_tiny_model.h"
 
 /* ---- naive dense reference ---------------------------------------------------------------------- */
-
-static float *dense(const tm_weight *w) { /* (rows, cols) f32 */
-    float *d = malloc(sizeof(float) * (size_t)w->rows * (size_t)w->cols);
-    uint64_t rb = tm_dtype_row_bytes(w->type, (uint64_t)w->cols);
-    for (int64_t r = 0; r < w->rows; r++)
-        tm_dequant_row(w->type, (const uint8_t *)w->data + rb * (uint64_t)r, d + r * w->cols, w->cols);
-    return d;
-}
 
 static void ref_matvec(const tm_weight *w, const tm_weight *b, const double *x, double *out) {
     float *d = dense(w);
@@ -33,24 +26,6 @@ static void ref_matvec(const tm_weight *w, const tm_weight *b, const double *x, 
         out[r] = acc;
     }
     free(d);
-}
-
-static void ref_rmsnorm(const double *x, const tm_weight *w, double eps, int dim, double *out) {
-    double ss = 0;
-    for (int i = 0; i < dim; i++) ss += x[i] * x[i];
-    double r = 1.0 / sqrt(ss / dim + eps);
-    for (int i = 0; i < dim; i++) out[i] = x[i] * r * ((const float *)w->data)[i];
-}
-
-static void ref_rope(double *x, int pos, const tm_model *m) {
-    int half = m->hp.rope_dim / 2;
-    for (int i = 0; i < half; i++) {
-        double th = (double)pos * (double)m->rope_inv_freq[i], c = cos(th), s = sin(th);
-        int a = m->hp.rope_neox ? i : 2 * i, b = m->hp.rope_neox ? i + half : 2 * i + 1;
-        double xa = x[a], xb = x[b];
-        x[a] = xa * c - xb * s;
-        x[b] = xa * s + xb * c;
-    }
 }
 
 /* logits (n, vocab) for every position of ids */

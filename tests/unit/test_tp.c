@@ -16,6 +16,8 @@
 #include "backend/cpu/tm_quant.h"
 #include "model/tm_model.h"
 #include "model/tm_tp.h"
+#include "model/tm_tp_forward.h"
+#include "tm_test_ref.h"
 #include "tm_test_tiny_model.h"
 
 enum { MAX_RANKS = 4, N_TOK = 21 };
@@ -195,14 +197,6 @@ static void test_shards_reassemble(void **st) {
 /* dense f64 reference: ref_forward of test_model.c, generalised to n_ranks shard models whose wo and w_down
  * partial products are summed before the residual add (one shard at N=1: the unsharded model) */
 
-static float *dense(const tm_weight *w) { /* (rows, cols) f32 */
-    float *d = malloc(sizeof(float) * (size_t)w->rows * (size_t)w->cols);
-    uint64_t rb = tm_dtype_row_bytes(w->type, (uint64_t)w->cols);
-    for (int64_t r = 0; r < w->rows; r++)
-        tm_dequant_row(w->type, (const uint8_t *)w->data + rb * (uint64_t)r, d + r * w->cols, w->cols);
-    return d;
-}
-
 typedef struct dlayer {
     float *wq, *wk, *wv, *wo, *wg, *wu, *wd; /* dense (rows, cols) */
 } dlayer;
@@ -212,24 +206,6 @@ static void ref_matvec(const float *d, int64_t rows, int64_t cols, const tm_weig
         double acc = b && b->data ? (double)((const float *)b->data)[r] : 0.0;
         for (int64_t c = 0; c < cols; c++) acc += (double)d[r * cols + c] * x[c];
         out[r] = acc;
-    }
-}
-
-static void ref_rmsnorm(const double *x, const tm_weight *w, double eps, int dim, double *out) {
-    double ss = 0;
-    for (int i = 0; i < dim; i++) ss += x[i] * x[i];
-    double r = 1.0 / sqrt(ss / dim + eps);
-    for (int i = 0; i < dim; i++) out[i] = x[i] * r * ((const float *)w->data)[i];
-}
-
-static void ref_rope(double *x, int pos, const tm_model *m) {
-    int half = m->hp.rope_dim / 2;
-    for (int i = 0; i < half; i++) {
-        double th = (double)pos * (double)m->rope_inv_freq[i], c = cos(th), s = sin(th);
-        int a = m->hp.rope_neox ? i : 2 * i, b = m->hp.rope_neox ? i + half : 2 * i + 1;
-        double xa = x[a], xb = x[b];
-        x[a] = xa * c - xb * s;
-        x[b] = xa * s + xb * c;
     }
 }
 
@@ -364,82 +340,47 @@ static float *cpu_forward(const tm_model *m, const tm_batch *b) {
     return lg;
 }
 
-/* The sum across ranks of buf (n elements in each rank's backend), written back to every rank: what an NCCL
- * all-reduce does, in rank order, in f32. */
-static void allreduce(tm_backend **be, void **buf, int n_ranks, size_t n, float *tmp, float *sum) {
-    memset(sum, 0, sizeof(float) * n);
+/* The all-reduce of tm_tp_forward for cpu ranks, through each backend's to_host/from_host: the sum in rank
+ * order, in f32, written back to every rank -- what an NCCL all-reduce does. */
+typedef struct ar_ctx {
+    tm_backend **be;
+    float *tmp, *sum;
+} ar_ctx;
+static void allreduce(void *user, void *const *buf, int32_t n_ranks, size_t n) {
+    ar_ctx *a = user;
+    memset(a->sum, 0, sizeof(float) * n);
     for (int r = 0; r < n_ranks; r++) {
-        be[r]->ops->to_host(be[r], buf[r], n, tmp);
-        for (size_t i = 0; i < n; i++) sum[i] += tmp[i];
+        a->be[r]->ops->to_host(a->be[r], buf[r], n, a->tmp);
+        for (size_t i = 0; i < n; i++) a->sum[i] += a->tmp[i];
     }
-    for (int r = 0; r < n_ranks; r++) be[r]->ops->from_host(be[r], sum, n, buf[r]);
+    for (int r = 0; r < n_ranks; r++) a->be[r]->ops->from_host(a->be[r], a->sum, n, buf[r]);
 }
 
-/* The tensor-parallel forward with one cpu backend per rank, run rank after rank up to each all-reduce: the op
- * sequence of tm_model_forward with the wo and w_down partials summed before the fused add + RMSNorm. Returns the
- * logits (N_TOK, vocab) of rank 0 and checks that every rank's residual stream stays identical. */
+/* The library's tensor-parallel forward (tm_tp_forward) with one cpu backend per rank. Returns the logits
+ * (N_TOK, vocab) of rank 0 and checks that every rank's residual stream stays identical. */
 static float *cpu_forward_tp(tm_model *const *sh, int n_ranks, const tm_batch *b) {
     tm_backend *be[MAX_RANKS];
     tm_workspace ws[MAX_RANKS];
-    void *proj[MAX_RANKS];
+    tm_tp_rank ranks[MAX_RANKS];
     tm_error err = {0};
     const tm_hparams *hp = &sh[0]->hp;
-    int32_t n = b->n_tokens;
-    size_t nd = (size_t)n * (size_t)hp->dim;
+    size_t nd = (size_t)b->n_tokens * (size_t)hp->dim;
     float *tmp = malloc(sizeof(float) * nd), *sum = malloc(sizeof(float) * nd), *x0 = malloc(sizeof(float) * nd);
     for (int r = 0; r < n_ranks; r++) {
         be[r] = cpu_for(sh[r]);
         assert_int_equal(tm_workspace_init(&ws[r], sh[r], be[r], N_TOK, N_TOK, &err), TM_OK);
-        proj[r] = ws[r].proj;
+        ranks[r] = (tm_tp_rank){sh[r], be[r], &ws[r]};
     }
-    for (int r = 0; r < n_ranks; r++) {
-        const tm_backend_ops *op = be[r]->ops;
-        op->embed(be[r], &sh[r]->tok_embd, b->token_ids, n, ws[r].x);
-        op->rmsnorm(be[r], ws[r].x, &sh[r]->layers[0].attn_norm, hp->norm_eps, n, ws[r].xb);
-    }
-    for (int32_t l = 0; l < hp->n_layers; l++) {
-        for (int r = 0; r < n_ranks; r++) {
-            const tm_backend_ops *op = be[r]->ops;
-            const tm_layer *L = &sh[r]->layers[l];
-            tm_attn_cfg acfg = tm_model_attn_cfg(sh[r]);
-            tm_matmul_job qkv[3] = {{&L->wq, L->bq.data ? &L->bq : NULL, ws[r].q, false},
-                                    {&L->wk, L->bk.data ? &L->bk : NULL, ws[r].k, false},
-                                    {&L->wv, L->bv.data ? &L->bv : NULL, ws[r].v, false}};
-            op->matmul(be[r], qkv, 3, ws[r].xb, n);
-            op->rope_kv_write(be[r], &acfg, l, b, ws[r].q, ws[r].k, ws[r].v);
-            op->attention(be[r], &acfg, l, b, ws[r].q, ws[r].att);
-            tm_matmul_job o = {&L->wo, NULL, ws[r].proj, false};
-            op->matmul(be[r], &o, 1, ws[r].att, n);
-        }
-        allreduce(be, proj, n_ranks, nd, tmp, sum);
-        for (int r = 0; r < n_ranks; r++) {
-            const tm_backend_ops *op = be[r]->ops;
-            const tm_layer *L = &sh[r]->layers[l];
-            op->add_rmsnorm(be[r], ws[r].x, ws[r].proj, &L->ffn_norm, hp->norm_eps, n, ws[r].xb);
-            tm_matmul_job gu[2] = {{&L->w_gate, NULL, ws[r].hb, false}, {&L->w_up, NULL, ws[r].hb2, false}};
-            op->matmul(be[r], gu, 2, ws[r].xb, n);
-            op->swiglu(be[r], ws[r].hb, ws[r].hb2, n, hp->ffn_dim, ws[r].hb);
-            tm_matmul_job down = {&L->w_down, NULL, ws[r].proj, false};
-            op->matmul(be[r], &down, 1, ws[r].hb, n);
-        }
-        allreduce(be, proj, n_ranks, nd, tmp, sum);
-        for (int r = 0; r < n_ranks; r++) {
-            const tm_weight *next = l + 1 < hp->n_layers ? &sh[r]->layers[l + 1].attn_norm : &sh[r]->output_norm;
-            be[r]->ops->add_rmsnorm(be[r], ws[r].x, ws[r].proj, next, hp->norm_eps, n, ws[r].xb);
-        }
-    }
+    ar_ctx ar = {be, tmp, sum};
+    tm_tp_group g = {n_ranks, ranks, allreduce, &ar};
+    float *lg = malloc(sizeof(float) * (size_t)b->n_logits * (size_t)hp->n_vocab);
+    if (tm_tp_forward(&g, b, lg, &err) != TM_OK) fail_msg("tensor-parallel forward: %s", err.msg);
     /* the residual stream is replicated: bit-identical on every rank */
     be[0]->ops->to_host(be[0], ws[0].x, nd, x0);
     for (int r = 1; r < n_ranks; r++) {
         be[r]->ops->to_host(be[r], ws[r].x, nd, tmp);
         assert_memory_equal(x0, tmp, sizeof(float) * nd);
     }
-    const tm_backend_ops *op = be[0]->ops;
-    op->get_rows(be[0], ws[0].xb, b->logits_index, b->n_logits, hp->dim, ws[0].hsel);
-    tm_matmul_job head = {&sh[0]->output, NULL, ws[0].logits, true};
-    op->matmul(be[0], &head, 1, ws[0].hsel, b->n_logits);
-    float *lg = malloc(sizeof(float) * (size_t)b->n_logits * (size_t)hp->n_vocab);
-    op->to_host(be[0], ws[0].logits, (size_t)b->n_logits * (size_t)hp->n_vocab, lg);
     for (int r = 0; r < n_ranks; r++) {
         tm_workspace_free(&ws[r], be[r]);
         be[r]->ops->free(be[r]);
