@@ -27,10 +27,7 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
     tm_device dev;
     int32_t ordinal;
     tm_status s = tm_device_parse(p->device, &dev, &ordinal, err);
-    /* dummy weights are made on the device unless sharded (shards are cut on the host) or TM_DUMMY_HOST=1 asks
-     * for the host generator (the same weights on every device and rank count, for comparisons) */
-    tm_model_load_opts lo = {.defer_dummy = dev == TM_DEVICE_CUDA && p->tp <= 1 && !getenv("TM_DUMMY_HOST")};
-    if (s == TM_OK) s = tm_model_load_ex(p->model, &lo, &c->model, err);
+    if (s == TM_OK) s = tm_runner_load_model(p->model, dev, p->tp, &c->model, err);
     if (s == TM_OK) {
         int32_t ms = p->max_seqs > 0 ? p->max_seqs : 1;
         tm_engine_cfg ec = {.runner = {.device = dev, .cuda_device = ordinal, .no_graphs = p->no_graphs,

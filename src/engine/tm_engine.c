@@ -303,8 +303,7 @@ static bool sampling_is_plain(const tm_sampling_params *sp) {
 
 /* temperature 0 (or top-k 1) with no penalties and no logprobs: the token is the argmax of the raw logits */
 static bool sampling_is_plain_greedy(const tm_sampling_params *sp) {
-    return (sp->temperature == 0.0f || sp->top_k == 1) && sp->repeat_penalty == 1.0f && sp->presence_penalty == 0.0f &&
-           sp->frequency_penalty == 0.0f && sp->n_logprobs == 0;
+    return (sp->temperature == 0.0f || sp->top_k == 1) && sampling_is_plain(sp);
 }
 
 tm_status tm_engine_step(tm_engine *e, tm_error *err) {

@@ -23,6 +23,11 @@ tm_status tm_device_parse(const char *spec, tm_device *dev, int32_t *ordinal, tm
     return tm_err(err, TM_ERR_INVALID, "unknown device '%s' (cpu, cuda or cuda:N)", spec);
 }
 
+tm_status tm_runner_load_model(const char *spec, tm_device dev, int32_t tp, tm_model **out, tm_error *err) {
+    tm_model_load_opts lo = {.defer_dummy = dev == TM_DEVICE_CUDA && tp <= 1 && !getenv("TM_DUMMY_HOST")};
+    return tm_model_load_ex(spec, &lo, out, err);
+}
+
 tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_runner **out, tm_error *err) {
     *out = NULL;
     tm_runner_cfg cfg = *cfg_in;

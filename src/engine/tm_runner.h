@@ -57,6 +57,11 @@ typedef struct tm_runner {
 /* "cpu", "cuda" or "cuda:N" (NULL or "" = cpu) */
 tm_status tm_device_parse(const char *spec, tm_device *dev, int32_t *ordinal, tm_error *err);
 
+/* Load spec for a runner on `dev` with `tp` ranks: dummy weights are left for the device to make (deferred) on a
+ * single GPU, and generated on the host when sharded (shards are cut on the host) or when TM_DUMMY_HOST=1 asks for
+ * the host generator (the same weights on every device and rank count, for comparisons). */
+tm_status tm_runner_load_model(const char *spec, tm_device dev, int32_t tp, tm_model **out, tm_error *err);
+
 tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg, tm_runner **out, tm_error *err);
 void tm_runner_free(tm_runner *r);
 

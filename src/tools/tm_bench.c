@@ -55,8 +55,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     int32_t ordinal;
     tm_status s = tm_device_parse(c->device, &dev, &ordinal, err);
     if (s != TM_OK) return s;
-    tm_model_load_opts lo = {.defer_dummy = dev == TM_DEVICE_CUDA && c->tp <= 1 && !getenv("TM_DUMMY_HOST")};
-    if ((s = tm_model_load_ex(c->model, &lo, &m, err)) != TM_OK) return s;
+    if ((s = tm_runner_load_model(c->model, dev, c->tp, &m, err)) != TM_OK) return s;
     int32_t omax = c->out_max > 0 ? c->out_max : c->output_len;
     int32_t max_seqs = c->max_seqs > 0 ? c->max_seqs : 32;
     tm_engine_cfg ec = {
@@ -197,8 +196,7 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     int32_t ordinal;
     tm_status s = tm_device_parse(c->device, &dev, &ordinal, err);
     if (s != TM_OK) return s;
-    tm_model_load_opts lo = {.defer_dummy = dev == TM_DEVICE_CUDA && c->tp <= 1 && !getenv("TM_DUMMY_HOST")};
-    if ((s = tm_model_load_ex(c->model, &lo, &m, err)) != TM_OK) return s;
+    if ((s = tm_runner_load_model(c->model, dev, c->tp, &m, err)) != TM_OK) return s;
     int64_t pp_budget = (int64_t)B * I;
     tm_engine_cfg ec = {
         .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp,
