@@ -176,6 +176,8 @@ typedef struct tm_cuda_cfg {
     int32_t max_tokens;          /* most tokens of a step (sizes scratch buffers) */
     int32_t max_logits;          /* rows of the workspace's logits buffer (graph padding stays within it) */
     bool no_graphs;              /* true: never capture CUDA graphs */
+    bool shared_thread;          /* one thread drives several such backends (tensor-parallel ranks): every entry
+                                  * point makes this backend's device current first */
 } tm_cuda_cfg;
 tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_error *err);
 bool tm_backend_cuda_available(void);

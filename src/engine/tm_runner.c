@@ -71,7 +71,8 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
         }
         if (cuda) { /* graphs stay off under tensor parallelism */
             tm_cuda_cfg cc = {.device = cfg.cuda_device + rk, .max_tokens = cfg.max_batch_tokens,
-                              .max_logits = max_logits, .no_graphs = cfg.no_graphs || R > 1};
+                              .max_logits = max_logits, .no_graphs = cfg.no_graphs || R > 1,
+                              .shared_thread = R > 1};
             s = tm_backend_cuda_create(&cc, &be, err);
         } else {
             tm_cpu_cfg cc = {cfg.n_threads / R > 0 ? cfg.n_threads / R : 1, cfg.act_bits};

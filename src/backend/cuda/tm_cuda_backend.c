@@ -71,7 +71,6 @@ typedef struct cu_backend {
     /* fused GEMV epilogues (off with TM_CUDA_NO_FUSE=1). The add+RMSNorm epilogue is opt-in
      * (TM_CUDA_FUSE_NORM=1): its last-block tail measured slower than the separate norm kernel on the H200 */
     bool no_fuse, fuse_norm;
-    bool multi_device;           /* more than one device in the process: switch to ours in every entry point */
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
     /* graphs */
     cu_graph graphs[CU_MAX_GRAPHS];
@@ -81,11 +80,11 @@ typedef struct cu_backend {
     bool graphs_off;
 } cu_backend;
 
-/* The backend behind be, with its device made current: ranks of a tensor-parallel group share one thread, so
- * every entry point switches to its own GPU first (a no-op when it already is current). */
+/* The backend behind be, with its device made current when one thread drives several backends (the ranks of a
+ * tensor-parallel group): every entry point switches to its own GPU first. */
 static cu_backend *cu(tm_backend *be) {
     cu_backend *c = (cu_backend *)be;
-    if (c->multi_device) cudaSetDevice(c->cfg.device);
+    if (c->cfg.shared_thread) cudaSetDevice(c->cfg.device);
     return c;
 }
 
@@ -889,7 +888,6 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     c->base.ops = &k_cuda_ops;
     c->cfg = *cfg;
     c->max_tokens = cfg->max_tokens;
-    c->multi_device = n > 1;
     if (getenv("TM_CUDA_NO_GRAPHS")) c->cfg.no_graphs = true;
     tm_status s;
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
