@@ -186,11 +186,12 @@ void *tm_backend_cuda_stream(tm_backend *be);
 int32_t tm_backend_cuda_device(tm_backend *be);
 
 /* Tensor parallelism over cuda backends (one per GPU) in one process: NCCL communicators (NVLS off) and the
- * all-reduce callback of tm_tp_forward (bf16 activations, sum, on each rank's stream). */
+ * all-reduce callback of tm_tp_forward (bf16 activations, sum, on each rank's stream; called by each rank's thread
+ * with its own buffer, so a rank's collectives are captured into its decode graphs like its kernels). */
 typedef struct tm_cuda_tp tm_cuda_tp;
 tm_status tm_cuda_tp_create(int32_t n_ranks, tm_backend *const *bes, tm_cuda_tp **out, tm_error *err);
 void tm_cuda_tp_free(tm_cuda_tp *t);
-void tm_cuda_tp_allreduce(void *user, void *const *bufs, int32_t n_ranks, size_t n_elems);
+void tm_cuda_tp_allreduce(void *user, int32_t rank, void *buf, size_t n_elems);
 /* the first error an all-reduce met since the last call (TM_OK if none), then cleared */
 tm_status tm_cuda_tp_last_error(tm_cuda_tp *t, tm_error *err);
 

@@ -23,10 +23,10 @@ tm_status tm_cuda_tp_create(int32_t n_ranks, tm_backend *const *bes, tm_cuda_tp 
     return tm_err(err, TM_ERR_UNSUPPORTED, "this build of tokenmill has no CUDA backend");
 }
 void tm_cuda_tp_free(tm_cuda_tp *t) { (void)t; }
-void tm_cuda_tp_allreduce(void *user, void *const *bufs, int32_t n_ranks, size_t n_elems) {
+void tm_cuda_tp_allreduce(void *user, int32_t rank, void *buf, size_t n_elems) {
     (void)user;
-    (void)bufs;
-    (void)n_ranks;
+    (void)rank;
+    (void)buf;
     (void)n_elems;
 }
 tm_status tm_cuda_tp_last_error(tm_cuda_tp *t, tm_error *err) {

@@ -115,11 +115,7 @@ void tm_threadpool_free(tm_threadpool *tp) {
 
 int tm_threadpool_size(const tm_threadpool *tp) { return tp ? tp->n : 1; }
 
-void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg) {
-    if (!tp || tp->n == 1) {
-        fn(arg, 0, 1);
-        return;
-    }
+static void run(tm_threadpool *tp, tm_task_fn fn, void *arg, bool steal) {
     tp->fn = fn;
     tp->arg = arg;
     atomic_store(&tp->pending, tp->n - 1);
@@ -131,7 +127,7 @@ void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg) {
         pthread_mutex_unlock(&tp->mu);
     }
     fn(arg, 0, tp->n);
-    for (int k = 1; k < tp->n; k++) /* shares whose worker has not started: run them here */
+    for (int k = 1; steal && k < tp->n; k++) /* shares whose worker has not started: run them here */
         if (atomic_exchange(&tp->claim[k], 1) == 0) {
             fn(arg, k, tp->n);
             atomic_fetch_sub(&tp->pending, 1);
@@ -140,4 +136,14 @@ void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg) {
         if (i < TM_SPIN_ITERS) TM_CPU_RELAX();
         else sched_yield();
     }
+}
+
+void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg) {
+    if (!tp || tp->n == 1) fn(arg, 0, 1);
+    else run(tp, fn, arg, true);
+}
+
+void tm_threadpool_run_each(tm_threadpool *tp, tm_task_fn fn, void *arg) {
+    if (!tp || tp->n == 1) fn(arg, 0, 1);
+    else run(tp, fn, arg, false);
 }

@@ -16,6 +16,9 @@ void tm_threadpool_free(tm_threadpool *tp);
 int tm_threadpool_size(const tm_threadpool *tp);
 /* Run fn on every thread and wait for all of them. tp may be NULL (runs fn(arg, 0, 1)). */
 void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg);
+/* Run fn with share i on thread i, always (the caller is thread 0): shares may wait for each other (barriers,
+ * collectives) and a thread keeps its per-thread state (a current GPU, a graph capture) across runs. */
+void tm_threadpool_run_each(tm_threadpool *tp, tm_task_fn fn, void *arg);
 
 /* Split [0, n) into nth near-equal parts; returns the part of thread ith as [*lo, *hi). */
 static inline void tm_split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {

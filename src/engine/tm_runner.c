@@ -69,10 +69,9 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
             if ((s = tm_tp_shard_model(m, R, rk, &r->tp_shard[rk], err)) != TM_OK) goto fail;
             rm = r->tp_shard[rk];
         }
-        if (cuda) { /* graphs stay off under tensor parallelism */
+        if (cuda) { /* under tensor parallelism each backend is driven by its rank's thread and the runner's */
             tm_cuda_cfg cc = {.device = cfg.cuda_device + rk, .max_tokens = cfg.max_batch_tokens,
-                              .max_logits = max_logits, .no_graphs = cfg.no_graphs || R > 1,
-                              .shared_thread = R > 1};
+                              .max_logits = max_logits, .no_graphs = cfg.no_graphs, .shared_thread = R > 1};
             s = tm_backend_cuda_create(&cc, &be, err);
         } else {
             tm_cpu_cfg cc = {cfg.n_threads / R > 0 ? cfg.n_threads / R : 1, cfg.act_bits};
@@ -89,10 +88,12 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
         else if ((s = tm_workspace_init(&r->tp_ws[rk], rm, be, cfg.max_batch_tokens, max_logits, err)) != TM_OK)
             goto fail;
     }
-    if (cuda && R > 1) {
+    if (R > 1) { /* the rank threads and the all-reduce: NCCL between GPUs, a shared-memory sum between cpu ranks */
         tm_backend *bes[TM_TP_MAX_RANKS];
         for (int32_t rk = 0; rk < R; rk++) bes[rk] = rk ? r->tp_be[rk] : r->be;
-        if ((s = tm_cuda_tp_create(R, bes, &r->cuda_tp, err)) != TM_OK) goto fail;
+        if ((s = tm_threadpool_create(R, &r->tp_threads, err)) != TM_OK) goto fail;
+        s = cuda ? tm_cuda_tp_create(R, bes, &r->cuda_tp, err) : tm_tp_host_reduce_create(R, &r->tp_host, err);
+        if (s != TM_OK) goto fail;
     }
     if ((s = tm_workspace_init(&r->ws, r->model, r->be, cfg.max_batch_tokens, max_logits, err)) != TM_OK) goto fail;
     r->max_blocks = (cfg.n_ctx + cfg.block_size - 1) / cfg.block_size;
@@ -145,7 +146,9 @@ fail:
 
 void tm_runner_free(tm_runner *r) {
     if (!r) return;
+    tm_threadpool_free(r->tp_threads); /* first: no rank thread runs below */
     tm_cuda_tp_free(r->cuda_tp);
+    tm_tp_host_reduce_free(r->tp_host);
     if (r->be) {
         tm_workspace_free(&r->ws, r->be);
         tm_model_unplace(r->tp_placed[0], r->be);
@@ -227,9 +230,9 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
         for (int32_t rk = 0; rk < r->cfg.tp; rk++)
             ranks[rk] = (tm_tp_rank){rk ? (r->tp_placed[rk] ? r->tp_placed[rk] : r->tp_shard[rk]) : r->model,
                                      rk ? r->tp_be[rk] : r->be, rk ? &r->tp_ws[rk] : &r->ws};
-        tm_tp_group g = {r->cfg.tp, ranks, r->cuda_tp ? tm_cuda_tp_allreduce : tm_tp_allreduce_host, r->cuda_tp};
-        dev_argmax = dev_sample = false;
-        st = tm_tp_forward(&g, &b, r->logits, err);
+        tm_tp_group g = {r->cfg.tp, ranks, r->cuda_tp ? tm_cuda_tp_allreduce : tm_tp_allreduce_host,
+                         r->cuda_tp ? (void *)r->cuda_tp : (void *)r->tp_host, r->tp_threads};
+        st = tm_tp_forward(&g, &b, dev_argmax || dev_sample ? NULL : r->logits, err); /* rank 0 holds the logits */
         if (st == TM_OK && r->cuda_tp) st = tm_cuda_tp_last_error(r->cuda_tp, err);
     } else {
         st = tm_model_forward(r->model, r->be, &r->ws, &b, dev_argmax || dev_sample ? NULL : r->logits, err);

@@ -34,6 +34,8 @@ typedef struct tm_runner {
     tm_workspace tp_ws[TM_TP_MAX_RANKS];     /* [0] unused (ws) */
     tm_model *tp_placed[TM_TP_MAX_RANKS];    /* cuda: each rank's model (shard or whole) placed on its GPU */
     tm_cuda_tp *cuda_tp;                     /* cuda: the NCCL communicators, or NULL */
+    tm_tp_host_reduce *tp_host;              /* cpu ranks: the all-reduce of host activations, or NULL */
+    tm_threadpool *tp_threads;               /* (tp > 1) one thread per rank, rank 0 the caller's */
     tm_backend *be;             /* owned */
     tm_workspace ws;
     tm_kv_pool pool;

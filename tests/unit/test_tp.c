@@ -340,22 +340,6 @@ static float *cpu_forward(const tm_model *m, const tm_batch *b) {
     return lg;
 }
 
-/* The all-reduce of tm_tp_forward for cpu ranks, through each backend's to_host/from_host: the sum in rank
- * order, in f32, written back to every rank -- what an NCCL all-reduce does. */
-typedef struct ar_ctx {
-    tm_backend **be;
-    float *tmp, *sum;
-} ar_ctx;
-static void allreduce(void *user, void *const *buf, int32_t n_ranks, size_t n) {
-    ar_ctx *a = user;
-    memset(a->sum, 0, sizeof(float) * n);
-    for (int r = 0; r < n_ranks; r++) {
-        a->be[r]->ops->to_host(a->be[r], buf[r], n, a->tmp);
-        for (size_t i = 0; i < n; i++) a->sum[i] += a->tmp[i];
-    }
-    for (int r = 0; r < n_ranks; r++) a->be[r]->ops->from_host(a->be[r], a->sum, n, buf[r]);
-}
-
 /* The library's tensor-parallel forward (tm_tp_forward) with one cpu backend per rank. Returns the logits
  * (N_TOK, vocab) of rank 0 and checks that every rank's residual stream stays identical. */
 static float *cpu_forward_tp(tm_model *const *sh, int n_ranks, const tm_batch *b) {
@@ -365,16 +349,26 @@ static float *cpu_forward_tp(tm_model *const *sh, int n_ranks, const tm_batch *b
     tm_error err = {0};
     const tm_hparams *hp = &sh[0]->hp;
     size_t nd = (size_t)b->n_tokens * (size_t)hp->dim;
-    float *tmp = malloc(sizeof(float) * nd), *sum = malloc(sizeof(float) * nd), *x0 = malloc(sizeof(float) * nd);
+    float *tmp = malloc(sizeof(float) * nd), *x0 = malloc(sizeof(float) * nd);
     for (int r = 0; r < n_ranks; r++) {
         be[r] = cpu_for(sh[r]);
         assert_int_equal(tm_workspace_init(&ws[r], sh[r], be[r], N_TOK, N_TOK, &err), TM_OK);
         ranks[r] = (tm_tp_rank){sh[r], be[r], &ws[r]};
     }
-    ar_ctx ar = {be, tmp, sum};
-    tm_tp_group g = {n_ranks, ranks, allreduce, &ar};
-    float *lg = malloc(sizeof(float) * (size_t)b->n_logits * (size_t)hp->n_vocab);
+    tm_tp_host_reduce *hr = NULL;
+    assert_int_equal(tm_tp_host_reduce_create(n_ranks, &hr, &err), TM_OK);
+    tm_tp_group g = {n_ranks, ranks, tm_tp_allreduce_host, hr, NULL}; /* a thread per rank for the pass */
+    size_t nlg = (size_t)b->n_logits * (size_t)hp->n_vocab;
+    float *lg = malloc(sizeof(float) * nlg), *lg2 = malloc(sizeof(float) * nlg);
     if (tm_tp_forward(&g, b, lg, &err) != TM_OK) fail_msg("tensor-parallel forward: %s", err.msg);
+    /* again on a pool of rank threads (what the runner uses): the same pass rewrites the same KV entries and gives
+     * the same logits bit for bit (the host all-reduce sums in rank order) */
+    assert_int_equal(tm_threadpool_create(n_ranks, &g.threads, &err), TM_OK);
+    if (tm_tp_forward(&g, b, lg2, &err) != TM_OK) fail_msg("tensor-parallel forward on rank threads: %s", err.msg);
+    assert_memory_equal(lg, lg2, sizeof(float) * nlg);
+    tm_threadpool_free(g.threads);
+    tm_tp_host_reduce_free(hr);
+    free(lg2);
     /* the residual stream is replicated: bit-identical on every rank */
     be[0]->ops->to_host(be[0], ws[0].x, nd, x0);
     for (int r = 1; r < n_ranks; r++) {
@@ -386,7 +380,6 @@ static float *cpu_forward_tp(tm_model *const *sh, int n_ranks, const tm_batch *b
         be[r]->ops->free(be[r]);
     }
     free(tmp);
-    free(sum);
     free(x0);
     return lg;
 }

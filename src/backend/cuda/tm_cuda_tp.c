@@ -9,8 +9,8 @@ struct tm_cuda_tp {
     int32_t n;
     tm_nccl_comm *comms[8];   /* (n) rank r on its backend's device */
     cudaStream_t streams[8];  /* (n) each backend's stream */
-    tm_status err_code;
-    tm_error err;
+    tm_status err_code[8];    /* (n) the first error of rank r's all-reduces since its last check */
+    tm_error err[8];
 };
 
 tm_status tm_cuda_tp_create(int32_t n_ranks, tm_backend *const *bes, tm_cuda_tp **out, tm_error *err) {
@@ -41,22 +41,22 @@ void tm_cuda_tp_free(tm_cuda_tp *t) {
     free(t);
 }
 
-/* bufs[r] are rank r's bf16 activations (cuda activations other than the residual and logits are bf16) */
-void tm_cuda_tp_allreduce(void *user, void *const *bufs, int32_t n_ranks, size_t n_elems) {
+/* buf is rank r's bf16 activations (cuda activations other than the residual and logits are bf16); called from
+ * rank r's thread, with its device current */
+void tm_cuda_tp_allreduce(void *user, int32_t rank, void *buf, size_t n_elems) {
     tm_cuda_tp *t = user;
-    if (t->err_code != TM_OK) return;
+    if (t->err_code[rank] != TM_OK) return;
     tm_error e;
-    tm_status s = tm_nccl_group_start(t->lib, &e);
-    for (int32_t r = 0; r < n_ranks && s == TM_OK; r++)
-        s = tm_nccl_all_reduce_sum(t->comms[r], bufs[r], bufs[r], n_elems, TM_NCCL_BF16, t->streams[r], &e);
-    tm_status s2 = tm_nccl_group_end(t->lib, s == TM_OK ? &e : NULL);
-    if (s == TM_OK) s = s2;
-    if (s != TM_OK) t->err_code = tm_err(&t->err, s, "all-reduce: %s", e.msg);
+    tm_status s = tm_nccl_all_reduce_sum(t->comms[rank], buf, buf, n_elems, TM_NCCL_BF16, t->streams[rank], &e);
+    if (s != TM_OK) t->err_code[rank] = tm_err(&t->err[rank], s, "all-reduce on rank %d: %s", rank, e.msg);
 }
 
 tm_status tm_cuda_tp_last_error(tm_cuda_tp *t, tm_error *err) {
-    if (!t || t->err_code == TM_OK) return TM_OK;
-    tm_status s = tm_err(err, t->err_code, "%s", t->err.msg);
-    t->err_code = TM_OK;
+    if (!t) return TM_OK;
+    tm_status s = TM_OK;
+    for (int32_t r = 0; r < t->n; r++) {
+        if (t->err_code[r] != TM_OK && s == TM_OK) s = tm_err(err, t->err_code[r], "%s", t->err[r].msg);
+        t->err_code[r] = TM_OK;
+    }
     return s;
 }
