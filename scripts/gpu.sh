@@ -106,24 +106,30 @@ fi
 if want tp; then
   ng=$(nvidia-smi -L | wc -l)
   echo "== tensor parallelism on $ng GPUs (dummy weights from the host generator: the same at every TP degree)"
-  for n in 1 2 4; do
+  m=${TP_TPUT_PROMPTS:-256}; len=${TP_TPUT_LEN:-1024}
+  # each command under its own limit; a command that overruns gets SIGABRT, and tokenmill prints a backtrace
+  lim() { local t=$1; shift; timeout -s ABRT -k 10 "$t" "$@"; local rc=$?; [ $rc -ne 0 ] && echo "!! exit $rc: $*" >&2; return $rc; }
+  for n in 1 2 4 8; do
     [ "$n" -le "$ng" ] || continue
-    TM_DUMMY_HOST=1 timeout 300 $TM run -m dummy:llama3.2-1b:bf16 --device cuda --tp "$n" -p "tensor parallel" -n 48 \
-      --temp 0 --ignore-eos --json >"$OUT/tp_run_$n.json" 2>"$OUT/tp_run_$n.err" || echo "!! run --tp $n: exit $?"
-    tail -n 40 "$OUT/tp_run_$n.err"
-    TM_DUMMY_HOST=1 timeout 300 $TM bench latency -m dummy:llama3-8b:bf16 --device cuda --tp "$n" --input-len 128 \
-      --output-len 128 -r 2 --json >"$OUT/tp_lat_$n.json" 2>&1
-    m=${TP_TPUT_PROMPTS:-256}
-    [ "$m" -gt 0 ] && TM_DUMMY_HOST=1 timeout 400 $TM bench throughput -m dummy:llama3-8b:bf16 --device cuda --tp "$n" \
-      --num-prompts "$m" --input-len 1024 --output-len 1024 --max-seqs 256 -b 8192 --json >"$OUT/tp_tput_$n.json" \
-      2>"$OUT/tp_tput_$n.err"
+    TM_DUMMY_HOST=1 lim 60 $TM run -m dummy:llama3.2-1b:bf16 --device cuda --tp "$n" -p "tensor parallel" -n 48 \
+      --temp 0 --ignore-eos --json >"$OUT/tp_run_$n.json" 2>"$OUT/tp_run_$n.err"
+    tail -n 30 "$OUT/tp_run_$n.err"
+    TM_DUMMY_HOST=1 lim 100 $TM bench latency -m dummy:llama3-8b:bf16 --device cuda --tp "$n" --input-len 128 \
+      --output-len 128 -r 2 --json >"$OUT/tp_lat_$n.json" 2>"$OUT/tp_lat_$n.err"
+    tail -n 30 "$OUT/tp_lat_$n.err"
+    [ "$m" -gt 0 ] && { TM_DUMMY_HOST=1 lim 180 $TM bench throughput -m dummy:llama3-8b:bf16 --device cuda --tp "$n" \
+      --num-prompts "$m" --input-len "$len" --output-len "$len" --max-seqs 256 -b 8192 --json >"$OUT/tp_tput_$n.json" \
+      2>"$OUT/tp_tput_$n.err"; tail -n 30 "$OUT/tp_tput_$n.err"; }
     r=$(python3 -c "
 import json
-a = json.load(open('$OUT/tp_run_1.json'))['text']; b = json.load(open('$OUT/tp_run_$n.json'))['text']
-l = json.load(open('$OUT/tp_lat_$n.json'))
-try: t = f'; 8B {$m}x1024/1024 {json.load(open(\"$OUT/tp_tput_$n.json\"))[\"output_tok_s\"]:.0f} out tok/s'
-except Exception: t = ''
-print(('greedy same as tp1' if a == b else 'greedy DIFFERS from tp1') + f'; 8B b1 decode {l[\"tg_tok_s\"]:.0f} tok/s' + t)" 2>/dev/null || echo "no result")
+def get(f, k):
+    try: return json.load(open(f))[k]
+    except Exception: return None
+a, b = get('$OUT/tp_run_1.json', 'text'), get('$OUT/tp_run_$n.json', 'text')
+l, t = get('$OUT/tp_lat_$n.json', 'tg_tok_s'), get('$OUT/tp_tput_$n.json', 'output_tok_s')
+print(('greedy same as tp1' if a is not None and a == b else 'greedy DIFFERS from tp1 or missing')
+      + (f'; 8B b1 decode {l:.0f} tok/s' if l else '; no latency result')
+      + (f'; 8B {$m}x{$len}/{$len} {t:.0f} out tok/s' if t else ''))")
     row "tp $n" "$r"
   done
 fi

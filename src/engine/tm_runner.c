@@ -147,8 +147,6 @@ fail:
 void tm_runner_free(tm_runner *r) {
     if (!r) return;
     tm_threadpool_free(r->tp_threads); /* first: no rank thread runs below */
-    tm_cuda_tp_free(r->cuda_tp);
-    tm_tp_host_reduce_free(r->tp_host);
     if (r->be) {
         tm_workspace_free(&r->ws, r->be);
         tm_model_unplace(r->tp_placed[0], r->be);
@@ -162,6 +160,9 @@ void tm_runner_free(tm_runner *r) {
         }
         tm_tp_shard_free(r->tp_shard[rk]);
     }
+    /* the communicators after the backends: the decode graphs hold collectives of theirs */
+    tm_cuda_tp_free(r->cuda_tp);
+    tm_tp_host_reduce_free(r->tp_host);
     tm_kv_pool_free(&r->pool);
     free(r->logits);
     free(r->greedy);

@@ -700,6 +700,7 @@ static void install_crash_report(void) {
 
 int main(int argc, char **argv) {
     install_crash_report();
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a result line is out as soon as it is printed, into a file or pipe too */
     if (argc < 2) return usage_error("missing command%s", "");
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {

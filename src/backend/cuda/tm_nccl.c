@@ -45,7 +45,7 @@ tm_status tm_nccl_open(tm_nccl **out, tm_error *err) {
     tm_nccl *n = tm_calloc(1, sizeof *n);
     if (!n) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     const char *names[] = {"libnccl.so.2", "libnccl.so", NULL};
-    for (int i = 0; names[i] && !n->lib; i++) n->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    for (int i = 0; names[i] && !n->lib; i++) n->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!n->lib) {
         tm_status s = tm_err(err, TM_ERR_DEVICE, "cannot load NCCL (libnccl.so.2): %s", dlerror());
         free(n);
@@ -90,6 +90,8 @@ tm_status tm_nccl_open(tm_nccl **out, tm_error *err) {
 
 void tm_nccl_close(tm_nccl *n) {
     if (!n) return;
+    /* the library stays mapped (RTLD_NODELETE): NCCL's service threads can outlive the communicators, and
+     * unmapping their code under them crashes the process at exit */
     if (n->lib) dlclose(n->lib);
     free(n);
 }
