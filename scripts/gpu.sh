@@ -122,8 +122,8 @@ if want tp; then
       2>"$OUT/tp_tput_$n.err"; tail -n 30 "$OUT/tp_tput_$n.err"; }
     r=$(python3 -c "
 import json
-def get(f, k):
-    try: return json.load(open(f))[k]
+def get(f, k):  # the last JSON line (NCCL_DEBUG set makes NCCL print to stdout too)
+    try: return json.loads([l for l in open(f) if l.startswith('{')][-1])[k]
     except Exception: return None
 a, b = get('$OUT/tp_run_1.json', 'text'), get('$OUT/tp_run_$n.json', 'text')
 l, t = get('$OUT/tp_lat_$n.json', 'tg_tok_s'), get('$OUT/tp_tput_$n.json', 'output_tok_s')
