@@ -5,10 +5,13 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <math.h>
 
 #include "engine/tm_engine.h"
 #include "engine/tm_runner.h"
 #include "model/tm_model.h"
+#include "model/tm_tp.h"
+#include "model/tm_tp_forward.h"
 #include "tm_test_tiny_model.h"
 
 /* A backend that forwards every op to a CPU backend and implements the optional hooks on host memory. */
@@ -16,7 +19,8 @@ typedef struct hook_be {
     tm_backend base;
     tm_backend *cpu;
     tm_backend_ops ops;
-    int placed, released, begins, ends, reruns_left, swiglus;
+    int placed, released, begins, ends, reruns_left, swiglus, embeds;
+    bool fail_begin;  /* begin_step fails (a rank that cannot run the step) */
     float *tmp;       /* (tmp_n) scratch for matmul_swiglu */
     size_t tmp_n;
 } hook_be;
@@ -31,6 +35,7 @@ static void *h_alloc(tm_backend *be, size_t n) { return H(be)->cpu->ops->alloc(H
 static void h_release(tm_backend *be, void *p) { H(be)->cpu->ops->release(H(be)->cpu, p); }
 static tm_status h_kv_init(tm_backend *be, const tm_kv_cfg *c, tm_error *e) { return H(be)->cpu->ops->kv_init(H(be)->cpu, c, e); }
 static void h_embed(tm_backend *be, const tm_weight *t, const int32_t *ids, int32_t n, void *x) {
+    H(be)->embeds++;
     H(be)->cpu->ops->embed(H(be)->cpu, t, ids, n, x);
 }
 static void h_rmsnorm(tm_backend *be, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
@@ -58,8 +63,8 @@ static void h_to_host(tm_backend *be, const void *x, size_t n, float *dst) { H(b
 static void h_from_host(tm_backend *be, const float *s, size_t n, void *x) { H(be)->cpu->ops->from_host(H(be)->cpu, s, n, x); }
 
 static tm_status h_begin(tm_backend *be, const tm_batch *b, tm_step_plan *plan, tm_error *err) {
-    (void)err;
     H(be)->begins++;
+    if (H(be)->fail_begin) return tm_err(err, TM_ERR_NOMEM, "no room for the step");
     plan->n_tokens = b->n_tokens;
     plan->n_logits = b->n_logits;
     plan->replayed = false;
@@ -202,6 +207,74 @@ static void test_placed_model_forward_is_identical(void **st) {
     tm_model_unplace(p, &h->base);
     assert_int_equal(h->released, expect);
     h->base.ops->free(&h->base);
+    free(ref);
+    free(got);
+    tm_model_free(m);
+}
+
+/* Tensor-parallel ranks agree after begin_step: when one rank cannot run the step, no rank runs it (none is left
+ * waiting in an all-reduce) and the error names the rank; the next step runs on both and matches the unsharded
+ * model. */
+static void test_tp_ranks_agree(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    const char *path = write_tiny(&o);
+    tm_model *m = NULL, *sh[2] = {NULL, NULL};
+    tm_error err;
+    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
+    unlink(path);
+    enum { N = 8 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (i * 29 + 3) % m->hp.n_vocab;
+    float *ref = malloc(sizeof(float) * (size_t)m->hp.n_vocab), *got = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    tm_cpu_cfg cc = {2, 16};
+    tm_backend *cpu = NULL;
+    assert_int_equal(tm_backend_cpu_create(&cc, &cpu, &err), TM_OK);
+    forward_logits(m, cpu, ids, N, ref);
+    cpu->ops->free(cpu);
+
+    hook_be *h[2];
+    tm_workspace ws[2];
+    tm_tp_rank ranks[2];
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(tm_tp_shard_model(m, 2, r, &sh[r], &err), TM_OK);
+        h[r] = hook_create();
+        assert_int_equal(tm_workspace_init(&ws[r], sh[r], &h[r]->base, N, 1, &err), TM_OK);
+        tm_kv_cfg kc = {sh[r]->hp.n_layers, sh[r]->hp.n_kv_heads, sh[r]->hp.head_dim, 16, 4, TM_DT_F32};
+        assert_int_equal(h[r]->base.ops->kv_init(&h[r]->base, &kc, &err), TM_OK);
+        ranks[r] = (tm_tp_rank){sh[r], &h[r]->base, &ws[r]};
+    }
+    tm_tp_host_reduce *hr = NULL;
+    assert_int_equal(tm_tp_host_reduce_create(2, &hr, &err), TM_OK);
+    tm_threadpool *threads = NULL;
+    assert_int_equal(tm_threadpool_create(2, &threads, &err), TM_OK);
+    tm_tp_group g = {2, ranks, tm_tp_allreduce_host, hr, threads};
+    int32_t pos[N], seq[N], qs[2] = {0, N}, ctx[1] = {N}, bt[4] = {0, 1, 2, 3}, li[1] = {N - 1};
+    int64_t slots[N];
+    for (int32_t i = 0; i < N; i++) pos[i] = i, seq[i] = 0, slots[i] = i;
+    tm_batch b = {.n_tokens = N, .token_ids = ids, .positions = pos, .seq_index = seq, .n_seqs = 1, .query_start = qs,
+                  .context_len = ctx, .max_blocks = 4, .block_table = bt, .slot_mapping = slots, .n_logits = 1,
+                  .logits_index = li};
+
+    h[1]->fail_begin = true;
+    assert_int_equal(tm_tp_forward(&g, &b, got, &err), TM_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "rank 1"));
+    assert_non_null(strstr(err.msg, "no room"));
+    assert_int_equal(h[0]->embeds, 0); /* rank 0 did not start the pass */
+    assert_int_equal(h[1]->embeds, 0);
+    h[1]->fail_begin = false;
+    assert_int_equal(tm_tp_forward(&g, &b, got, &err), TM_OK);
+    assert_int_equal(h[0]->embeds, 1);
+    assert_int_equal(h[1]->embeds, 1);
+    for (int32_t v = 0; v < m->hp.n_vocab; v++) assert_true(fabsf(got[v] - ref[v]) <= 1e-4f * (1.0f + fabsf(ref[v])));
+
+    tm_threadpool_free(threads);
+    tm_tp_host_reduce_free(hr);
+    for (int r = 0; r < 2; r++) {
+        tm_workspace_free(&ws[r], &h[r]->base);
+        h[r]->base.ops->free(&h[r]->base);
+        tm_tp_shard_free(sh[r]);
+    }
     free(ref);
     free(got);
     tm_model_free(m);
@@ -386,6 +459,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_parse),
         cmocka_unit_test(test_placed_model_forward_is_identical),
+        cmocka_unit_test(test_tp_ranks_agree),
         cmocka_unit_test(test_deferred_dummy_weights),
         cmocka_unit_test(test_engine_argmax_on_backend),
     };

@@ -1,8 +1,10 @@
-/* test_threadpool.c -- every share of every run executes exactly once, whoever runs it; oversubscribed pools. */
+/* test_threadpool.c -- every share of every run executes exactly once, whoever runs it; oversubscribed pools;
+ * run_each pins share i to thread i, so shares can wait for each other. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -51,6 +53,44 @@ static void test_oversubscribed(void **st) {
     run_many(12, 3000, 5);
 }
 
+/* run_each: the shares meet at a barrier (with run(), the caller could take a share whose worker had not started
+ * and wait at the barrier for itself), and share i runs on the same thread in every run */
+typedef struct each_task {
+    pthread_barrier_t bar;
+    pthread_t who[8];        /* (nth) the thread that ran share i in the first run */
+    atomic_int moved;        /* a share that ran on another thread in a later run */
+    int run;
+} each_task;
+
+static void each_fn(void *p, int ith, int nth) {
+    each_task *t = p;
+    (void)nth;
+    if (ith == 1) usleep(300); /* the caller is done with share 0 long before share 1 starts */
+    pthread_barrier_wait(&t->bar);
+    if (t->run == 0) t->who[ith] = pthread_self();
+    else if (!pthread_equal(t->who[ith], pthread_self())) atomic_fetch_add(&t->moved, 1);
+    pthread_barrier_wait(&t->bar);
+}
+
+static void test_run_each_pins_shares(void **st) {
+    (void)st;
+    for (int n = 2; n <= 4; n++) {
+        tm_threadpool *tp = NULL;
+        tm_error err;
+        assert_int_equal(tm_threadpool_create(n, &tp, &err), TM_OK);
+        each_task t = {.run = 0};
+        atomic_init(&t.moved, 0);
+        assert_int_equal(pthread_barrier_init(&t.bar, NULL, (unsigned)n), 0);
+        for (t.run = 0; t.run < 50; t.run++) tm_threadpool_run_each(tp, each_fn, &t);
+        assert_int_equal(atomic_load(&t.moved), 0);
+        assert_true(pthread_equal(t.who[0], pthread_self()));
+        for (int i = 1; i < n; i++)
+            for (int j = 0; j < i; j++) assert_false(pthread_equal(t.who[i], t.who[j]));
+        pthread_barrier_destroy(&t.bar);
+        tm_threadpool_free(tp);
+    }
+}
+
 static void test_single_and_null(void **st) {
     (void)st;
     count_task t = {.expect_nth = 1, .sleep_share = -1};
@@ -69,6 +109,7 @@ int main(void) {
         cmocka_unit_test(test_each_share_once),
         cmocka_unit_test(test_oversubscribed),
         cmocka_unit_test(test_single_and_null),
+        cmocka_unit_test(test_run_each_pins_shares),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
