@@ -9,7 +9,8 @@
  *       -o /tmp/bench_quant16 && /tmp/bench_quant16 [rows cols [type [quick]]]
  * For each weight type (4096 x 4096 by default) and activation format (q8 = tm_quant_ops_get_isa, q16 =
  * tm_quant16_ops_get_isa, both AVX2) prints one JSON object per kernel:
- *   vec_dot      one activation row, one vec_dot call per weight row (decode)
+ *   vec_dot      one activation row, one vec_dot call per weight row
+ *   mat_dot_b1   one activation row through mat_dot (decode's matmul: several weight rows per kernel call)
  *   vec_dot_bN   N activation rows as N separate vec_dot passes (the baseline batching has to beat)
  *   multi_bN     q16 only: tm_vec_dot_multi_fn on tiles of 1 weight row x 8 activation rows
  *   mat_dot_bN   the ops table's mat_dot with N activation rows (what a prefill matmul calls)
@@ -134,6 +135,7 @@ int main(int argc, char **argv) {
             job j = {o, q16 ? tm_quant16_multi_get(t) : NULL, rows, cols, 1, w, wrb, a, arb, out};
             const double tv = time_it(run_vec, &j);
             report(tm_dtype_name(t), an, "vec_dot", &j, tv, 0);
+            report(tm_dtype_name(t), an, "mat_dot_b1", &j, time_it(run_mat, &j), tv); /* decode's matmul */
             for (size_t b = 0; b < (quick ? 1 : sizeof batches / sizeof batches[0]); b++) {
                 char name[32];
                 j.nc = batches[b];
