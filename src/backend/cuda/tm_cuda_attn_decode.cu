@@ -1,4 +1,5 @@
 /* tm_cuda_attn_decode.cu -- paged FlashDecoding: one query token per sequence, split-KV across CTAs, merge pass. */
+#include "tm_cuda_pdl.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
 #include <cuda_bf16.h>
@@ -244,6 +245,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v1(dec_params 
 
 /* NI = ceil(head_dim / 64): lane owns dims 64 i + 2 lane, +1 (those < head_dim) */
 template <int NI> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v2(dec_params p) {
+    tm_pdl_enter();
     __shared__ float s_m[DEC_WARPS * DEC_ROWS], s_l[DEC_WARPS * DEC_ROWS];
     __shared__ float s_acc[DEC_WARPS * DEC_ROWS * 64 * NI];
     const int split = (int)blockIdx.x, seq = (int)blockIdx.z;
@@ -343,6 +345,7 @@ template <int HD> struct v3_cfg {
 };
 
 template <int HD> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params p) {
+    tm_pdl_enter();
     using C = v3_cfg<HD>;
     extern __shared__ __align__(16) unsigned char smem[];
     uint16_t *ring = (uint16_t *)smem;             /* (DEC_NST, 2 (K, V), DEC_STAGE_TOK, RS) */
@@ -492,6 +495,7 @@ template <int HD> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_ker
 /* ---- merge of the splits' partials: one warp per (sequence, query head) ---- */
 
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_merge_kernel_v1(dec_params p) {
+    tm_pdl_enter();
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
     const int64_t pair = (int64_t)blockIdx.x * DEC_WARPS + warp;
     if (pair >= (int64_t)p.n_seqs * p.n_heads) return;
@@ -679,11 +683,10 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     }
 
     const dim3 grid((unsigned)s, (unsigned)(a->n_kv_heads * p.hchunks), (unsigned)a->n_seqs);
-    fn<<<grid, DEC_THREADS, smem, stream>>>(p);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if ((e = tm_launch(fn, grid, dim3(DEC_THREADS), smem, stream, p)) != cudaSuccess) return e;
     if (s > 1) {
         const unsigned nb = (unsigned)((pairs + DEC_WARPS - 1) / DEC_WARPS);
-        attn_decode_merge_kernel_v1<<<nb, DEC_THREADS, 0, stream>>>(p);
+        return tm_launch(attn_decode_merge_kernel_v1, dim3(nb), dim3(DEC_THREADS), 0, stream, p);
     }
-    return cudaGetLastError();
+    return cudaSuccess;
 }

@@ -1,4 +1,5 @@
 /* tm_cuda_dequant.cu -- weight dequantization to bf16, embedding lookup (rows by id to f32), supported weight types. */
+#include "tm_cuda_pdl.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "backend/cuda/tm_cuda_dequant.cuh"
 
@@ -74,6 +75,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads) embed_kernel_v2(const uint8_t *__restrict__ table, int cols,
                                                             int64_t row_bytes, const int32_t *__restrict__ ids,
                                                             float *__restrict__ x) {
+    tm_pdl_enter();
     const int64_t i = blockIdx.x;
     const uint8_t *row = table + (int64_t)ids[i] * row_bytes;
     float *o = x + i * cols;
@@ -155,7 +157,7 @@ extern "C" cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t co
         return cudaGetLastError();
     }
     switch (type) {
-#define TMQ_LAUNCH(T) embed_kernel_v2<T><<<n, kThreads, 0, stream>>>(tb, (int)cols, row_bytes, ids, x)
+#define TMQ_LAUNCH(T) return tm_launch(embed_kernel_v2<T>, dim3((unsigned)n), dim3(kThreads), 0, stream, tb, (int)cols, row_bytes, ids, x)
         TMQ_TYPE_CASES(type, TMQ_LAUNCH)
 #undef TMQ_LAUNCH
     default: return cudaErrorInvalidValue;

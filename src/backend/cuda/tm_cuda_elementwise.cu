@@ -1,4 +1,5 @@
 /* tm_cuda_elementwise.cu -- SwiGLU, row gather, bf16 <-> f32 conversions and device-side random fills. */
+#include "tm_cuda_pdl.cuh"
 #include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "core/tm_dtype.h"
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel_v2(const uint16_t *gat
 /* one block per output row; vec: width % 8 == 0 and x, out 16-byte aligned */
 __global__ void __launch_bounds__(kThreads) get_rows_kernel_v1(const uint16_t *x, const int32_t *idx, int width,
                                                                bool vec, uint16_t *out) {
+    tm_pdl_enter();
     const size_t src = (size_t)idx[blockIdx.x] * (size_t)width, dst = (size_t)blockIdx.x * (size_t)width;
     if (vec) {
         const uint4 *s4 = reinterpret_cast<const uint4 *>(x + src);
@@ -204,8 +206,7 @@ extern "C" cudaError_t tm_cuda_get_rows(const uint16_t *x, const int32_t *idx, i
     if (n_idx < 0 || width < 0 || !x || !idx || !out) return cudaErrorInvalidValue;
     if (n_idx == 0 || width == 0) return cudaSuccess;
     const bool vec = width % 8 == 0 && aligned16(x) && aligned16(out);
-    get_rows_kernel_v1<<<(unsigned)n_idx, kThreads, 0, stream>>>(x, idx, width, vec, out);
-    return cudaGetLastError();
+    return tm_launch(get_rows_kernel_v1, dim3((unsigned)n_idx), dim3(kThreads), 0, stream, x, idx, width, vec, out);
 }
 
 extern "C" cudaError_t tm_cuda_bf16_to_f32(const uint16_t *x, size_t n, float *out, cudaStream_t stream) {

@@ -1,4 +1,5 @@
 /* tm_cuda_norm.cu -- RMSNorm and fused residual-add + RMSNorm: one block per row, the row kept in registers. */
+#include "tm_cuda_pdl.cuh"
 #include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel_v1(float *res, const uint1
 template <bool ADD, int BS, int NC>
 __global__ void __launch_bounds__(BS) rmsnorm_kernel_v2(float *res, const uint16_t *xb, const float *xf,
                                                         const float *w, float eps, int dim, uint16_t *out) {
+    tm_pdl_enter();
     __shared__ float red[32];
     const int nch = dim >> 3;                                   /* chunks of 8 in a row */
     const size_t row = (size_t)blockIdx.x * (size_t)nch;        /* first chunk of this row */
@@ -151,15 +153,15 @@ cudaError_t launch_norm(float *res, const uint16_t *xb, const float *xf, const f
     if (!vec)
         rmsnorm_kernel_v1<ADD><<<grid, 256, 0, stream>>>(res, xb, xf, w, eps, dim, out);
     else if (nch <= 128)
-        rmsnorm_kernel_v2<ADD, 128, 1><<<grid, 128, 0, stream>>>(res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 128, 1>, grid, dim3(128), 0, stream, res, xb, xf, w, eps, dim, out);
     else if (nch <= 256)
-        rmsnorm_kernel_v2<ADD, 256, 1><<<grid, 256, 0, stream>>>(res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 1>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out);
     else if (nch <= 512)
-        rmsnorm_kernel_v2<ADD, 256, 2><<<grid, 256, 0, stream>>>(res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 2>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out);
     else if (nch <= 1024)
-        rmsnorm_kernel_v2<ADD, 512, 2><<<grid, 512, 0, stream>>>(res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 2>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out);
     else
-        rmsnorm_kernel_v2<ADD, 512, 4><<<grid, 512, 0, stream>>>(res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 4>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out);
     return cudaGetLastError();
 }
 

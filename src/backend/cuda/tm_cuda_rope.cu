@@ -1,4 +1,5 @@
 /* tm_cuda_rope.cu -- RoPE on q and k fused with the write of k and v into their paged-cache slots. */
+#include "tm_cuda_pdl.cuh"
 #include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
@@ -127,6 +128,7 @@ __device__ __forceinline__ void rot_neox(const uint16_t *src, uint16_t *dst, int
 }
 
 __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v2(tm_cuda_rope_args a) {
+    tm_pdl_enter();
     extern __shared__ float2 cs[]; /* (rope_dim / 2) */
     const int tok = (int)blockIdx.x, hd = a.head_dim, half = a.rope_dim / 2;
     load_angles(a.positions, a.inv_freq, half, tok, cs);
@@ -185,7 +187,7 @@ extern "C" cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStr
     const bool vec = a->head_dim % 8 == 0 && a->rope_dim % (a->neox ? 16 : 8) == 0 && aligned16(a->q) &&
                      aligned16(a->k) && aligned16(a->v) && aligned16(a->k_cache) && aligned16(a->v_cache);
     if (vec && !v1)
-        rope_kv_kernel_v2<<<(unsigned)a->n_tokens, kThreads, smem, stream>>>(*a);
+        return tm_launch(rope_kv_kernel_v2, dim3((unsigned)a->n_tokens), dim3(kThreads), smem, stream, *a);
     else
         rope_kv_kernel_v1<<<(unsigned)a->n_tokens, kThreads, smem, stream>>>(*a);
     return cudaGetLastError();
