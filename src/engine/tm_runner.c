@@ -101,9 +101,14 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     tm_dtype kv_type = cfg.device == TM_DEVICE_CUDA ? TM_DT_BF16 : TM_DT_F32;
     if (cfg.device == TM_DEVICE_CUDA && cfg.kv_blocks <= 0 && r->be->ops->mem_free) {
         /* what the device has left after weights and activations, less a margin, bounds the pool */
+        /* every rank holds its share of the KV heads (r->model is rank 0's shard): the fullest GPU bounds it */
         uint64_t free_b = r->be->ops->mem_free(r->be), margin = (uint64_t)2 << 30;
-        uint64_t per_block = 2ull * (uint64_t)m->hp.n_layers * (uint64_t)m->hp.n_kv_heads * (uint64_t)m->hp.head_dim *
-                             (uint64_t)cfg.block_size * 2ull;
+        for (int32_t rk = 1; rk < R; rk++) {
+            uint64_t f = r->tp_be[rk]->ops->mem_free(r->tp_be[rk]);
+            if (f < free_b) free_b = f;
+        }
+        uint64_t per_block = 2ull * (uint64_t)m->hp.n_layers * (uint64_t)r->model->hp.n_kv_heads *
+                             (uint64_t)m->hp.head_dim * (uint64_t)cfg.block_size * 2ull;
         uint64_t fit = free_b > margin ? (uint64_t)((double)(free_b - margin) * 0.92) / per_block : 0;
         if ((uint64_t)n_blocks > fit) n_blocks = (int64_t)fit;
         if (n_blocks < r->max_blocks) {

@@ -820,7 +820,11 @@ static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, i
 }
 
 static uint64_t cu_mem_free(tm_backend *be) {
-    (void)be;
+    cu_backend *c = (cu_backend *)be;
+    if (cudaSetDevice(c->cfg.device) != cudaSuccess) { /* this backend's GPU, whichever thread asks */
+        cudaGetLastError();
+        return 0;
+    }
     size_t f = 0, t = 0;
     if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
         cudaGetLastError();
