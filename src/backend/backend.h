@@ -16,6 +16,7 @@ typedef struct tm_weight {
     bool dummy;
     uint64_t dummy_seed;
     float dummy_scale, dummy_constant;
+    const void *aux;    /* a backend's companion copy made by weight_place, or NULL (cpu: the decode layout) */
 } tm_weight;
 
 /* One engine step's batch: flat and ragged. Token i belongs to sequence seq_index[i]; the tokens of

@@ -80,7 +80,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
         if (s != TM_OK) goto fail;
         if (rk == 0) r->be = be;
         else r->tp_be[rk] = be;
-        if (cuda) {
+        if (be->ops->weight_place) { /* cuda: weights to the GPU; cpu: the decode layout beside them */
             if ((s = tm_model_place(rm, be, &r->tp_placed[rk], err)) != TM_OK) goto fail;
             rm = r->tp_placed[rk];
         }

@@ -32,7 +32,7 @@ typedef struct tm_runner {
     tm_model *tp_shard[TM_TP_MAX_RANKS];     /* owned shard models */
     tm_backend *tp_be[TM_TP_MAX_RANKS];      /* [0] unused (be) */
     tm_workspace tp_ws[TM_TP_MAX_RANKS];     /* [0] unused (ws) */
-    tm_model *tp_placed[TM_TP_MAX_RANKS];    /* cuda: each rank's model (shard or whole) placed on its GPU */
+    tm_model *tp_placed[TM_TP_MAX_RANKS];    /* each rank's model (shard or whole) placed by its backend (cuda: on its GPU; cpu: with decode copies) */
     tm_cuda_tp *cuda_tp;                     /* cuda: the NCCL communicators, or NULL */
     tm_tp_host_reduce *tp_host;              /* cpu ranks: the all-reduce of host activations, or NULL */
     tm_threadpool *tp_threads;               /* (tp > 1) one thread per rank, rank 0 the caller's */

@@ -523,6 +523,65 @@ static void test_multi_and_mat(void **state) {
 }
 
 /* Dispatch: act types, float types delegate to tm_quant_ops, unsupported types, TM_FORCE_SCALAR. */
+/* The decode layout: tm_quant16_x4_pack puts row r's block i where tm_quant16.h says, and the four-row kernel
+ * over a packed group equals vec_dot of each row bit for bit (run tails of 0..3 blocks, one zero activation). */
+static void test_x4_layout_and_kernel(void **state) {
+    (void)state;
+    const tm_dtype types[] = {TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1};
+    assert_false(tm_quant16_x4_eligible(TM_DT_Q4_K, 4, 256));
+    assert_false(tm_quant16_x4_eligible(TM_DT_Q4_1, 6, 64));
+    assert_false(tm_quant16_x4_eligible(TM_DT_Q8_0, 4, 48));
+    assert_true(tm_quant16_x4_eligible(TM_DT_Q8_0, 8, 96));
+    rng_t r = {4242};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const tm_dtype t = types[ti];
+        const size_t wb = row_bytes(t, 32);
+        for (int nb = 1; nb <= 11; nb++) {
+            const int64_t n = 32 * nb, rows = 8;
+            const size_t rb = row_bytes(t, n);
+            uint8_t *w = make_weights(&r, t, n, (int)rows), *pk = malloc(rb * (size_t)rows);
+            assert_non_null(pk);
+            assert_true(tm_quant16_x4_eligible(t, rows, n));
+            tm_quant16_x4_pack(t, rows, n, w, pk);
+            const int nq = nb / 4, tail = nb % 4;
+            for (int64_t row = 0; row < rows; row++)
+                for (int i = 0; i < nb; i++) {
+                    const uint8_t *g = pk + (size_t)(row / 4) * 4 * rb;
+                    const int k = (int)(row % 4);
+                    const size_t off = i < 4 * nq ? ((size_t)(i / 4) * 16 + (size_t)k * 4 + (size_t)(i % 4)) * wb
+                                                  : ((size_t)nq * 16 + (size_t)k * (size_t)tail + (size_t)(i - 4 * nq)) * wb;
+                    assert_memory_equal(g + off, w + (size_t)row * rb + (size_t)i * wb, wb);
+                }
+            tm_vec_dot_x4_fn x4 = tm_quant16_x4_get(t);
+            if (!have_avx2()) {
+                assert_null(x4);
+            } else {
+                const tm_quant_ops *v = tm_quant16_ops_get_isa(t, TM_ISA_AVX2);
+                float *x = malloc((size_t)n * sizeof *x);
+                uint8_t *a = malloc(row_bytes(v->act_type, n));
+                for (int rep = 0; rep < 2; rep++) {
+                    fill(&r, x, n, rep ? 0.0f : 1.0f);
+                    v->from_float(x, a, n);
+                    for (int64_t g = 0; g < rows / 4; g++) {
+                        float out[4];
+                        x4(n, pk + (size_t)g * 4 * rb, a, out);
+                        for (int k = 0; k < 4; k++) {
+                            const float want = v->vec_dot(n, w + (size_t)(4 * g + k) * rb, a);
+                            if (memcmp(&want, &out[k], sizeof want) != 0)
+                                fail_msg("%s nb=%d row %lld: x4 %.9g != vec_dot %.9g", tm_dtype_name(t), nb,
+                                         (long long)(4 * g + k), (double)out[k], (double)want);
+                        }
+                    }
+                }
+                free(x);
+                free(a);
+            }
+            free(w);
+            free(pk);
+        }
+    }
+}
+
 static void test_dispatch(void **state) {
     (void)state;
     const tm_dtype floats[] = {TM_DT_F32, TM_DT_F16, TM_DT_BF16};
@@ -567,6 +626,7 @@ int main(void) {
         cmocka_unit_test(test_dot_extremes),
         cmocka_unit_test(test_dot_special_activations),
         cmocka_unit_test(test_multi_and_mat),
+        cmocka_unit_test(test_x4_layout_and_kernel),
         cmocka_unit_test(test_dispatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

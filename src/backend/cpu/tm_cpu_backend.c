@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct tm_cpu_backend {
     tm_backend base;
@@ -152,6 +153,7 @@ typedef struct {
     tm_vec_dot_multi_fn multi;  /* q16: one weight row against up to 8 activation rows (bit-identical to
                                  * vec_dot, so results never depend on the batch), or NULL */
     bool mat;                   /* q8: the ops' mat_dot tiles (rows x tokens; summation order may vary) */
+    tm_vec_dot_x4_fn x4;        /* q16 decode: four rows of a weight's x4 copy (w->aux) at once, or NULL */
     const tm_matmul_job *jobs;
     int32_t n_jobs;
     int64_t blk_start[TM_MATMUL_MAX_JOBS + 1]; /* first global row block of each job */
@@ -178,6 +180,14 @@ static void matmul_rows(const matmul_task *t, const tm_matmul_job *job, int64_t 
     const float *bias = job->bias ? job->bias->data : NULL;
     float *out = job->out;
     float tmp[TM_MULTI_MAX];
+    if (t->n == 1 && t->x4 && job->w->aux) { /* decode: four rows per call from the sequential x4 copy */
+        const uint8_t *g = (const uint8_t *)job->w->aux + (uint64_t)r0 * rb; /* r0, r1: multiples of 4 */
+        for (int64_t r = r0; r < r1; r += 4, g += 4 * rb) {
+            t->x4(t->cols, g, t->xq, tmp);
+            for (int k = 0; k < 4; k++) out[r + k] = tmp[k] + (bias ? bias[r + k] : 0.0f);
+        }
+        return;
+    }
     if (t->mat) {
         t->qo->mat_dot(t->cols, r1 - r0, wbase + (uint64_t)r0 * rb, rb, t->n, t->xq, t->arb, out + r0, (size_t)rows);
         if (bias)
@@ -237,6 +247,7 @@ static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs
     t.qo = cpu_dot_ops(c, jobs[0].w->type);
     t.multi = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_multi_avx2(jobs[0].w->type) : NULL;
     t.mat = c->act_bits == 8;
+    t.x4 = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_x4_avx2(jobs[0].w->type) : NULL;
     t.jobs = jobs;
     t.n_jobs = n_jobs;
     t.cols = jobs[0].w->cols;
@@ -392,6 +403,34 @@ static void cpu_free(tm_backend *be) {
     free(c);
 }
 
+/* ---- weights: the decode layout -------------------------------------------------------------------- */
+
+/* A weight stays where it is (mapped file or host memory); with 16-bit activations on AVX2 a Q8_0/Q4_0/Q4_1
+ * matrix whose rows divide by 4 also gets an x4 copy (tm_quant16.h) that one-token matmuls read: four rows per
+ * kernel call from one sequential stream, the same bits as row by row. TM_CPU_NO_X4=1 turns it off. */
+static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
+    tm_cpu_backend *c = cpu(be);
+    w->aux = NULL;
+    if (!w->data) return tm_err(err, TM_ERR_INVALID, "cpu backend: weight without data (deferred dummy)");
+    const char *off = getenv("TM_CPU_NO_X4");
+    if (c->act_bits != 16 || c->isa != TM_ISA_AVX2 || !tm_quant16_x4_eligible(w->type, w->rows, w->cols) ||
+        (off && !strcmp(off, "1")))
+        return TM_OK;
+    size_t bytes = (size_t)(tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows);
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) return tm_err(err, TM_ERR_NOMEM, "cpu backend: no memory for the decode copy of a %lld x %lld weight",
+                          (long long)w->rows, (long long)w->cols);
+    tm_quant16_x4_pack(w->type, w->rows, w->cols, w->data, p);
+    w->aux = p;
+    return TM_OK;
+}
+
+static void cpu_weight_release(tm_backend *be, tm_weight *w) {
+    (void)be;
+    free((void *)w->aux);
+    w->aux = NULL;
+}
+
 static const tm_backend_ops k_cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
@@ -408,6 +447,8 @@ static const tm_backend_ops k_cpu_ops = {
     .get_rows = cpu_get_rows,
     .to_host = cpu_to_host,
     .from_host = cpu_from_host,
+    .weight_place = cpu_weight_place,
+    .weight_release = cpu_weight_release,
 };
 
 tm_status tm_backend_cpu_create(const tm_cpu_cfg *cfg, tm_backend **out, tm_error *err) {

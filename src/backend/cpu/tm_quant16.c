@@ -209,3 +209,29 @@ const tm_quant_ops *tm_quant16_ops_get(tm_dtype t) {
 }
 
 tm_vec_dot_multi_fn tm_quant16_multi_get(tm_dtype t) { return tm_cpu_use_avx2() ? tm_quant16_multi_avx2(t) : NULL; }
+
+/* ---- the decode layout (x4) --------------------------------------------------------------------- */
+
+static size_t block32_bytes(tm_dtype t) {
+    return t == TM_DT_Q8_0 ? sizeof(tm_block_q8_0) : t == TM_DT_Q4_0 ? sizeof(tm_block_q4_0) : sizeof(tm_block_q4_1);
+}
+
+bool tm_quant16_x4_eligible(tm_dtype t, int64_t rows, int64_t cols) {
+    return (t == TM_DT_Q8_0 || t == TM_DT_Q4_0 || t == TM_DT_Q4_1) && rows > 0 && rows % 4 == 0 && cols >= 32 &&
+           cols % 32 == 0;
+}
+
+void tm_quant16_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, void *dst) {
+    const size_t wb = block32_bytes(t), nb = (size_t)cols / 32, rb = nb * wb, ng = nb / 4, tail = nb % 4;
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (int64_t g = 0; g < rows / 4; g++) {
+        const uint8_t *sg = s + (size_t)g * 4 * rb;
+        uint8_t *dg = d + (size_t)g * 4 * rb;
+        for (size_t q = 0; q < ng; q++)
+            for (size_t r = 0; r < 4; r++) memcpy(dg + (q * 4 + r) * 4 * wb, sg + r * rb + q * 4 * wb, 4 * wb);
+        for (size_t r = 0; r < 4 && tail; r++) memcpy(dg + ng * 16 * wb + r * tail * wb, sg + r * rb + ng * 4 * wb, tail * wb);
+    }
+}
+
+tm_vec_dot_x4_fn tm_quant16_x4_get(tm_dtype t) { return tm_cpu_use_avx2() ? tm_quant16_x4_avx2(t) : NULL; }

@@ -28,8 +28,21 @@ typedef void (*tm_vec_dot_multi_fn)(int64_t n, const void *w, const void *act, s
 #define TM_QUANT16_MULTI_MAX 8
 tm_vec_dot_multi_fn tm_quant16_multi_get(tm_dtype t); /* AVX2 only; NULL when not available */
 
+/* The decode layout ("x4"): a weight's rows in groups of four, and within a group the 32-element blocks of its
+ * four rows interleaved four blocks at a time -- for each run of four blocks: row 0's four, row 1's, row 2's,
+ * row 3's; then the row tails (nb % 4 blocks each) one row after another. A group is 4 x row_bytes, so the
+ * whole weight keeps its size, and decode's four-row kernel reads one sequential stream (four separate row
+ * streams defeat the hardware prefetcher). For Q8_0, Q4_0 and Q4_1 weights whose rows divide by 4. */
+bool tm_quant16_x4_eligible(tm_dtype t, int64_t rows, int64_t cols);
+void tm_quant16_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, void *dst);
+/* out[0..3] = dot(row 4g + k of the packed weight, one activation row) for the group at `group`: bit-identical
+ * to the AVX2 vec_dot of each row (the same float operations in the same order). */
+typedef void (*tm_vec_dot_x4_fn)(int64_t n, const void *group, const void *act, float *out);
+tm_vec_dot_x4_fn tm_quant16_x4_get(tm_dtype t); /* AVX2 only; NULL when not available */
+
 /* Internal: the AVX2 tables (tm_quant16_avx2.c); only valid after tm_cpu_use_avx2(). NULL if not built for x86. */
 const tm_quant_ops *tm_quant16_ops_avx2(tm_dtype t);
 tm_vec_dot_multi_fn tm_quant16_multi_avx2(tm_dtype t);
+tm_vec_dot_x4_fn tm_quant16_x4_avx2(tm_dtype t);
 
 #endif /* TM_QUANT16_H */

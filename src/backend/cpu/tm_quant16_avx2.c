@@ -254,6 +254,75 @@ TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const
     TM_UNROLL for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
 }
 
+/* The four rows of one x4 group (tm_quant16.h) against one activation row: per row exactly kern32's NR = 1 float
+ * sequence (so the bits equal vec_dot's). The activation side of each block is loaded once for the four rows,
+ * and the weights come as one sequential stream: run q of four blocks holds row 0's, then row 1's, ... */
+TM_AI void kern32_x4(const int T, int64_t nb, const uint8_t *g, const uint8_t *act, float *out) {
+    const size_t wb = wbytes32(T), ab = sizeof(tm_block_q16);
+    const int64_t nq = nb / 4, tail = nb % 4;
+    float cst[4][8] __attribute__((aligned(32)));
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t q = 0; q < nq; q++) {
+        const uint8_t *a = act + (size_t)(4 * q) * ab, *x = g + (size_t)q * 16 * wb;
+        if (T == K32_Q4_1) {
+            const __m256i v = dsum4(a);
+            const __m256 dup = _mm256_moveldup_ps(_mm256_castsi256_ps(v));
+            const __m256 sa = _mm256_and_ps(_mm256_cvtepi32_ps(v),
+                                            _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1)));
+            TM_UNROLL for (int r = 0; r < 4; r++) {
+                const __m256 p = _mm256_mul_ps(f16x4x2(x + (size_t)r * 4 * wb, wb), dup);
+                _mm256_store_ps(cst[r], p);
+                acc[r] = _mm256_fmadd_ps(p, sa, acc[r]);
+            }
+        } else {
+            TM_UNROLL for (int r = 0; r < 4; r++) _mm_store_ps(cst[r], f16x4(x + (size_t)r * 4 * wb, wb));
+        }
+        __m256 t[4];
+        for (int k = 0; k < 4; k++) {
+            const tm_block_q16 *ak = (const tm_block_q16 *)(a + (size_t)k * ab);
+            const __m256i a0 = ld256(ak->qs), a1 = ld256(ak->qs + 16);
+            TM_UNROLL for (int r = 0; r < 4; r++) {
+                __m256i wk[2];
+                unpack32(T, x + (size_t)(4 * r + k) * wb, wk);
+                /* isum32's sums, with the activation loaded once for the four rows */
+                __m256 sv = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(wk[0], a0), _mm256_madd_epi16(wk[1], a1)));
+                __m256 c;
+                if (T == K32_Q4_1) {
+                    c = _mm256_broadcast_ss(&cst[r][2 * k]);
+                } else {
+                    sv = _mm256_mul_ps(sv, _mm256_broadcast_ss(&ak->d));
+                    c = _mm256_broadcast_ss(&cst[r][k]);
+                }
+                t[r] = k == 0 ? _mm256_mul_ps(sv, c) : _mm256_fmadd_ps(sv, c, t[r]);
+            }
+        }
+        TM_UNROLL for (int r = 0; r < 4; r++) acc[r] = _mm256_add_ps(acc[r], t[r]);
+    }
+    for (int64_t j = 0; j < tail; j++) { /* the row tails, as kern32's leftover blocks */
+        const uint8_t *a = act + (size_t)(4 * nq + j) * ab;
+        const float da = ldf(a);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *x = g + (size_t)nq * 16 * wb + ((size_t)r * (size_t)tail + (size_t)j) * wb;
+            __m256i w0[2];
+            unpack32(T, x, w0);
+            const float dw = f16(x);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum32(w0, a)), _mm256_set1_ps(dw * da), acc[r]);
+            if (T == K32_Q4_1) {
+                int32_t sm;
+                memcpy(&sm, a + offsetof(tm_block_q16, sum), 4);
+                const float m = f16(x + 2) * da;
+                acc[r] = _mm256_add_ps(acc[r], _mm256_setr_ps(0.0f, m * (float)sm, 0, 0, 0, 0, 0, 0));
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]);
+}
+
+static void x4_q8_0(int64_t n, const void *g, const void *a, float *out) { kern32_x4(K32_Q8_0, n / 32, g, a, out); }
+static void x4_q4_0(int64_t n, const void *g, const void *a, float *out) { kern32_x4(K32_Q4_0, n / 32, g, a, out); }
+static void x4_q4_1(int64_t n, const void *g, const void *a, float *out) { kern32_x4(K32_Q4_1, n / 32, g, a, out); }
+
 /* ---- Q4_K x Q16_K ------------------------------------------------------------------------------- */
 
 TM_AI void kern_q4_K(const int NR, int64_t nb, const uint8_t *w, const uint8_t *act, size_t as, float *out) {
@@ -438,6 +507,15 @@ const tm_quant_ops *tm_quant16_ops_avx2(tm_dtype t) {
     return tm_quant_ops_find(k_avx2_16, sizeof k_avx2_16 / sizeof k_avx2_16[0], t);
 }
 
+tm_vec_dot_x4_fn tm_quant16_x4_avx2(tm_dtype t) {
+    switch (t) {
+    case TM_DT_Q8_0: return x4_q8_0;
+    case TM_DT_Q4_0: return x4_q4_0;
+    case TM_DT_Q4_1: return x4_q4_1;
+    default: return NULL;
+    }
+}
+
 tm_vec_dot_multi_fn tm_quant16_multi_avx2(tm_dtype t) {
     switch (t) {
     case TM_DT_Q8_0: return multi_q8_0;
@@ -452,6 +530,11 @@ tm_vec_dot_multi_fn tm_quant16_multi_avx2(tm_dtype t) {
 #else /* not built with AVX2/FMA/F16C */
 
 const tm_quant_ops *tm_quant16_ops_avx2(tm_dtype t) {
+    (void)t;
+    return NULL;
+}
+
+tm_vec_dot_x4_fn tm_quant16_x4_avx2(tm_dtype t) {
     (void)t;
     return NULL;
 }
