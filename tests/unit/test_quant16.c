@@ -524,7 +524,8 @@ static void test_multi_and_mat(void **state) {
 
 /* Dispatch: act types, float types delegate to tm_quant_ops, unsupported types, TM_FORCE_SCALAR. */
 /* The decode layout: tm_quant16_x4_pack puts row r's block i where tm_quant16.h says, and the four-row kernel
- * over a packed group equals vec_dot of each row bit for bit (run tails of 0..3 blocks, one zero activation). */
+ * over a packed group, against one or two activation rows, equals vec_dot of each pair bit for bit (run tails
+ * of 0..3 blocks, a zero activation row). */
 static void test_x4_layout_and_kernel(void **state) {
     (void)state;
     const tm_dtype types[] = {TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1};
@@ -558,20 +559,26 @@ static void test_x4_layout_and_kernel(void **state) {
             } else {
                 const tm_quant_ops *v = tm_quant16_ops_get_isa(t, TM_ISA_AVX2);
                 float *x = malloc((size_t)n * sizeof *x);
-                uint8_t *a = malloc(row_bytes(v->act_type, n));
+                const size_t as = row_bytes(v->act_type, n) + 8; /* two activation rows, padded stride */
+                uint8_t *a = malloc(2 * as);
                 for (int rep = 0; rep < 2; rep++) {
                     fill(&r, x, n, rep ? 0.0f : 1.0f);
                     v->from_float(x, a, n);
-                    for (int64_t g = 0; g < rows / 4; g++) {
-                        float out[4];
-                        x4(n, pk + (size_t)g * 4 * rb, a, out);
-                        for (int k = 0; k < 4; k++) {
-                            const float want = v->vec_dot(n, w + (size_t)(4 * g + k) * rb, a);
-                            if (memcmp(&want, &out[k], sizeof want) != 0)
-                                fail_msg("%s nb=%d row %lld: x4 %.9g != vec_dot %.9g", tm_dtype_name(t), nb,
-                                         (long long)(4 * g + k), (double)out[k], (double)want);
+                    fill(&r, x, n, 1.0f);
+                    v->from_float(x, a + as, n);
+                    for (int nr = 1; nr <= TM_QUANT16_X4_MAX_ROWS; nr++)
+                        for (int64_t g = 0; g < rows / 4; g++) {
+                            float out[4 * TM_QUANT16_X4_MAX_ROWS];
+                            x4(n, pk + (size_t)g * 4 * rb, a, as, nr, out);
+                            for (int c = 0; c < nr; c++)
+                                for (int k = 0; k < 4; k++) {
+                                    const float want = v->vec_dot(n, w + (size_t)(4 * g + k) * rb, a + (size_t)c * as);
+                                    if (memcmp(&want, &out[c * 4 + k], sizeof want) != 0)
+                                        fail_msg("%s nb=%d nr=%d row %lld act %d: x4 %.9g != vec_dot %.9g",
+                                                 tm_dtype_name(t), nb, nr, (long long)(4 * g + k), c,
+                                                 (double)out[c * 4 + k], (double)want);
+                                }
                         }
-                    }
                 }
                 free(x);
                 free(a);

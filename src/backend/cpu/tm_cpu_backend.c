@@ -180,11 +180,13 @@ static void matmul_rows(const matmul_task *t, const tm_matmul_job *job, int64_t 
     const float *bias = job->bias ? job->bias->data : NULL;
     float *out = job->out;
     float tmp[TM_MULTI_MAX];
-    if (t->n == 1 && t->x4 && job->w->aux) { /* decode: four rows per call from the sequential x4 copy */
-        const uint8_t *g = (const uint8_t *)job->w->aux + (uint64_t)r0 * rb; /* r0, r1: multiples of 4 */
+    if (t->n <= TM_QUANT16_X4_MAX_ROWS && t->x4 && job->w->aux) { /* decode: four weight rows per call from the
+                                                                     * sequential x4 copy; r0, r1: multiples of 4 */
+        const uint8_t *g = (const uint8_t *)job->w->aux + (uint64_t)r0 * rb;
         for (int64_t r = r0; r < r1; r += 4, g += 4 * rb) {
-            t->x4(t->cols, g, t->xq, tmp);
-            for (int k = 0; k < 4; k++) out[r + k] = tmp[k] + (bias ? bias[r + k] : 0.0f);
+            t->x4(t->cols, g, t->xq, t->arb, t->n, tmp);
+            for (int32_t c = 0; c < t->n; c++)
+                for (int k = 0; k < 4; k++) out[(int64_t)c * rows + r + k] = tmp[c * 4 + k] + (bias ? bias[r + k] : 0.0f);
         }
         return;
     }

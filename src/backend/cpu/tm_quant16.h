@@ -35,9 +35,11 @@ tm_vec_dot_multi_fn tm_quant16_multi_get(tm_dtype t); /* AVX2 only; NULL when no
  * streams defeat the hardware prefetcher). For Q8_0, Q4_0 and Q4_1 weights whose rows divide by 4. */
 bool tm_quant16_x4_eligible(tm_dtype t, int64_t rows, int64_t cols);
 void tm_quant16_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, void *dst);
-/* out[0..3] = dot(row 4g + k of the packed weight, one activation row) for the group at `group`: bit-identical
- * to the AVX2 vec_dot of each row (the same float operations in the same order). */
-typedef void (*tm_vec_dot_x4_fn)(int64_t n, const void *group, const void *act, float *out);
+/* out[c * 4 + k] = dot(row 4g + k of the packed weight, activation row c) for the group at `group` and nr = 1 or
+ * 2 activation rows act_stride bytes apart: bit-identical to the AVX2 vec_dot of each pair (the same float
+ * operations in the same order). */
+typedef void (*tm_vec_dot_x4_fn)(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out);
+#define TM_QUANT16_X4_MAX_ROWS 2
 tm_vec_dot_x4_fn tm_quant16_x4_get(tm_dtype t); /* AVX2 only; NULL when not available */
 
 /* Internal: the AVX2 tables (tm_quant16_avx2.c); only valid after tm_cpu_use_avx2(). NULL if not built for x86. */

@@ -257,71 +257,91 @@ TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const
 /* The four rows of one x4 group (tm_quant16.h) against one activation row: per row exactly kern32's NR = 1 float
  * sequence (so the bits equal vec_dot's). The activation side of each block is loaded once for the four rows,
  * and the weights come as one sequential stream: run q of four blocks holds row 0's, then row 1's, ... */
-TM_AI void kern32_x4(const int T, int64_t nb, const uint8_t *g, const uint8_t *act, float *out) {
+TM_AI void kern32_x4(const int T, const int NR, int64_t nb, const uint8_t *g, const uint8_t *act, size_t as,
+                      float *out) {
     const size_t wb = wbytes32(T), ab = sizeof(tm_block_q16);
     const int64_t nq = nb / 4, tail = nb % 4;
-    float cst[4][8] __attribute__((aligned(32)));
-    __m256 acc[4];
-    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    float cst[4][2][8] __attribute__((aligned(32)));
+    __m256 acc[4][2];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < NR; c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t q = 0; q < nq; q++) {
-        const uint8_t *a = act + (size_t)(4 * q) * ab, *x = g + (size_t)q * 16 * wb;
+        const uint8_t *x = g + (size_t)q * 16 * wb;
         if (T == K32_Q4_1) {
-            const __m256i v = dsum4(a);
-            const __m256 dup = _mm256_moveldup_ps(_mm256_castsi256_ps(v));
-            const __m256 sa = _mm256_and_ps(_mm256_cvtepi32_ps(v),
-                                            _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1)));
-            TM_UNROLL for (int r = 0; r < 4; r++) {
-                const __m256 p = _mm256_mul_ps(f16x4x2(x + (size_t)r * 4 * wb, wb), dup);
-                _mm256_store_ps(cst[r], p);
-                acc[r] = _mm256_fmadd_ps(p, sa, acc[r]);
+            TM_UNROLL for (int c = 0; c < NR; c++) {
+                const __m256i v = dsum4(ACT(act, as, c) + (size_t)(4 * q) * ab);
+                const __m256 dup = _mm256_moveldup_ps(_mm256_castsi256_ps(v));
+                const __m256 sa = _mm256_and_ps(_mm256_cvtepi32_ps(v),
+                                                _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1)));
+                TM_UNROLL for (int r = 0; r < 4; r++) {
+                    const __m256 p = _mm256_mul_ps(f16x4x2(x + (size_t)r * 4 * wb, wb), dup);
+                    _mm256_store_ps(cst[r][c], p);
+                    acc[r][c] = _mm256_fmadd_ps(p, sa, acc[r][c]);
+                }
             }
         } else {
-            TM_UNROLL for (int r = 0; r < 4; r++) _mm_store_ps(cst[r], f16x4(x + (size_t)r * 4 * wb, wb));
+            TM_UNROLL for (int r = 0; r < 4; r++) _mm_store_ps(cst[r][0], f16x4(x + (size_t)r * 4 * wb, wb));
         }
-        __m256 t[4];
+        __m256 t[4][2];
         for (int k = 0; k < 4; k++) {
-            const tm_block_q16 *ak = (const tm_block_q16 *)(a + (size_t)k * ab);
-            const __m256i a0 = ld256(ak->qs), a1 = ld256(ak->qs + 16);
+            __m256i a0[2], a1[2];
+            TM_UNROLL for (int c = 0; c < NR; c++) {
+                const tm_block_q16 *ak = (const tm_block_q16 *)(ACT(act, as, c) + (size_t)(4 * q + k) * ab);
+                a0[c] = ld256(ak->qs);
+                a1[c] = ld256(ak->qs + 16);
+            }
             TM_UNROLL for (int r = 0; r < 4; r++) {
                 __m256i wk[2];
                 unpack32(T, x + (size_t)(4 * r + k) * wb, wk);
-                /* isum32's sums, with the activation loaded once for the four rows */
-                __m256 sv = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(wk[0], a0), _mm256_madd_epi16(wk[1], a1)));
-                __m256 c;
-                if (T == K32_Q4_1) {
-                    c = _mm256_broadcast_ss(&cst[r][2 * k]);
-                } else {
-                    sv = _mm256_mul_ps(sv, _mm256_broadcast_ss(&ak->d));
-                    c = _mm256_broadcast_ss(&cst[r][k]);
+                TM_UNROLL for (int c = 0; c < NR; c++) {
+                    /* isum32's sums, with each activation block loaded once for the four rows */
+                    __m256 sv = _mm256_cvtepi32_ps(
+                        _mm256_add_epi32(_mm256_madd_epi16(wk[0], a0[c]), _mm256_madd_epi16(wk[1], a1[c])));
+                    __m256 cf;
+                    if (T == K32_Q4_1) {
+                        cf = _mm256_broadcast_ss(&cst[r][c][2 * k]);
+                    } else {
+                        sv = _mm256_mul_ps(sv, _mm256_broadcast_ss((const float *)(ACT(act, as, c) + (size_t)(4 * q + k) * ab)));
+                        cf = _mm256_broadcast_ss(&cst[r][0][k]);
+                    }
+                    t[r][c] = k == 0 ? _mm256_mul_ps(sv, cf) : _mm256_fmadd_ps(sv, cf, t[r][c]);
                 }
-                t[r] = k == 0 ? _mm256_mul_ps(sv, c) : _mm256_fmadd_ps(sv, c, t[r]);
             }
         }
-        TM_UNROLL for (int r = 0; r < 4; r++) acc[r] = _mm256_add_ps(acc[r], t[r]);
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < NR; c++) acc[r][c] = _mm256_add_ps(acc[r][c], t[r][c]);
     }
     for (int64_t j = 0; j < tail; j++) { /* the row tails, as kern32's leftover blocks */
-        const uint8_t *a = act + (size_t)(4 * nq + j) * ab;
-        const float da = ldf(a);
         for (int r = 0; r < 4; r++) {
             const uint8_t *x = g + (size_t)nq * 16 * wb + ((size_t)r * (size_t)tail + (size_t)j) * wb;
             __m256i w0[2];
             unpack32(T, x, w0);
             const float dw = f16(x);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum32(w0, a)), _mm256_set1_ps(dw * da), acc[r]);
-            if (T == K32_Q4_1) {
-                int32_t sm;
-                memcpy(&sm, a + offsetof(tm_block_q16, sum), 4);
-                const float m = f16(x + 2) * da;
-                acc[r] = _mm256_add_ps(acc[r], _mm256_setr_ps(0.0f, m * (float)sm, 0, 0, 0, 0, 0, 0));
+            for (int c = 0; c < NR; c++) {
+                const uint8_t *a = ACT(act, as, c) + (size_t)(4 * nq + j) * ab;
+                const float da = ldf(a);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum32(w0, a)), _mm256_set1_ps(dw * da), acc[r][c]);
+                if (T == K32_Q4_1) {
+                    int32_t sm;
+                    memcpy(&sm, a + offsetof(tm_block_q16, sum), 4);
+                    const float m = f16(x + 2) * da;
+                    acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_setr_ps(0.0f, m * (float)sm, 0, 0, 0, 0, 0, 0));
+                }
             }
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]);
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < NR; c++) out[(size_t)c * 4 + (size_t)r] = hsum8(acc[r][c]);
 }
 
-static void x4_q8_0(int64_t n, const void *g, const void *a, float *out) { kern32_x4(K32_Q8_0, n / 32, g, a, out); }
-static void x4_q4_0(int64_t n, const void *g, const void *a, float *out) { kern32_x4(K32_Q4_0, n / 32, g, a, out); }
-static void x4_q4_1(int64_t n, const void *g, const void *a, float *out) { kern32_x4(K32_Q4_1, n / 32, g, a, out); }
+#define DEF_X4(name, T)                                                                                        \
+    static void x4_##name(int64_t n, const void *g, const void *a, size_t as, int nr, float *out) {            \
+        if (nr == 2) kern32_x4(T, 2, n / 32, g, a, as, out);                                                   \
+        else kern32_x4(T, 1, n / 32, g, a, as, out);                                                           \
+    }
+DEF_X4(q8_0, K32_Q8_0)
+DEF_X4(q4_0, K32_Q4_0)
+DEF_X4(q4_1, K32_Q4_1)
 
 /* ---- Q4_K x Q16_K ------------------------------------------------------------------------------- */
 
