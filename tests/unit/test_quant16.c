@@ -525,7 +525,7 @@ static void test_multi_and_mat(void **state) {
 /* Dispatch: act types, float types delegate to tm_quant_ops, unsupported types, TM_FORCE_SCALAR. */
 /* The decode layout: tm_quant16_x4_pack puts row r's block i where tm_quant16.h says, and the four-row kernel
  * over a packed group, against one or two activation rows, equals vec_dot of each pair bit for bit (run tails
- * of 0..3 blocks, a zero activation row). */
+ * of 0..3 blocks, a zero activation row); so does one row of a group against 1..8 activation rows (prefill). */
 static void test_x4_layout_and_kernel(void **state) {
     (void)state;
     const tm_dtype types[] = {TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1};
@@ -559,8 +559,26 @@ static void test_x4_layout_and_kernel(void **state) {
             } else {
                 const tm_quant_ops *v = tm_quant16_ops_get_isa(t, TM_ISA_AVX2);
                 float *x = malloc((size_t)n * sizeof *x);
-                const size_t as = row_bytes(v->act_type, n) + 8; /* two activation rows, padded stride */
-                uint8_t *a = malloc(2 * as);
+                const size_t as = row_bytes(v->act_type, n) + 8; /* activation rows, padded stride */
+                uint8_t *a = malloc(TM_QUANT16_MULTI_MAX * as);
+                /* prefill: one row of a group against 1..8 activation rows */
+                tm_vec_dot_x4row_fn x4row = tm_quant16_x4row_avx2(t);
+                assert_non_null(x4row);
+                for (int c = 0; c < TM_QUANT16_MULTI_MAX; c++) {
+                    fill(&r, x, n, c == 3 ? 0.0f : 1.0f);
+                    v->from_float(x, a + (size_t)c * as, n);
+                }
+                for (int64_t row = 0; row < rows; row++)
+                    for (int nr = 1; nr <= TM_QUANT16_MULTI_MAX; nr++) {
+                        float out[TM_QUANT16_MULTI_MAX];
+                        x4row(n, pk + (size_t)(row / 4) * 4 * rb, (int)(row % 4), a, as, nr, out);
+                        for (int c = 0; c < nr; c++) {
+                            const float want = v->vec_dot(n, w + (size_t)row * rb, a + (size_t)c * as);
+                            if (memcmp(&want, &out[c], sizeof want) != 0)
+                                fail_msg("%s nb=%d x4row row %lld nr=%d act %d: %.9g != vec_dot %.9g",
+                                         tm_dtype_name(t), nb, (long long)row, nr, c, (double)out[c], (double)want);
+                        }
+                    }
                 for (int rep = 0; rep < 2; rep++) {
                     fill(&r, x, n, rep ? 0.0f : 1.0f);
                     v->from_float(x, a, n);

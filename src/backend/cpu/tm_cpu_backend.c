@@ -154,6 +154,7 @@ typedef struct {
                                  * vec_dot, so results never depend on the batch), or NULL */
     bool mat;                   /* q8: the ops' mat_dot tiles (rows x tokens; summation order may vary) */
     tm_vec_dot_x4_fn x4;        /* q16 decode: four rows of a weight's x4 copy (w->aux) at once, or NULL */
+    tm_vec_dot_x4row_fn x4row;  /* q16 prefill: one row of the x4 copy against up to 8 activation rows */
     const tm_matmul_job *jobs;
     int32_t n_jobs;
     int64_t blk_start[TM_MATMUL_MAX_JOBS + 1]; /* first global row block of each job */
@@ -199,6 +200,18 @@ static void matmul_rows(const matmul_task *t, const tm_matmul_job *job, int64_t 
     }
     for (int32_t t0 = 0; t0 < t->n; t0 += TM_TOKEN_TILE) {
         int32_t t1 = t0 + TM_TOKEN_TILE < t->n ? t0 + TM_TOKEN_TILE : t->n;
+        if (t->x4row && job->w->aux) { /* the x4 copy serves prefill too: the row-major one goes cold */
+            for (int64_t r = r0; r < r1; r++) {
+                const uint8_t *g = (const uint8_t *)job->w->aux + (uint64_t)(r / 4) * 4 * rb;
+                float b = bias ? bias[r] : 0.0f;
+                for (int32_t i = t0; i < t1; i += TM_MULTI_MAX) {
+                    int nr = t1 - i < TM_MULTI_MAX ? t1 - i : TM_MULTI_MAX;
+                    t->x4row(t->cols, g, (int)(r % 4), t->xq + (size_t)i * t->arb, t->arb, nr, tmp);
+                    for (int k = 0; k < nr; k++) out[(int64_t)(i + k) * rows + r] = tmp[k] + b;
+                }
+            }
+            continue;
+        }
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = wbase + (uint64_t)r * rb;
             float b = bias ? bias[r] : 0.0f;
@@ -250,6 +263,7 @@ static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs
     t.multi = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_multi_avx2(jobs[0].w->type) : NULL;
     t.mat = c->act_bits == 8;
     t.x4 = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_x4_avx2(jobs[0].w->type) : NULL;
+    t.x4row = t.x4 ? tm_quant16_x4row_avx2(jobs[0].w->type) : NULL;
     t.jobs = jobs;
     t.n_jobs = n_jobs;
     t.cols = jobs[0].w->cols;
@@ -408,8 +422,10 @@ static void cpu_free(tm_backend *be) {
 /* ---- weights: the decode layout -------------------------------------------------------------------- */
 
 /* A weight stays where it is (mapped file or host memory); with 16-bit activations on AVX2 a Q8_0/Q4_0/Q4_1
- * matrix whose rows divide by 4 also gets an x4 copy (tm_quant16.h) that one-token matmuls read: four rows per
- * kernel call from one sequential stream, the same bits as row by row. TM_CPU_NO_X4=1 turns it off. */
+ * matrix whose rows divide by 4 also gets an x4 copy (tm_quant16.h) that every matmul then reads -- decode four
+ * rows per kernel call from one sequential stream, prefill row by row from it -- with the same bits as the
+ * row-major kernels. The row-major data is then only read for embedding rows (a mapped file's pages go cold).
+ * TM_CPU_NO_X4=1 turns it off. */
 static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     tm_cpu_backend *c = cpu(be);
     w->aux = NULL;

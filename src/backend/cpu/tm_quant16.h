@@ -40,11 +40,16 @@ void tm_quant16_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src,
  * operations in the same order). */
 typedef void (*tm_vec_dot_x4_fn)(int64_t n, const void *group, const void *act, size_t act_stride, int nr, float *out);
 #define TM_QUANT16_X4_MAX_ROWS 2
+/* Prefill over an x4 weight: out[c] = dot(row k (0..3) of the group at `group`, activation row c) for 1 <= nr <= 8,
+ * the multi-row kernel reading the row's blocks where the layout puts them (bit-identical to vec_dot too). */
+typedef void (*tm_vec_dot_x4row_fn)(int64_t n, const void *group, int k, const void *act, size_t act_stride, int nr,
+                                    float *out);
 tm_vec_dot_x4_fn tm_quant16_x4_get(tm_dtype t); /* AVX2 only; NULL when not available */
 
 /* Internal: the AVX2 tables (tm_quant16_avx2.c); only valid after tm_cpu_use_avx2(). NULL if not built for x86. */
 const tm_quant_ops *tm_quant16_ops_avx2(tm_dtype t);
 tm_vec_dot_multi_fn tm_quant16_multi_avx2(tm_dtype t);
 tm_vec_dot_x4_fn tm_quant16_x4_avx2(tm_dtype t);
+tm_vec_dot_x4row_fn tm_quant16_x4row_avx2(tm_dtype t);
 
 #endif /* TM_QUANT16_H */

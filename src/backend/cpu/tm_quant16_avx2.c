@@ -194,7 +194,8 @@ TM_AI __m256i dsum4(const uint8_t *a) {
  *   Q4_1:       p = [d_w,k d_a,k, m_w,k d_a,k]; acc += (m_w,k d_a,k) * sum_a,k (one FMA on odd lanes);
  *               v = S_0 c_0 + S_1 c_1 + S_2 c_2 + S_3 c_3 with c_k = d_w,k d_a,k; acc += v
  * S_k is block k's exact int32 lane sums converted to f32. Leftover blocks: acc = fma(S, c, acc). */
-TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const uint8_t *act, size_t as, float *out) {
+TM_AI void kern32_at(const int T, const int NR, int64_t nb, const uint8_t *wg, size_t gs, const uint8_t *wt,
+                      const uint8_t *act, size_t as, float *out) {
     const size_t wb = wbytes32(T), ab = sizeof(tm_block_q16);
     /* Q4_1, per row: the group's [d_w d_a, m_w d_a] pairs (c_k at index 2k); others: the group's d_w */
     float cst[TM_QUANT16_MULTI_MAX][8] __attribute__((aligned(32)));
@@ -202,7 +203,7 @@ TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const
     TM_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
-        const uint8_t *x = w + (size_t)i * wb;
+        const uint8_t *x = wg + (size_t)(i / 4) * gs; /* this row's four blocks i .. i + 3, contiguous */
         if (T == K32_Q4_1) {
             const __m256 wp = f16x4x2(x, wb);
             const __m256 odd = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1));
@@ -234,8 +235,8 @@ TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const
         }
         TM_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm256_add_ps(acc[r], t[r]);
     }
-    for (; i < nb; i++) { /* leftover blocks */
-        const uint8_t *x = w + (size_t)i * wb;
+    for (const int64_t i0 = i; i < nb; i++) { /* leftover blocks, contiguous from wt */
+        const uint8_t *x = wt + (size_t)(i - i0) * wb;
         __m256i w0[2];
         unpack32(T, x, w0);
         const float dw = f16(x);
@@ -252,6 +253,19 @@ TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const
         }
     }
     TM_UNROLL for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
+}
+
+/* A row-major weight row: runs of four blocks 4 wb apart, the leftover blocks right after them. */
+TM_AI void kern32(const int T, const int NR, int64_t nb, const uint8_t *w, const uint8_t *act, size_t as, float *out) {
+    const size_t wb = wbytes32(T);
+    kern32_at(T, NR, nb, w, 4 * wb, w + (size_t)(nb / 4) * 4 * wb, act, as, out);
+}
+
+/* Row k of an x4 group (tm_quant16.h): its runs of four blocks 16 wb apart, its tail after the group's runs. */
+TM_AI void kern32_x4row(const int T, const int NR, int64_t nb, const uint8_t *g, int k, const uint8_t *act, size_t as,
+                        float *out) {
+    const size_t wb = wbytes32(T), nq = (size_t)(nb / 4), tail = (size_t)(nb % 4);
+    kern32_at(T, NR, nb, g + (size_t)k * 4 * wb, 16 * wb, g + nq * 16 * wb + (size_t)k * tail * wb, act, as, out);
 }
 
 /* The four rows of one x4 group (tm_quant16.h) against one activation row: per row exactly kern32's NR = 1 float
@@ -342,6 +356,24 @@ TM_AI void kern32_x4(const int T, const int NR, int64_t nb, const uint8_t *g, co
 DEF_X4(q8_0, K32_Q8_0)
 DEF_X4(q4_0, K32_Q4_0)
 DEF_X4(q4_1, K32_Q4_1)
+
+#define DEF_X4ROW(name, T)                                                                                     \
+    static void x4row_##name(int64_t n, const void *g, int k, const void *a, size_t as, int nr, float *out) {  \
+        switch (nr) {                                                                                          \
+        case 1: kern32_x4row(T, 1, n / 32, g, k, a, as, out); break;                                           \
+        case 2: kern32_x4row(T, 2, n / 32, g, k, a, as, out); break;                                           \
+        case 3: kern32_x4row(T, 3, n / 32, g, k, a, as, out); break;                                           \
+        case 4: kern32_x4row(T, 4, n / 32, g, k, a, as, out); break;                                           \
+        case 5: kern32_x4row(T, 5, n / 32, g, k, a, as, out); break;                                           \
+        case 6: kern32_x4row(T, 6, n / 32, g, k, a, as, out); break;                                           \
+        case 7: kern32_x4row(T, 7, n / 32, g, k, a, as, out); break;                                           \
+        case 8: kern32_x4row(T, 8, n / 32, g, k, a, as, out); break;                                           \
+        default: break;                                                                                        \
+        }                                                                                                      \
+    }
+DEF_X4ROW(q8_0, K32_Q8_0)
+DEF_X4ROW(q4_0, K32_Q4_0)
+DEF_X4ROW(q4_1, K32_Q4_1)
 
 /* ---- Q4_K x Q16_K ------------------------------------------------------------------------------- */
 
@@ -536,6 +568,15 @@ tm_vec_dot_x4_fn tm_quant16_x4_avx2(tm_dtype t) {
     }
 }
 
+tm_vec_dot_x4row_fn tm_quant16_x4row_avx2(tm_dtype t) {
+    switch (t) {
+    case TM_DT_Q8_0: return x4row_q8_0;
+    case TM_DT_Q4_0: return x4row_q4_0;
+    case TM_DT_Q4_1: return x4row_q4_1;
+    default: return NULL;
+    }
+}
+
 tm_vec_dot_multi_fn tm_quant16_multi_avx2(tm_dtype t) {
     switch (t) {
     case TM_DT_Q8_0: return multi_q8_0;
@@ -555,6 +596,11 @@ const tm_quant_ops *tm_quant16_ops_avx2(tm_dtype t) {
 }
 
 tm_vec_dot_x4_fn tm_quant16_x4_avx2(tm_dtype t) {
+    (void)t;
+    return NULL;
+}
+
+tm_vec_dot_x4row_fn tm_quant16_x4row_avx2(tm_dtype t) {
     (void)t;
     return NULL;
 }
