@@ -2,6 +2,7 @@
 #include "tm_cli.h"
 #include "server/tm_server.h"
 
+#include "engine/tm_runner.h"
 #include "model/tm_model.h"
 
 #include <errno.h>
@@ -20,7 +21,7 @@
 static const char *k_serve_usage =
     "usage: tokenmill serve [-m MODEL] [--host ADDR] [--port N] [--api-key KEY] [--served-model-name NAME]\n"
     "                       [-t THREADS] [-c CTX] [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache]\n"
-    "                       [--kv-blocks K] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs]\n"
+    "                       [--kv-blocks K] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs] [--tp N]\n"
     "                       [--chat-template NAME] [--max-body BYTES]\n"
     "                       [--max-connections N] [--http-threads N]\n"
     "  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (stream or not),\n"
@@ -124,6 +125,10 @@ int tm_cmd_serve(int argc, char **argv) {
             device = v;
         } else if (!strcmp(a, "--no-graphs")) {
             ec.runner.no_graphs = true;
+        } else if (!strcmp(a, "--tp") || !strcmp(a, "--tensor-parallel-size")) {
+            NEED_VALUE();
+            if (!tm_cli_parse_ll(v, 1, 8, &x)) return serve_usage("bad tensor-parallel degree '%s' (1..8)", v);
+            ec.runner.tp = (int32_t)x;
         } else if (!strcmp(a, "--no-prefix-cache")) {
             ec.runner.no_prefix_cache = true;
         } else if (!strcmp(a, "--max-body")) {
@@ -166,8 +171,7 @@ int tm_cmd_serve(int argc, char **argv) {
     tm_model *m = NULL;
     tm_server *srv = NULL;
     if (tm_device_parse(device, &ec.runner.device, &ec.runner.cuda_device, &err) != TM_OK) return serve_usage("%s", err.msg);
-    tm_model_load_opts lo = {.defer_dummy = ec.runner.device == TM_DEVICE_CUDA};
-    if (tm_model_load_ex(model, &lo, &m, &err) != TM_OK) {
+    if (tm_runner_load_model(model, ec.runner.device, ec.runner.tp, &m, &err) != TM_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err.msg);
         return 1;
     }
