@@ -323,12 +323,19 @@ static tm_status parse_dummy(const char *spec, const dummy_shape **shape, tm_dty
     tm_dtype wt = TM_DT_F16;
     if (colon) {
         const char *tn = colon + 1;
-        const tm_dtype cand[] = {TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1};
+        const tm_dtype cand[] = {TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K, TM_DT_Q6_K};
         bool found = false;
         for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
             if (!strcmp(tm_dtype_name(cand[i]), tn)) { wt = cand[i]; found = true; }
         if (!found)
-            return tm_err(err, TM_ERR_INVALID, "unknown dummy weight type '%s' (known: f32, f16, bf16, q8_0, q4_0, q4_1)", tn);
+            return tm_err(err, TM_ERR_INVALID,
+                          "unknown dummy weight type '%s' (known: f32, f16, bf16, q8_0, q4_0, q4_1, q4_K, q6_K)", tn);
+        /* every matrix's columns (dim, heads x head_dim, ffn) must hold whole blocks of the type */
+        const tm_dtype_info *ti = tm_dtype_get((uint32_t)wt);
+        const int64_t blk = ti ? ti->block : 1;
+        if (sh->dim % blk || sh->ffn_dim % blk)
+            return tm_err(err, TM_ERR_UNSUPPORTED, "dummy:%.*s:%s: %d and %d columns are not whole %lld-element blocks",
+                          (int)nlen, name, tn, sh->dim, sh->ffn_dim, (long long)blk);
     }
     memset(hp, 0, sizeof *hp);
     hp->arch = TM_ARCH_LLAMA;

@@ -323,6 +323,10 @@ static void test_bad_models_are_refused(void **st) {
     assert_int_equal(tm_model_load("dummy:nope", &m, &err), TM_ERR_INVALID);
     assert_non_null(strstr(err.msg, "unknown dummy model"));
     assert_int_equal(tm_model_load("dummy:llama3-8b:q9_9", &m, &err), TM_ERR_INVALID);
+    /* K-quant dummies need whole 256-element super-blocks in every row: SmolLM2's 576 columns are not */
+    assert_int_equal(tm_model_load("dummy:smollm2-135m:q4_K", &m, &err), TM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "576"));
+    assert_null(m);
 }
 
 static void test_prompt_limits(void **st) {
