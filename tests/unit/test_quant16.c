@@ -528,17 +528,21 @@ static void test_multi_and_mat(void **state) {
  * of 0..3 blocks, a zero activation row); so does one row of a group against 1..8 activation rows (prefill). */
 static void test_x4_layout_and_kernel(void **state) {
     (void)state;
-    const tm_dtype types[] = {TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1};
-    assert_false(tm_quant16_x4_eligible(TM_DT_Q4_K, 4, 256));
+    const tm_dtype types[] = {TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K};
+    assert_false(tm_quant16_x4_eligible(TM_DT_Q4_K, 4, 128));
+    assert_false(tm_quant16_x4_eligible(TM_DT_Q6_K, 4, 256));
+    assert_true(tm_quant16_x4_eligible(TM_DT_Q4_K, 4, 512));
     assert_false(tm_quant16_x4_eligible(TM_DT_Q4_1, 6, 64));
     assert_false(tm_quant16_x4_eligible(TM_DT_Q8_0, 4, 48));
     assert_true(tm_quant16_x4_eligible(TM_DT_Q8_0, 8, 96));
     rng_t r = {4242};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const tm_dtype t = types[ti];
-        const size_t wb = row_bytes(t, 32);
-        for (int nb = 1; nb <= 11; nb++) {
-            const int64_t n = 32 * nb, rows = 8;
+        const bool kq = t == TM_DT_Q4_K;
+        const int64_t blk = block_of(t);
+        const size_t wb = row_bytes(t, blk);
+        for (int nb = 1; nb <= (kq ? 4 : 11); nb++) {
+            const int64_t n = blk * nb, rows = 8;
             const size_t rb = row_bytes(t, n);
             uint8_t *w = make_weights(&r, t, n, (int)rows), *pk = malloc(rb * (size_t)rows);
             assert_non_null(pk);
@@ -549,8 +553,9 @@ static void test_x4_layout_and_kernel(void **state) {
                 for (int i = 0; i < nb; i++) {
                     const uint8_t *g = pk + (size_t)(row / 4) * 4 * rb;
                     const int k = (int)(row % 4);
-                    const size_t off = i < 4 * nq ? ((size_t)(i / 4) * 16 + (size_t)k * 4 + (size_t)(i % 4)) * wb
-                                                  : ((size_t)nq * 16 + (size_t)k * (size_t)tail + (size_t)(i - 4 * nq)) * wb;
+                    const size_t off = kq           ? ((size_t)i * 4 + (size_t)k) * wb /* super-block i of rows 0..3 */
+                                       : i < 4 * nq ? ((size_t)(i / 4) * 16 + (size_t)k * 4 + (size_t)(i % 4)) * wb
+                                                    : ((size_t)nq * 16 + (size_t)k * (size_t)tail + (size_t)(i - 4 * nq)) * wb;
                     assert_memory_equal(g + off, w + (size_t)row * rb + (size_t)i * wb, wb);
                 }
             tm_vec_dot_x4_fn x4 = tm_quant16_x4_get(t);

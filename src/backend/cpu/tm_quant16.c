@@ -217,14 +217,23 @@ static size_t block32_bytes(tm_dtype t) {
 }
 
 bool tm_quant16_x4_eligible(tm_dtype t, int64_t rows, int64_t cols) {
-    return (t == TM_DT_Q8_0 || t == TM_DT_Q4_0 || t == TM_DT_Q4_1) && rows > 0 && rows % 4 == 0 && cols >= 32 &&
-           cols % 32 == 0;
+    const int64_t blk = t == TM_DT_Q4_K ? TM_QK_K : 32;
+    return (t == TM_DT_Q8_0 || t == TM_DT_Q4_0 || t == TM_DT_Q4_1 || t == TM_DT_Q4_K) && rows > 0 && rows % 4 == 0 &&
+           cols >= blk && cols % blk == 0;
 }
 
 void tm_quant16_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, void *dst) {
-    const size_t wb = block32_bytes(t), nb = (size_t)cols / 32, rb = nb * wb, ng = nb / 4, tail = nb % 4;
     const uint8_t *s = src;
     uint8_t *d = dst;
+    if (t == TM_DT_Q4_K) { /* super-block i of rows 0..3, one after another */
+        const size_t sb = sizeof(tm_block_q4_K), nb = (size_t)cols / TM_QK_K, rb = nb * sb;
+        for (int64_t g = 0; g < rows / 4; g++)
+            for (size_t i = 0; i < nb; i++)
+                for (size_t r = 0; r < 4; r++)
+                    memcpy(d + (size_t)g * 4 * rb + (4 * i + r) * sb, s + ((size_t)g * 4 + r) * rb + i * sb, sb);
+        return;
+    }
+    const size_t wb = block32_bytes(t), nb = (size_t)cols / 32, rb = nb * wb, ng = nb / 4, tail = nb % 4;
     for (int64_t g = 0; g < rows / 4; g++) {
         const uint8_t *sg = s + (size_t)g * 4 * rb;
         uint8_t *dg = d + (size_t)g * 4 * rb;

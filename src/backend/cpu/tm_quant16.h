@@ -28,11 +28,12 @@ typedef void (*tm_vec_dot_multi_fn)(int64_t n, const void *w, const void *act, s
 #define TM_QUANT16_MULTI_MAX 8
 tm_vec_dot_multi_fn tm_quant16_multi_get(tm_dtype t); /* AVX2 only; NULL when not available */
 
-/* The decode layout ("x4"): a weight's rows in groups of four, and within a group the 32-element blocks of its
- * four rows interleaved four blocks at a time -- for each run of four blocks: row 0's four, row 1's, row 2's,
- * row 3's; then the row tails (nb % 4 blocks each) one row after another. A group is 4 x row_bytes, so the
- * whole weight keeps its size, and decode's four-row kernel reads one sequential stream (four separate row
- * streams defeat the hardware prefetcher). For Q8_0, Q4_0 and Q4_1 weights whose rows divide by 4. */
+/* The decode layout ("x4"): a weight's rows in groups of four, and within a group the blocks of its four rows
+ * interleaved. Q8_0/Q4_0/Q4_1 (32-element blocks): four blocks at a time -- for each run of four blocks: row 0's
+ * four, row 1's, row 2's, row 3's; then the row tails (nb % 4 blocks each) one row after another. Q4_K
+ * (256-element super-blocks): super-block i of rows 0, 1, 2, 3, then super-block i + 1. A group is
+ * 4 x row_bytes, so the whole weight keeps its size, and decode's four-row kernels read one sequential stream
+ * (four separate row streams defeat the hardware prefetcher). For those types when the rows divide by 4. */
 bool tm_quant16_x4_eligible(tm_dtype t, int64_t rows, int64_t cols);
 void tm_quant16_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, void *dst);
 /* out[c * 4 + k] = dot(row 4g + k of the packed weight, activation row c) for the group at `group` and nr = 1 or

@@ -377,56 +377,134 @@ DEF_X4ROW(q4_1, K32_Q4_1)
 
 /* ---- Q4_K x Q16_K ------------------------------------------------------------------------------- */
 
-TM_AI void kern_q4_K(const int NR, int64_t nb, const uint8_t *w, const uint8_t *act, size_t as, float *out) {
+/* Q4_K super-block decoding shared by the kernels: 6-bit scales and mins (ggml's get_scale_min_k4 layout) decoded
+ * four at a time; scp holds the sub-block scales as int16 pairs (one 32-bit broadcast fills a vector with sc),
+ * mf0/mf1 dmin * m_j once per bsum (each sub-block's two bsums; exact in f32: 6 x 11 bits), vd = d. */
+TM_AI void q4K_head(const tm_block_q4_K *x, int32_t *scp, __m256 *mf0, __m256 *mf1, __m256 *vd) {
+    const uint32_t w0 = (uint32_t)ldu32(x->scales), w1 = (uint32_t)ldu32(x->scales + 4), w2 = (uint32_t)ldu32(x->scales + 8);
+    const uint32_t sc_lo = w0 & 0x3f3f3f3fu, mn_lo = w1 & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)(sc_lo | (uint64_t)sc_hi << 32)));
+    _mm_store_si128((__m128i *)scp, _mm_unpacklo_epi16(sc16, sc16));
+    _mm_store_si128((__m128i *)(scp + 4), _mm_unpackhi_epi16(sc16, sc16));
+    const __m128i mn = _mm_cvtsi64_si128((long long)(mn_lo | (uint64_t)mn_hi << 32));
+    const __m128i mn2 = _mm_unpacklo_epi8(mn, mn);
+    const __m256 vdmin = _mm256_set1_ps(f16(&x->dmin));
+    *vd = _mm256_set1_ps(f16(&x->d));
+    *mf0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn2)), vdmin);
+    *mf1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mn2, 8))), vdmin);
+}
+
+/* sub-block j's weights times its scale, as int16: sub-block 2j is the low nibbles of qs[32j .. 32j+31], 2j+1
+ * the high nibbles */
+TM_AI void q4K_sub(const tm_block_q4_K *x, const int32_t *scp, int j, __m256i *w0, __m256i *w1) {
+    const __m256i t0 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * (j / 2)));
+    const __m256i t1 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * (j / 2) + 16));
+    const __m256i m4 = _mm256_set1_epi16(15), sc = bcast32(&scp[j]);
+    *w0 = _mm256_mullo_epi16(j & 1 ? _mm256_srli_epi16(t0, 4) : _mm256_and_si256(t0, m4), sc);
+    *w1 = _mm256_mullo_epi16(j & 1 ? _mm256_srli_epi16(t1, 4) : _mm256_and_si256(t1, m4), sc);
+}
+
+/* acc += d_a * (d * isum - sum_k dmin m_k bsums_k) for one activation super-block y */
+TM_AI __m256 q4K_tail(const tm_block_q16_K *y, __m256i isum, __m256 mf0, __m256 mf1, __m256 vd, __m256 acc) {
+    const __m256 m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld256(y->bsums)), mf0,
+                                     _mm256_mul_ps(_mm256_cvtepi32_ps(ld256(y->bsums + 8)), mf1));
+    const __m256 z = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isum), vd, m);
+    return _mm256_fmadd_ps(z, _mm256_broadcast_ss(&y->d), acc);
+}
+
+/* one weight row whose super-blocks stand ss bytes apart (row-major: sizeof(tm_block_q4_K); row k of an x4
+ * group: 4 x that) against NR activation rows */
+TM_AI void kern_q4_K(const int NR, int64_t nb, const uint8_t *w, size_t ss, const uint8_t *act, size_t as, float *out) {
     const size_t ab = sizeof(tm_block_q16_K);
     __m256 acc[TM_QUANT16_MULTI_MAX];
     TM_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        const tm_block_q4_K *x = (const tm_block_q4_K *)(w + (size_t)i * sizeof(tm_block_q4_K));
-        /* 6-bit scales and mins (ggml's get_scale_min_k4 layout) decoded four at a time */
-        const uint32_t w0 = (uint32_t)ldu32(x->scales), w1 = (uint32_t)ldu32(x->scales + 4),
-                       w2 = (uint32_t)ldu32(x->scales + 8);
-        const uint32_t sc_lo = w0 & 0x3f3f3f3fu, mn_lo = w1 & 0x3f3f3f3fu;
-        const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
-        const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
-        /* scales as int16 pairs (one 32-bit broadcast fills a vector with sc) */
+        const tm_block_q4_K *x = (const tm_block_q4_K *)(w + (size_t)i * ss);
         int32_t scp[8] __attribute__((aligned(32)));
-        const __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)(sc_lo | (uint64_t)sc_hi << 32)));
-        _mm_store_si128((__m128i *)scp, _mm_unpacklo_epi16(sc16, sc16));
-        _mm_store_si128((__m128i *)(scp + 4), _mm_unpackhi_epi16(sc16, sc16));
-        /* dmin * m_j once per bsum (each sub-block's two bsums): exact in f32 (6 x 11 bits) */
-        const __m128i mn = _mm_cvtsi64_si128((long long)(mn_lo | (uint64_t)mn_hi << 32));
-        const __m128i mn2 = _mm_unpacklo_epi8(mn, mn);
-        const __m256 vdmin = _mm256_set1_ps(f16(&x->dmin)), vd = _mm256_set1_ps(f16(&x->d));
-        const __m256 mf0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn2)), vdmin);
-        const __m256 mf1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mn2, 8))), vdmin);
+        __m256 mf0, mf1, vd;
+        q4K_head(x, scp, &mf0, &mf1, &vd);
         __m256i iacc[TM_QUANT16_MULTI_MAX];
         TM_UNROLL for (int r = 0; r < NR; r++) iacc[r] = _mm256_setzero_si256();
-        /* one 32-element sub-block at a time (two weight registers live beside the row accumulators):
-         * sub-block 2j is the low nibbles of qs[32j .. 32j+31], 2j+1 the high nibbles */
+        /* one 32-element sub-block at a time (two weight registers live beside the row accumulators) */
         for (int j = 0; j < 8; j++) {
-            const __m256i t0 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * (j / 2)));
-            const __m256i t1 = _mm256_cvtepu8_epi16(ld128(x->qs + 32 * (j / 2) + 16));
-            const __m256i m4 = _mm256_set1_epi16(15), sc = bcast32(&scp[j]);
-            const __m256i w0 = _mm256_mullo_epi16(j & 1 ? _mm256_srli_epi16(t0, 4) : _mm256_and_si256(t0, m4), sc);
-            const __m256i w1 = _mm256_mullo_epi16(j & 1 ? _mm256_srli_epi16(t1, 4) : _mm256_and_si256(t1, m4), sc);
+            __m256i w0, w1;
+            q4K_sub(x, scp, j, &w0, &w1);
             TM_UNROLL for (int r = 0; r < NR; r++) {
                 const int16_t *a = ((const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab))->qs + 32 * j;
                 iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(_mm256_madd_epi16(w0, ld256(a)),
                                                                      _mm256_madd_epi16(w1, ld256(a + 16))));
             }
         }
-        TM_UNROLL for (int r = 0; r < NR; r++) {
-            /* acc += d_a * (d * isum - sum_k dmin m_k bsums_k) */
-            const tm_block_q16_K *y = (const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab);
-            const __m256 m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld256(y->bsums)), mf0,
-                                             _mm256_mul_ps(_mm256_cvtepi32_ps(ld256(y->bsums + 8)), mf1));
-            const __m256 z = _mm256_fmsub_ps(_mm256_cvtepi32_ps(iacc[r]), vd, m);
-            acc[r] = _mm256_fmadd_ps(z, _mm256_broadcast_ss(&y->d), acc[r]);
-        }
+        TM_UNROLL for (int r = 0; r < NR; r++)
+            acc[r] = q4K_tail((const tm_block_q16_K *)(ACT(act, as, r) + (size_t)i * ab), iacc[r], mf0, mf1, vd, acc[r]);
     }
     TM_UNROLL for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
 }
+
+/* The four rows of a Q4_K x4 group (super-block i of rows 0..3 one after another) against NR (1..2) activation
+ * rows: per (row, activation row) exactly kern_q4_K's integer and float sequence, each activation sub-block
+ * loaded once for the four rows. out[c * 4 + k]. */
+TM_AI void kern_q4_K_x4(const int NR, int64_t nb, const uint8_t *g, const uint8_t *act, size_t as, float *out) {
+    const size_t ab = sizeof(tm_block_q16_K), sb = sizeof(tm_block_q4_K);
+    __m256 acc[4][2];
+    for (int k = 0; k < 4; k++)
+        for (int c = 0; c < NR; c++) acc[k][c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t scp[4][8] __attribute__((aligned(32)));
+        __m256 mf0[4], mf1[4], vd[4];
+        TM_UNROLL for (int k = 0; k < 4; k++)
+            q4K_head((const tm_block_q4_K *)(g + (size_t)(4 * i + k) * sb), scp[k], &mf0[k], &mf1[k], &vd[k]);
+        __m256i iacc[4][2];
+        for (int k = 0; k < 4; k++)
+            for (int c = 0; c < NR; c++) iacc[k][c] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i a0[2], a1[2];
+            TM_UNROLL for (int c = 0; c < NR; c++) {
+                const int16_t *a = ((const tm_block_q16_K *)(ACT(act, as, c) + (size_t)i * ab))->qs + 32 * j;
+                a0[c] = ld256(a);
+                a1[c] = ld256(a + 16);
+            }
+            TM_UNROLL for (int k = 0; k < 4; k++) {
+                __m256i w0, w1;
+                q4K_sub((const tm_block_q4_K *)(g + (size_t)(4 * i + k) * sb), scp[k], j, &w0, &w1);
+                TM_UNROLL for (int c = 0; c < NR; c++)
+                    iacc[k][c] = _mm256_add_epi32(iacc[k][c], _mm256_add_epi32(_mm256_madd_epi16(w0, a0[c]),
+                                                                               _mm256_madd_epi16(w1, a1[c])));
+            }
+        }
+        for (int k = 0; k < 4; k++)
+            for (int c = 0; c < NR; c++)
+                acc[k][c] = q4K_tail((const tm_block_q16_K *)(ACT(act, as, c) + (size_t)i * ab), iacc[k][c], mf0[k],
+                                     mf1[k], vd[k], acc[k][c]);
+    }
+    for (int k = 0; k < 4; k++)
+        for (int c = 0; c < NR; c++) out[c * 4 + k] = hsum8(acc[k][c]);
+}
+
+static void x4_q4_K(int64_t n, const void *g, const void *a, size_t as, int nr, float *out) {
+    if (nr == 2) kern_q4_K_x4(2, n / TM_QK_K, g, a, as, out);
+    else kern_q4_K_x4(1, n / TM_QK_K, g, a, as, out);
+}
+
+/* prefill over a Q4_K x4 group: row k's super-blocks stand 4 apart */
+static void x4row_q4_K(int64_t n, const void *g, int k, const void *a, size_t as, int nr, float *out) {
+    const uint8_t *w = (const uint8_t *)g + (size_t)k * sizeof(tm_block_q4_K);
+    const size_t ss = 4 * sizeof(tm_block_q4_K);
+    switch (nr) {
+    case 1: kern_q4_K(1, n / TM_QK_K, w, ss, a, as, out); break;
+    case 2: kern_q4_K(2, n / TM_QK_K, w, ss, a, as, out); break;
+    case 3: kern_q4_K(3, n / TM_QK_K, w, ss, a, as, out); break;
+    case 4: kern_q4_K(4, n / TM_QK_K, w, ss, a, as, out); break;
+    case 5: kern_q4_K(5, n / TM_QK_K, w, ss, a, as, out); break;
+    case 6: kern_q4_K(6, n / TM_QK_K, w, ss, a, as, out); break;
+    case 7: kern_q4_K(7, n / TM_QK_K, w, ss, a, as, out); break;
+    case 8: kern_q4_K(8, n / TM_QK_K, w, ss, a, as, out); break;
+    default: break;
+    }
+}
+
 
 /* ---- Q6_K x Q16_K ------------------------------------------------------------------------------- */
 
@@ -504,7 +582,7 @@ TM_AI void kern_q6_K(const int NR, int64_t nb, const uint8_t *w, const uint8_t *
 #define CALL_Q8_0(NR, n, w, a, as, out) kern32(K32_Q8_0, NR, (n) / 32, w, a, as, out)
 #define CALL_Q4_0(NR, n, w, a, as, out) kern32(K32_Q4_0, NR, (n) / 32, w, a, as, out)
 #define CALL_Q4_1(NR, n, w, a, as, out) kern32(K32_Q4_1, NR, (n) / 32, w, a, as, out)
-#define CALL_Q4_K(NR, n, w, a, as, out) kern_q4_K(NR, (n) / TM_QK_K, w, a, as, out)
+#define CALL_Q4_K(NR, n, w, a, as, out) kern_q4_K(NR, (n) / TM_QK_K, w, sizeof(tm_block_q4_K), a, as, out)
 #define CALL_Q6_K(NR, n, w, a, as, out) kern_q6_K(NR, (n) / TM_QK_K, w, a, as, out)
 
 DEF_ENTRIES(q8_0, CALL_Q8_0)
@@ -564,6 +642,7 @@ tm_vec_dot_x4_fn tm_quant16_x4_avx2(tm_dtype t) {
     case TM_DT_Q8_0: return x4_q8_0;
     case TM_DT_Q4_0: return x4_q4_0;
     case TM_DT_Q4_1: return x4_q4_1;
+    case TM_DT_Q4_K: return x4_q4_K;
     default: return NULL;
     }
 }
@@ -573,6 +652,7 @@ tm_vec_dot_x4row_fn tm_quant16_x4row_avx2(tm_dtype t) {
     case TM_DT_Q8_0: return x4row_q8_0;
     case TM_DT_Q4_0: return x4row_q4_0;
     case TM_DT_Q4_1: return x4row_q4_1;
+    case TM_DT_Q4_K: return x4row_q4_K;
     default: return NULL;
     }
 }
