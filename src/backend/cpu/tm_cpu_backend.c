@@ -421,7 +421,7 @@ static void cpu_free(tm_backend *be) {
 
 /* ---- weights: the decode layout -------------------------------------------------------------------- */
 
-/* A weight stays where it is (mapped file or host memory); with 16-bit activations on AVX2 a Q8_0/Q4_0/Q4_1
+/* A weight stays where it is (mapped file or host memory); with 16-bit activations on AVX2 a Q8_0/Q4_0/Q4_1/Q4_K
  * matrix whose rows divide by 4 also gets an x4 copy (tm_quant16.h) that every matmul then reads -- decode four
  * rows per kernel call from one sequential stream, prefill row by row from it -- with the same bits as the
  * row-major kernels. The row-major data is then only read for embedding rows (a mapped file's pages go cold).
