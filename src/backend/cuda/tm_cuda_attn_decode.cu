@@ -1,5 +1,5 @@
 /* tm_cuda_attn_decode.cu -- paged FlashDecoding: one query token per sequence, split-KV across CTAs, merge pass. */
-#include "tm_cuda_pdl.cuh"
+#include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
 #include <cuda_bf16.h>

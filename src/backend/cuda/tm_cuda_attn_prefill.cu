@@ -1,4 +1,5 @@
 /* tm_cuda_attn_prefill.cu -- paged FlashAttention for prefill chunks and mixed batches (causal, GQA, mma.sync / wgmma). */
+#include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
 #include <cuda_bf16.h>
@@ -1245,8 +1246,6 @@ cudaError_t launch_v4(const tm_cuda_attn_args *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 } /* namespace */
 
 extern "C" size_t tm_cuda_attn_prefill_work_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_dim) {
@@ -1266,8 +1265,8 @@ extern "C" cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStre
     /* TM_CUDA_ATTN_PREFILL_V=1/2/3/4 forces a version; unset (or anything else): v3 */
     const char *v = getenv("TM_CUDA_ATTN_PREFILL_V");
     const int ver = v && v[0] >= '1' && v[0] <= '4' && v[1] == '\0' ? v[0] - '0' : 3;
-    const bool fast = ver != 1 && aligned16(a->q) && aligned16(a->k_cache) && aligned16(a->v_cache) &&
-                      aligned16(a->out) && (a->block_size & (a->block_size - 1)) == 0 && a->block_size <= (1 << 20);
+    const bool fast = ver != 1 && tm_aligned16(a->q) && tm_aligned16(a->k_cache) && tm_aligned16(a->v_cache) &&
+                      tm_aligned16(a->out) && (a->block_size & (a->block_size - 1)) == 0 && a->block_size <= (1 << 20);
     if (fast && (a->head_dim == 128 || a->head_dim == 64)) {
         const bool hd128 = a->head_dim == 128;
         if (ver == 4) { /* key tile: TM_CUDA_ATTN_PREFILL_BN=64/128, else 64 for head_dim 128, 128 for 64 */

@@ -1,5 +1,5 @@
 /* tm_cuda_dequant.cu -- weight dequantization to bf16, embedding lookup (rows by id to f32), supported weight types. */
-#include "tm_cuda_pdl.cuh"
+#include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "backend/cuda/tm_cuda_dequant.cuh"
 
@@ -14,11 +14,6 @@
 namespace {
 
 constexpr int kThreads = 256;
-
-bool env_is_1(const char *name) {
-    const char *s = getenv(name);
-    return s && s[0] == '1' && s[1] == '\0';
-}
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
@@ -129,7 +124,7 @@ extern "C" cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t
     if (rows == 0) return cudaSuccess;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
     const uint8_t *wb = (const uint8_t *)w;
-    if (env_is_1("TM_CUDA_DEQUANT_V") || !fast_ok(type, w, cols) || ((uintptr_t)out & 15u)) {
+    if (tm_env_is_1("TM_CUDA_DEQUANT_V") || !fast_ok(type, w, cols) || !tm_aligned16(out)) {
         dequant_bf16_kernel_v1<<<grid_for(rows * cols), kThreads, 0, stream>>>(wb, type, rows, cols, row_bytes, out);
         return cudaGetLastError();
     }
@@ -152,7 +147,7 @@ extern "C" cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t co
     if (n == 0) return cudaSuccess;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
     const uint8_t *tb = (const uint8_t *)table;
-    if (env_is_1("TM_CUDA_DEQUANT_V") || !fast_ok(type, table, cols) || ((uintptr_t)x & 15u)) {
+    if (tm_env_is_1("TM_CUDA_DEQUANT_V") || !fast_ok(type, table, cols) || !tm_aligned16(x)) {
         embed_kernel_v1<<<n, kThreads, 0, stream>>>(tb, type, cols, row_bytes, ids, x);
         return cudaGetLastError();
     }

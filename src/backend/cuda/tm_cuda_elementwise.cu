@@ -1,5 +1,5 @@
 /* tm_cuda_elementwise.cu -- SwiGLU, row gather, bf16 <-> f32 conversions and device-side random fills. */
-#include "tm_cuda_pdl.cuh"
+#include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "core/tm_dtype.h"
@@ -29,13 +29,6 @@ constexpr int kUnroll = 2; /* chunks of 8 per thread in the vector kernels */
  * bf16's 4e-3; the IEEE division would cost ~8 more instructions per element). For g < -88, e^-g = inf and
  * __fdividef(g, inf) = g * rcp(inf) = -0, the right limit. */
 __device__ __forceinline__ float swiglu1(float g, float u) { return __fdividef(g, 1.0f + __expf(-g)) * u; }
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-bool env_is_1(const char *name) {
-    const char *s = getenv(name);
-    return s && s[0] == '1' && s[1] == '\0';
-}
 
 unsigned grid_for(size_t work, size_t per_block) {
     size_t g = (work + per_block - 1) / per_block;
@@ -193,7 +186,7 @@ extern "C" cudaError_t tm_cuda_swiglu(const uint16_t *gate, const uint16_t *up, 
     if (n < 0 || ffn < 0 || !gate || !up || !out) return cudaErrorInvalidValue;
     const size_t total = (size_t)n * (size_t)ffn; /* rows are contiguous: one flat stream */
     if (total == 0) return cudaSuccess;
-    if (aligned16(gate) && aligned16(up) && aligned16(out) && !env_is_1("TM_CUDA_SWIGLU_V"))
+    if (tm_aligned16(gate) && tm_aligned16(up) && tm_aligned16(out) && !tm_env_is_1("TM_CUDA_SWIGLU_V"))
         swiglu_kernel_v2<<<grid_for(total / 8 ? total / 8 : 1, (size_t)kThreads * kUnroll), kThreads, 0, stream>>>(
             gate, up, total, out);
     else
@@ -205,14 +198,14 @@ extern "C" cudaError_t tm_cuda_get_rows(const uint16_t *x, const int32_t *idx, i
                                         uint16_t *out, cudaStream_t stream) {
     if (n_idx < 0 || width < 0 || !x || !idx || !out) return cudaErrorInvalidValue;
     if (n_idx == 0 || width == 0) return cudaSuccess;
-    const bool vec = width % 8 == 0 && aligned16(x) && aligned16(out);
+    const bool vec = width % 8 == 0 && tm_aligned16(x) && tm_aligned16(out);
     return tm_launch(get_rows_kernel_v1, dim3((unsigned)n_idx), dim3(kThreads), 0, stream, x, idx, width, vec, out);
 }
 
 extern "C" cudaError_t tm_cuda_bf16_to_f32(const uint16_t *x, size_t n, float *out, cudaStream_t stream) {
     if (!x || !out) return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
-    const bool vec = aligned16(x) && aligned16(out);
+    const bool vec = tm_aligned16(x) && tm_aligned16(out);
     bf16_to_f32_kernel_v1<<<grid_for(vec && n >= 8 ? n / 8 : n, (size_t)kThreads * (vec ? kUnroll : 1)), kThreads, 0,
                             stream>>>(x, n, vec, out);
     return cudaGetLastError();
@@ -221,7 +214,7 @@ extern "C" cudaError_t tm_cuda_bf16_to_f32(const uint16_t *x, size_t n, float *o
 extern "C" cudaError_t tm_cuda_f32_to_bf16(const float *x, size_t n, uint16_t *out, cudaStream_t stream) {
     if (!x || !out) return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
-    const bool vec = aligned16(x) && aligned16(out);
+    const bool vec = tm_aligned16(x) && tm_aligned16(out);
     f32_to_bf16_kernel_v1<<<grid_for(vec && n >= 8 ? n / 8 : n, kThreads), kThreads, 0, stream>>>(x, n, vec, out);
     return cudaGetLastError();
 }

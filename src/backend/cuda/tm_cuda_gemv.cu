@@ -1,4 +1,5 @@
 /* tm_cuda_gemv.cu -- small-batch matrix-vector products with the weight dequantization fused into the read. */
+#include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "backend/cuda/tm_cuda_dequant.cuh"
 
@@ -68,11 +69,6 @@ namespace {
 constexpr int kThreadsV1 = 128;
 constexpr int kMaxWarps = 4;
 constexpr int kMaxJobs = TM_CUDA_GEMV_MAX_JOBS;
-
-bool env_is_1(const char *name) {
-    const char *s = getenv(name);
-    return s && s[0] == '1' && s[1] == '\0';
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -494,22 +490,14 @@ int warps_for(int units, int unroll) {
 }
 
 template <class T, int EPI> cudaError_t launch_v2(const v2_args &a, int n, int blocks, cudaStream_t stream) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)blocks);
     /* TM_CUDA_GEMV_WIDE=1: the first version's rule (>= 2 units per lane), for A/B timing */
-    const int unroll = env_is_1("TM_CUDA_GEMV_WIDE") ? 2 : T::UNROLL;
-    cfg.blockDim = dim3((unsigned)(32 * warps_for(a.cols / (T::RUNS * 8), unroll))); /* units: RUNS runs of 8 */
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = a.pdl ? 1 : 0;
+    const int unroll = tm_env_is_1("TM_CUDA_GEMV_WIDE") ? 2 : T::UNROLL;
+    const int units = a.cols / (T::RUNS * 8); /* RUNS runs of 8 */
+    const dim3 grid((unsigned)blocks), block((unsigned)(32 * warps_for(units, unroll)));
     cudaError_t e = cudaErrorInvalidValue;
     switch (n) {
 #define TM_GEMV_N(NN)                                                                                              \
-    case NN: e = cudaLaunchKernelEx(&cfg, gemv_kernel_v2<T, NN, EPI>, a); break;
+    case NN: e = tm_launch_ex(a.pdl, gemv_kernel_v2<T, NN, EPI>, grid, block, 0, stream, a); break;
         TM_GEMV_N(1)
         TM_GEMV_N(2)
         TM_GEMV_N(3)
@@ -521,11 +509,7 @@ template <class T, int EPI> cudaError_t launch_v2(const v2_args &a, int n, int b
 #undef TM_GEMV_N
     default: break;
     }
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError(); /* clear a launch error so it is reported once, here */
-        return e;
-    }
-    return cudaGetLastError();
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* The v2 kernels' alignment needs: weights ALIGN-aligned (blocks at fixed offsets), x 16-byte aligned with
@@ -539,7 +523,7 @@ bool v2_ok(int32_t type, const void *wa, const void *wb, int64_t cols, const uin
     default: return false;
     }
     return (uintptr_t)wa % (uintptr_t)align == 0 && (uintptr_t)wb % (uintptr_t)align == 0 &&
-           ((uintptr_t)x & 15u) == 0 && cols % 8 == 0 && cols <= INT32_MAX;
+           !tm_aligned16(x) == 0 && cols % 8 == 0 && cols <= INT32_MAX;
 }
 
 /* One product (job) through v1: one block per output row. */
@@ -569,13 +553,13 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
 
     /* v2 for all jobs at once when every job meets its alignment needs, else each job on its own as
      * tm_cuda_gemv would run it (v2 or v1), so that a job's results never depend on its companions */
-    bool all_v2 = !env_is_1("TM_CUDA_GEMV_V");
+    bool all_v2 = !tm_env_is_1("TM_CUDA_GEMV_V");
     for (int32_t j = 0; j < n_jobs && all_v2; j++)
         if (jobs[j].rows > 0) all_v2 = v2_ok(type, jobs[j].w, swiglu ? w_up : jobs[j].w, cols, x);
     if (!all_v2) {
         for (int32_t j = 0; j < n_jobs; j++) {
             if (jobs[j].rows == 0) continue;
-            cudaError_t e = (n_jobs > 1 && !env_is_1("TM_CUDA_GEMV_V"))
+            cudaError_t e = (n_jobs > 1 && !tm_env_is_1("TM_CUDA_GEMV_V"))
                                 ? gemv_run(&jobs[j], 1, w_up, type, cols, x, n, out_f32, swiglu, stream)
                                 : launch_v1(jobs[j], w_up, type, cols, row_bytes, x, n, out_f32, swiglu, stream);
             if (e != cudaSuccess) return e;
@@ -611,7 +595,7 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     a.row_bytes = row_bytes;
     a.cols = (int)cols;
     a.out_f32 = swiglu ? false : out_f32;
-    a.pdl = env_is_1("TM_CUDA_PDL");
+    a.pdl = tm_pdl_on();
     switch (type) {
 #define TMQ_LAUNCH(T)                                                                                              \
     return swiglu ? launch_v2<T, EPI_SWIGLU>(a, n, (int)blocks, stream) : launch_v2<T, EPI_PLAIN>(a, n, (int)blocks, stream)
@@ -630,7 +614,7 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     if (!x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 || cols > INT32_MAX || !tmq::type_info(type, &ti) ||
         cols % ti.qk)
         return cudaErrorInvalidValue;
-    if (env_is_1("TM_CUDA_GEMV_V")) return cudaErrorNotSupported;
+    if (tm_env_is_1("TM_CUDA_GEMV_V")) return cudaErrorNotSupported;
     int64_t blocks = 0;
     for (int32_t j = 0; j < n_jobs; j++) {
         if (!jobs[j].w || jobs[j].rows < 2 || jobs[j].rows % 2 || jobs[j].rows > INT32_MAX) return cudaErrorInvalidValue;
@@ -655,7 +639,7 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     a.row_bytes = cols / ti.qk * ti.bytes;
     a.cols = (int)cols;
     a.out_f32 = false;
-    a.pdl = env_is_1("TM_CUDA_PDL");
+    a.pdl = tm_pdl_on();
     switch (type) {
 #define TMQ_LAUNCH(T) return launch_v2<T, EPI>(a, n, (int)blocks, stream)
         TMQ_TYPE_CASES(type, TMQ_LAUNCH)

@@ -1,5 +1,5 @@
 /* tm_cuda_norm.cu -- RMSNorm and fused residual-add + RMSNorm: one block per row, the row kept in registers. */
-#include "tm_cuda_pdl.cuh"
+#include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
@@ -134,13 +134,6 @@ __global__ void __launch_bounds__(BS) rmsnorm_kernel_v2(float *res, const uint16
     }
 }
 
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-bool force_v1(void) {
-    const char *s = getenv("TM_CUDA_RMSNORM_V");
-    return s && s[0] == '1' && s[1] == '\0';
-}
-
 template <bool ADD>
 cudaError_t launch_norm(float *res, const uint16_t *xb, const float *xf, const float *w, float eps, int32_t n,
                         int32_t dim, uint16_t *out, cudaStream_t stream) {
@@ -148,8 +141,8 @@ cudaError_t launch_norm(float *res, const uint16_t *xb, const float *xf, const f
     if (n == 0) return cudaSuccess;
     const dim3 grid((unsigned)n);
     const int nch = dim / 8;
-    const bool vec = dim % 8 == 0 && aligned16(w) && aligned16(out) &&
-                     (ADD ? aligned16(res) && aligned16(xb) : aligned16(xf)) && nch <= 2048 && !force_v1();
+    const bool vec = dim % 8 == 0 && tm_aligned16(w) && tm_aligned16(out) &&
+                     (ADD ? tm_aligned16(res) && tm_aligned16(xb) : tm_aligned16(xf)) && nch <= 2048 && !tm_env_is_1("TM_CUDA_RMSNORM_V");
     if (!vec)
         rmsnorm_kernel_v1<ADD><<<grid, 256, 0, stream>>>(res, xb, xf, w, eps, dim, out);
     else if (nch <= 128)

@@ -1,5 +1,5 @@
 /* tm_cuda_rope.cu -- RoPE on q and k fused with the write of k and v into their paged-cache slots. */
-#include "tm_cuda_pdl.cuh"
+#include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
@@ -170,8 +170,6 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v2(tm_cuda_rope_args 
     }
 }
 
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 } // namespace
 
 extern "C" cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStream_t stream) {
@@ -182,10 +180,9 @@ extern "C" cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStr
     if (a->n_tokens == 0) return cudaSuccess;
     const size_t smem = (size_t)(a->rope_dim / 2) * sizeof(float2);
     if (smem > 48 * 1024) return cudaErrorInvalidValue;
-    const char *env = getenv("TM_CUDA_ROPE_V");
-    const bool v1 = env && env[0] == '1' && env[1] == '\0';
-    const bool vec = a->head_dim % 8 == 0 && a->rope_dim % (a->neox ? 16 : 8) == 0 && aligned16(a->q) &&
-                     aligned16(a->k) && aligned16(a->v) && aligned16(a->k_cache) && aligned16(a->v_cache);
+    const bool v1 = tm_env_is_1("TM_CUDA_ROPE_V");
+    const bool vec = a->head_dim % 8 == 0 && a->rope_dim % (a->neox ? 16 : 8) == 0 && tm_aligned16(a->q) &&
+                     tm_aligned16(a->k) && tm_aligned16(a->v) && tm_aligned16(a->k_cache) && tm_aligned16(a->v_cache);
     if (vec && !v1)
         return tm_launch(rope_kv_kernel_v2, dim3((unsigned)a->n_tokens), dim3(kThreads), smem, stream, *a);
     else
