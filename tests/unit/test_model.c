@@ -50,22 +50,7 @@ static double *ref_forward(const tm_model *m, const int32_t *ids, int n) {
             ref_matvec(&L->wv, &L->bv, xb, V + (size_t)t * kvd);
             for (int h = 0; h < hp->n_heads; h++) ref_rope(q + h * hd, t, m);
             for (int h = 0; h < hp->n_kv_heads; h++) ref_rope(K + (size_t)t * kvd + h * hd, t, m);
-            for (int h = 0; h < hp->n_heads; h++) {
-                int kh = h / (hp->n_heads / hp->n_kv_heads);
-                double mx = -INFINITY, sum = 0;
-                for (int s = 0; s <= t; s++) {
-                    double d = 0;
-                    for (int i = 0; i < hd; i++) d += q[h * hd + i] * K[(size_t)s * kvd + kh * hd + i];
-                    sc[s] = d / sqrt((double)hd);
-                    if (sc[s] > mx) mx = sc[s];
-                }
-                for (int s = 0; s <= t; s++) sum += (sc[s] = exp(sc[s] - mx));
-                for (int i = 0; i < hd; i++) {
-                    double a = 0;
-                    for (int s = 0; s <= t; s++) a += sc[s] * V[(size_t)s * kvd + kh * hd + i];
-                    att[h * hd + i] = a / sum;
-                }
-            }
+            ref_attention(q, K, V, t, hp->n_heads, hp->n_kv_heads, hd, sc, att);
             ref_matvec(&L->wo, NULL, att, tmp);
             for (int i = 0; i < dim; i++) xt[i] += tmp[i];
             ref_rmsnorm(xt, &L->ffn_norm, hp->norm_eps, dim, xb);

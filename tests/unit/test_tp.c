@@ -213,7 +213,6 @@ static void ref_matvec(const float *d, int64_t rows, int64_t cols, const tm_weig
 static double *ref_forward_tp(tm_model *const *sh, int n_ranks, const int32_t *ids, int n) {
     const tm_hparams *hp = &sh[0]->hp; /* per-rank heads / ffn */
     int dim = hp->dim, hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd, ffn = hp->ffn_dim;
-    int group = hp->n_heads / hp->n_kv_heads;
     double *x = calloc((size_t)n * dim, sizeof(double)), *xb = malloc(sizeof(double) * dim);
     double *q = malloc(sizeof(double) * qd), *att = malloc(sizeof(double) * qd), *tmp = malloc(sizeof(double) * dim);
     double *acc = malloc(sizeof(double) * dim);
@@ -243,22 +242,7 @@ static double *ref_forward_tp(tm_model *const *sh, int n_ranks, const int32_t *i
                 ref_matvec(D[r].wv, kvd, dim, &L->bv, xb, Vr + (size_t)t * kvd);
                 for (int h = 0; h < hp->n_heads; h++) ref_rope(q + h * hd, t, sh[r]);
                 for (int h = 0; h < hp->n_kv_heads; h++) ref_rope(Kr + (size_t)t * kvd + h * hd, t, sh[r]);
-                for (int h = 0; h < hp->n_heads; h++) {
-                    int kh = h / group;
-                    double mx = -INFINITY, sum = 0;
-                    for (int s = 0; s <= t; s++) {
-                        double d = 0;
-                        for (int i = 0; i < hd; i++) d += q[h * hd + i] * Kr[(size_t)s * kvd + kh * hd + i];
-                        sc[s] = d / sqrt((double)hd);
-                        if (sc[s] > mx) mx = sc[s];
-                    }
-                    for (int s = 0; s <= t; s++) sum += (sc[s] = exp(sc[s] - mx));
-                    for (int i = 0; i < hd; i++) {
-                        double a = 0;
-                        for (int s = 0; s <= t; s++) a += sc[s] * Vr[(size_t)s * kvd + kh * hd + i];
-                        att[h * hd + i] = a / sum;
-                    }
-                }
+                ref_attention(q, Kr, Vr, t, hp->n_heads, hp->n_kv_heads, hd, sc, att);
                 ref_matvec(D[r].wo, dim, qd, NULL, att, tmp);
                 for (int i = 0; i < dim; i++) acc[i] += tmp[i]; /* the all-reduce */
             }

@@ -36,4 +36,27 @@ static inline void ref_rope(double *x, int pos, const tm_model *m) {
     }
 }
 
+/* Causal attention of token t: att (n_heads, hd) = softmax(q · K[0..t]ᵀ / sqrt(hd)) · V[0..t] per head, K and V
+ * (t + 1, n_kv_heads * hd) with query head h reading KV head h / (n_heads / n_kv_heads); sc: (t + 1) scratch */
+static inline void ref_attention(const double *q, const double *K, const double *V, int t, int n_heads, int n_kv_heads,
+                                 int hd, double *sc, double *att) {
+    const int kvd = n_kv_heads * hd, group = n_heads / n_kv_heads;
+    for (int h = 0; h < n_heads; h++) {
+        int kh = h / group;
+        double mx = -INFINITY, sum = 0;
+        for (int s = 0; s <= t; s++) {
+            double d = 0;
+            for (int i = 0; i < hd; i++) d += q[h * hd + i] * K[(size_t)s * kvd + kh * hd + i];
+            sc[s] = d / sqrt((double)hd);
+            if (sc[s] > mx) mx = sc[s];
+        }
+        for (int s = 0; s <= t; s++) sum += (sc[s] = exp(sc[s] - mx));
+        for (int i = 0; i < hd; i++) {
+            double a = 0;
+            for (int s = 0; s <= t; s++) a += sc[s] * V[(size_t)s * kvd + kh * hd + i];
+            att[h * hd + i] = a / sum;
+        }
+    }
+}
+
 #endif /* TM_TEST_REF_H */
