@@ -94,15 +94,6 @@ static void make_ids(int32_t *ids, int n, int vocab, unsigned seed) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((seed * 2654435761u + (unsigned)i * 40503u) % (unsigned)vocab);
 }
 
-/* max |a-b| / max |b| over a logits row */
-static double rel_err(const float *a, const double *b, int n) {
-    double md = 0, mb = 0;
-    for (int i = 0; i < n; i++) {
-        md = fmax(md, fabs((double)a[i] - b[i]));
-        mb = fmax(mb, fabs(b[i]));
-    }
-    return md / mb;
-}
 
 /* ---- tests ------------------------------------------------------------------------------------- */
 
@@ -119,7 +110,7 @@ static void check_against_reference(tiny_opts o, double tol) {
     const int lens[] = {1, 2, 15, 16, 17, 33, N};
     for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
         assert_int_equal(tm_runner_prompt_logits(r, ids, (size_t)lens[k], lg, &err), TM_OK);
-        double e = rel_err(lg, ref + (size_t)(lens[k] - 1) * m->hp.n_vocab, m->hp.n_vocab);
+        double e = ref_rel_err(lg, ref + (size_t)(lens[k] - 1) * m->hp.n_vocab, (size_t)m->hp.n_vocab);
         if (e > tol) fail_msg("%s/%s prefix %d: relative error %g > %g", o.arch, tm_dtype_name(o.wtype), lens[k], e, tol);
     }
     assert_int_equal(tm_kv_n_free(&r->pool), r->pool.n_blocks); /* every block back in the pool */

@@ -54,15 +54,7 @@ static uint64_t wbytes(const tm_weight *w) {
     return tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows;
 }
 
-/* max |a-b| / max |b| */
-static double rel_err_fd(const float *a, const double *b, size_t n) {
-    double md = 0, mb = 0;
-    for (size_t i = 0; i < n; i++) {
-        md = fmax(md, fabs((double)a[i] - b[i]));
-        mb = fmax(mb, fabs(b[i]));
-    }
-    return md / mb;
-}
+/* max |a-b| / max |b| (float against double: ref_rel_err) */
 static double rel_err_dd(const double *a, const double *b, size_t n) {
     double md = 0, mb = 0;
     for (size_t i = 0; i < n; i++) {
@@ -378,7 +370,7 @@ static void check_forward(const model_case *c, double tol) {
     tm_model *whole[1] = {m};
     double *ref = ref_forward_tp(whole, 1, seq.ids, N_TOK);
     float *full = cpu_forward(m, &seq.b);
-    double e = rel_err_fd(full, ref, nl);
+    double e = ref_rel_err(full, ref, nl);
     if (e > tol) fail_msg("%s/%s unsharded forward: error %g > %g", c->arch, tm_dtype_name(c->wtype), e, tol);
     for (int n = 1; n <= c->max_ranks; n *= 2) {
         tm_model *sh[MAX_RANKS];
@@ -389,7 +381,7 @@ static void check_forward(const model_case *c, double tol) {
         if (e > 1e-9) fail_msg("%s/%s N=%d: dense sharded reference off by %g", c->arch, tm_dtype_name(c->wtype), n, e);
         /* cpu ops per rank + in-process all-reduce vs the dense reference and vs tm_model_forward */
         float *tp = cpu_forward_tp(sh, n, &seq.b);
-        e = rel_err_fd(tp, ref, nl);
+        e = ref_rel_err(tp, ref, nl);
         if (e > tol)
             fail_msg("%s/%s N=%d: sharded cpu forward error %g > %g", c->arch, tm_dtype_name(c->wtype), n, e, tol);
         e = rel_err_ff(tp, full, nl);
@@ -433,7 +425,7 @@ static void test_missing_allreduce_is_detected(void **st) {
     double *ref = ref_forward_tp(whole, 1, seq.ids, N_TOK);
     tm_model *sh = shard(m, 2, 0);
     float *lone = cpu_forward(sh, &seq.b); /* rank 0 alone, no sum */
-    double e = rel_err_fd(lone, ref, (size_t)N_TOK * (size_t)m->hp.n_vocab);
+    double e = ref_rel_err(lone, ref, (size_t)N_TOK * (size_t)m->hp.n_vocab);
     assert_true(e > 1e-2);
     free(lone);
     free(ref);

@@ -59,4 +59,14 @@ static inline void ref_attention(const double *q, const double *K, const double 
     }
 }
 
+/* max |a - b| / max |b|: a (n) from a backend against the f64 reference b */
+static inline double ref_rel_err(const float *a, const double *b, size_t n) {
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        md = fmax(md, fabs((double)a[i] - b[i]));
+        mb = fmax(mb, fabs(b[i]));
+    }
+    return md / mb;
+}
+
 #endif /* TM_TEST_REF_H */

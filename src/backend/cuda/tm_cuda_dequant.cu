@@ -91,16 +91,8 @@ __global__ void __launch_bounds__(kThreads) embed_kernel_v2(const uint8_t *__res
 
 /* true when the unit kernels may read w (ALIGN-aligned base, cols a multiple of 8 for float types) */
 bool fast_ok(int32_t type, const void *w, int64_t cols) {
-    tmq::info ti;
-    if (!tmq::type_info(type, &ti)) return false;
-    int align = 0;
-    switch (type) {
-#define TMQ_ALIGN(T) align = T::ALIGN
-        TMQ_TYPE_CASES(type, TMQ_ALIGN)
-#undef TMQ_ALIGN
-    default: return false;
-    }
-    return ((uintptr_t)w % (uintptr_t)align) == 0 && cols % 8 == 0 && cols <= INT32_MAX;
+    const int align = tmq::unit_align(type);
+    return align > 0 && ((uintptr_t)w % (uintptr_t)align) == 0 && cols % 8 == 0 && cols <= INT32_MAX;
 }
 
 unsigned grid_for(int64_t work) {

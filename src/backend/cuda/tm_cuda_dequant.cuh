@@ -453,4 +453,19 @@ struct t_q6_K {
     case TM_DT_Q4_K: F(tmq::t_q4_K); break;                                                                        \
     case TM_DT_Q6_K: F(tmq::t_q6_K); break;
 
+namespace tmq {
+/* the byte alignment the unit (v2) kernels need for a row of weight type t (blocks read at fixed offsets); 0 for a
+ * type they do not know */
+static inline int unit_align(int32_t type) {
+    int align = 0;
+    switch (type) {
+#define TMQ_ALIGN(T) align = T::ALIGN
+        TMQ_TYPE_CASES(type, TMQ_ALIGN)
+#undef TMQ_ALIGN
+    default: break;
+    }
+    return align;
+}
+} /* namespace tmq */
+
 #endif /* TM_CUDA_DEQUANT_CUH */

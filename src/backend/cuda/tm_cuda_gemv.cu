@@ -515,15 +515,9 @@ template <class T, int EPI> cudaError_t launch_v2(const v2_args &a, int n, int b
 /* The v2 kernels' alignment needs: weights ALIGN-aligned (blocks at fixed offsets), x 16-byte aligned with
  * cols % 8 == 0 (16-byte loads of 8 activations), cols in int. */
 bool v2_ok(int32_t type, const void *wa, const void *wb, int64_t cols, const uint16_t *x) {
-    int align = 0;
-    switch (type) {
-#define TMQ_ALIGN(T) align = T::ALIGN
-        TMQ_TYPE_CASES(type, TMQ_ALIGN)
-#undef TMQ_ALIGN
-    default: return false;
-    }
-    return (uintptr_t)wa % (uintptr_t)align == 0 && (uintptr_t)wb % (uintptr_t)align == 0 &&
-           !tm_aligned16(x) == 0 && cols % 8 == 0 && cols <= INT32_MAX;
+    const int align = tmq::unit_align(type);
+    return align > 0 && (uintptr_t)wa % (uintptr_t)align == 0 && (uintptr_t)wb % (uintptr_t)align == 0 &&
+           tm_aligned16(x) && cols % 8 == 0 && cols <= INT32_MAX;
 }
 
 /* One product (job) through v1: one block per output row. */
