@@ -188,6 +188,20 @@ TM_AI __m256i dsum4(const uint8_t *a) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
+/* one block outside a run of four (weight block x, its unpacked int16 w0, activation block a): the block's
+ * exact sums scaled by d_w d_a into acc, and Q4_1's m_w d_a sum_a on lane 1 */
+TM_AI __m256 leftover32(const int T, const uint8_t *x, const __m256i *w0, const uint8_t *a, __m256 acc) {
+    const float da = ldf(a);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum32(w0, a)), _mm256_set1_ps(f16(x) * da), acc);
+    if (T == K32_Q4_1) {
+        int32_t s;
+        memcpy(&s, a + offsetof(tm_block_q16, sum), 4);
+        const float m = f16(x + 2) * da;
+        acc = _mm256_add_ps(acc, _mm256_setr_ps(0.0f, m * (float)s, 0, 0, 0, 0, 0, 0));
+    }
+    return acc;
+}
+
 /* out[r] = dot(weight row w, activation row r) for r < NR. Per row and group of four blocks the float work is
  * fixed (this is what makes every nr give the same bits):
  *   Q8_0, Q4_0: u_k = S_k * d_a,k;  v = u_0 d_w,0 + u_1 d_w,1 + u_2 d_w,2 + u_3 d_w,3 (mul, 3 FMAs); acc += v
@@ -239,18 +253,7 @@ TM_AI void kern32_at(const int T, const int NR, int64_t nb, const uint8_t *wg, s
         const uint8_t *x = wt + (size_t)(i - i0) * wb;
         __m256i w0[2];
         unpack32(T, x, w0);
-        const float dw = f16(x);
-        TM_UNROLL for (int r = 0; r < NR; r++) {
-            const uint8_t *a = ACT(act, as, r) + (size_t)i * ab;
-            const float da = ldf(a);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum32(w0, a)), _mm256_set1_ps(dw * da), acc[r]);
-            if (T == K32_Q4_1) {
-                int32_t s;
-                memcpy(&s, a + offsetof(tm_block_q16, sum), 4);
-                const float m = f16(x + 2) * da;
-                acc[r] = _mm256_add_ps(acc[r], _mm256_setr_ps(0.0f, m * (float)s, 0, 0, 0, 0, 0, 0));
-            }
-        }
+        TM_UNROLL for (int r = 0; r < NR; r++) acc[r] = leftover32(T, x, w0, ACT(act, as, r) + (size_t)i * ab, acc[r]);
     }
     TM_UNROLL for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
 }
@@ -330,18 +333,8 @@ TM_AI void kern32_x4(const int T, const int NR, int64_t nb, const uint8_t *g, co
             const uint8_t *x = g + (size_t)nq * 16 * wb + ((size_t)r * (size_t)tail + (size_t)j) * wb;
             __m256i w0[2];
             unpack32(T, x, w0);
-            const float dw = f16(x);
-            for (int c = 0; c < NR; c++) {
-                const uint8_t *a = ACT(act, as, c) + (size_t)(4 * nq + j) * ab;
-                const float da = ldf(a);
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum32(w0, a)), _mm256_set1_ps(dw * da), acc[r][c]);
-                if (T == K32_Q4_1) {
-                    int32_t sm;
-                    memcpy(&sm, a + offsetof(tm_block_q16, sum), 4);
-                    const float m = f16(x + 2) * da;
-                    acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_setr_ps(0.0f, m * (float)sm, 0, 0, 0, 0, 0, 0));
-                }
-            }
+            for (int c = 0; c < NR; c++)
+                acc[r][c] = leftover32(T, x, w0, ACT(act, as, c) + (size_t)(4 * nq + j) * ab, acc[r][c]);
         }
     }
     for (int r = 0; r < 4; r++)
