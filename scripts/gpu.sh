@@ -72,9 +72,12 @@ if want e2e; then
     TM_CUDA_NO_FUSE=1 timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 \
       -r 3 --json >"$OUT/lat_${shape}_nofuse.json" 2>&1
     echo "without fused GEMV epilogues: $(cat "$OUT/lat_${shape}_nofuse.json")"
+    TM_CUDA_PDL=0 timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 \
+      -r 3 --json >"$OUT/lat_${shape}_nopdl.json" 2>&1
+    echo "without programmatic dependent launch (TM_CUDA_PDL=0): $(cat "$OUT/lat_${shape}_nopdl.json")"
     TM_CUDA_PDL=1 timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 \
       -r 3 --json >"$OUT/lat_${shape}_pdl.json" 2>&1
-    echo "with programmatic dependent launch (TM_CUDA_PDL=1): $(cat "$OUT/lat_${shape}_pdl.json")"
+    echo "with programmatic dependent launch for every kernel (TM_CUDA_PDL=1): $(cat "$OUT/lat_${shape}_pdl.json")"
     fi
     r=$(python3 - "$OUT/lat_$shape.json" "$COPY" <<'EOF'
 import json, sys
@@ -88,6 +91,23 @@ EOF
 )
     row "e2e decode b=1 $shape bf16" "$r"
   done
+  # a launch mode must not change results: greedy text of the 1B shape under every PDL mode, graphs on and off
+  for v in 0 gemv 1 "0 --no-graphs" "gemv --no-graphs"; do
+    set -- $v; m=$1; shift
+    TM_CUDA_PDL=$m timeout 60 $TM run -m dummy:llama3.2-1b:bf16 --device cuda -p "programmatic launch" -n 64 --temp 0 \
+      --ignore-eos --json "$@" 2>/dev/null | tail -n 1 >"$OUT/pdl_greedy_${m}$( [ $# -gt 0 ] && echo _nograph).json"
+  done
+  r=$(python3 - "$OUT" <<'EOF'
+import glob, json, sys
+t = {}
+for f in sorted(glob.glob(sys.argv[1] + "/pdl_greedy_*.json")):
+    try: t[f.split("pdl_greedy_")[1][:-5]] = json.load(open(f))["text"]
+    except Exception: t[f] = None
+ok = len(t) == 5 and None not in t.values() and len(set(t.values())) == 1
+print(("same greedy text in all " if ok else "DIFFERENT greedy text or missing: ") + ", ".join(sorted(t)))
+EOF
+)
+  row "greedy 1B under TM_CUDA_PDL=0/gemv/1" "$r"
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:bf16, $n x 1024 in / 1024 out"

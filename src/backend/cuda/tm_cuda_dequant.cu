@@ -68,7 +68,7 @@ __global__ void embed_kernel_v1(const uint8_t *__restrict__ table, int32_t type,
 /* one block per token, one unit per thread-iteration */
 template <class T>
 __global__ void __launch_bounds__(kThreads) embed_kernel_v2(const uint8_t *__restrict__ table, int cols,
-                                                            int64_t row_bytes, const int32_t *__restrict__ ids,
+                                                            int64_t row_bytes, const int32_t *ids,
                                                             float *__restrict__ x) {
     tm_pdl_enter();
     const int64_t i = blockIdx.x;

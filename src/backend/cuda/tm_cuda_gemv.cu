@@ -51,18 +51,16 @@
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
  * falls back to one launch per job (each job exactly as tm_cuda_gemv would run it).
  *
- * TM_CUDA_PDL=1 launches v2 with programmatic dependent launch (cudaLaunchKernelEx with
- * cudaLaunchAttributeProgrammaticStreamSerialization): the kernel may start while the previous kernel on the
- * stream is still running. A block first prefetches the start of its weight rows into L2 (weights are never
- * written by earlier kernels), then waits for the previous kernel (griddepcontrol.wait: returns once the
- * preceding grid has completed and its memory is visible) before it reads x or bias or writes out, then
- * allows the next PDL kernel to launch (griddepcontrol.launch_dependents; that kernel still waits for this one
- * to complete before it touches memory, so triggering early is safe). How much this hides depends on the kernel
- * before: a dependent grid is launched when every block of the preceding grid has triggered or exited, so
- * behind a kernel that never triggers (norms, RoPE, attention today) the GEMV only overlaps that kernel's last
- * blocks and its completion; behind a GEMV it overlaps the whole last wave. v1 is never launched with PDL. Off
- * by default (a kernel launched with the attribute must wait before touching anything its predecessor reads or
- * writes; these kernels do). */
+ * TM_CUDA_PDL=1 (every kernel of the step) or TM_CUDA_PDL=gemv (the GEMVs only) launches v2 with programmatic
+ * dependent launch (cudaLaunchKernelEx with cudaLaunchAttributeProgrammaticStreamSerialization): the kernel may
+ * start while the previous kernel on the stream is still running. Each lane issues its first step's weight loads
+ * into registers (weights are never written by earlier kernels), then waits for the previous kernel
+ * (griddepcontrol.wait: returns once the preceding grid has completed and its memory is visible) before it reads
+ * x or bias or writes out, then allows the next PDL kernel to launch (griddepcontrol.launch_dependents). A
+ * dependent grid is launched once every block of the preceding grid has triggered or exited: behind the small
+ * kernels, which trigger at entry (tm_pdl_enter), the GEMV's first loads overlap that whole kernel. An L2
+ * prefetch of the rows before the wait was tried first and measured 13-15% slower end to end (each line requested
+ * twice, and wasted for every block past the first wave). v1 is never launched with PDL. */
 
 namespace {
 
@@ -145,7 +143,7 @@ template <class T, int N> __host__ __device__ constexpr int unroll_for() {
 
 /* acc[i][b] += dot(unit u of weight row i, x[b]) for the NR rows of the block, all N batch rows */
 template <class T, int N, int NR>
-__device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u, const uint16_t *__restrict__ x,
+__device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u, const uint16_t *x,
                                          int64_t cols, float (&acc)[NR][N]) {
     float s[NR][T::RUNS], m[NR][T::RUNS];
     if constexpr (T::HAS_SCALE) {
@@ -157,7 +155,7 @@ __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u
         const int off = T::xoff(u, k);
         uint4 xv[N];
 #pragma unroll
-        for (int b = 0; b < N; b++) xv[b] = __ldg((const uint4 *)(x + b * cols + off));
+        for (int b = 0; b < N; b++) xv[b] = __ldcg((const uint4 *)(x + b * cols + off)); /* L2: see gemv_kernel_v2 */
         float q[NR][8];
 #pragma unroll
         for (int i = 0; i < NR; i++) T::qrun(raw[i], k, q[i]);
@@ -201,16 +199,26 @@ __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u
     }
 }
 
-/* K units per lane at once: units u, u + stride, ..., all < nu (the caller checks) */
+/* programmatic dependent launch: wait for the previous kernel to complete (its writes visible), then let the next
+ * PDL kernel be scheduled (it waits for this one in turn before it touches what this one writes) */
+__device__ __forceinline__ void gemv_pdl_wait() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/* K units per lane at once: units u, u + stride, ..., all < nu (the caller checks). pdl_wait: wait for the
+ * previous kernel after the weight loads are issued and before x is read */
 template <class T, int N, int NR, int K>
 __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u, int stride,
-                                          const uint16_t *__restrict__ x, int64_t cols, float (&acc)[NR][N]) {
+                                          const uint16_t *x, int64_t cols, float (&acc)[NR][N],
+                                          bool pdl_wait = false) {
     typename T::Raw raw[K][NR];
 #pragma unroll
     for (int k = 0; k < K; k++) {
 #pragma unroll
         for (int i = 0; i < NR; i++) T::load(wr[i], u + k * stride, raw[k][i]);
     }
+    if (pdl_wait) gemv_pdl_wait();
 #pragma unroll
     for (int k = 0; k < K; k++) unit_dot<T, N, NR>(raw[k], u + k * stride, x, cols, acc);
 }
@@ -361,7 +369,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     const int r0 = (bid - b0) * R;
     const int cols = a.cols;
     const int64_t row_bytes = a.row_bytes;
-    const uint16_t *__restrict__ x = a.x;
+    const uint16_t *x = a.x; /* not __restrict__ nor __ldg: under PDL the previous kernel writes x while this one
+                              * runs (read-only, non-coherent loads may be hoisted above the wait); L2 loads */
 
     const uint8_t *wr[NR];
 #pragma unroll
@@ -369,19 +378,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
         const int r = SWIGLU ? r0 : min(r0 + i, rows - 1); /* a clamped row is computed and not written */
         wr[i] = (SWIGLU && i == 1 ? a.w_up : wj) + (int64_t)r * row_bytes;
     }
-    if (a.pdl) {
-        /* programmatic dependent launch: start pulling this block's weights into L2 (up to 16 KB per row) while
-         * the previous kernel finishes, then wait for it before touching x, bias or out */
-        const int64_t pf_end = row_bytes < 16384 ? row_bytes : 16384;
-#pragma unroll
-        for (int i = 0; i < NR; i++) {
-            for (int64_t o = (int64_t)threadIdx.x * 128; o < pf_end; o += (int64_t)blockDim.x * 128)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[i] + o));
-        }
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    }
-
     float acc[NR][N];
 #pragma unroll
     for (int i = 0; i < NR; i++) {
@@ -390,7 +386,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     }
     const int nu = T::units(cols), stride = nwarps * 32;
     int u = warp * 32 + lane;
-    for (; u + (U - 1) * stride < nu; u += U * stride) gemv_step<T, N, NR, U>(wr, u, stride, x, cols, acc);
+    /* under PDL the first step's weight loads are issued before the wait (weights are never written by earlier
+     * kernels), so they are in flight while the previous kernel finishes */
+    bool wait = a.pdl;
+    for (; u + (U - 1) * stride < nu; u += U * stride) {
+        gemv_step<T, N, NR, U>(wr, u, stride, x, cols, acc, wait);
+        wait = false;
+    }
+    if (wait) gemv_pdl_wait();
     if constexpr (U >= 4) {
         if (u + stride < nu) {
             gemv_step<T, N, NR, 2>(wr, u, stride, x, cols, acc);
@@ -589,7 +592,7 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     a.row_bytes = row_bytes;
     a.cols = (int)cols;
     a.out_f32 = swiglu ? false : out_f32;
-    a.pdl = tm_pdl_on();
+    a.pdl = tm_pdl_gemv_on();
     switch (type) {
 #define TMQ_LAUNCH(T)                                                                                              \
     return swiglu ? launch_v2<T, EPI_SWIGLU>(a, n, (int)blocks, stream) : launch_v2<T, EPI_PLAIN>(a, n, (int)blocks, stream)
@@ -633,7 +636,7 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     a.row_bytes = cols / ti.qk * ti.bytes;
     a.cols = (int)cols;
     a.out_f32 = false;
-    a.pdl = tm_pdl_on();
+    a.pdl = tm_pdl_gemv_on();
     switch (type) {
 #define TMQ_LAUNCH(T) return launch_v2<T, EPI>(a, n, (int)blocks, stream)
         TMQ_TYPE_CASES(type, TMQ_LAUNCH)

@@ -1,7 +1,9 @@
 /* tm_cuda_launch.cuh -- what the launchers share: environment switches, the alignment test of the vector paths,
- * and programmatic dependent launch (sm_90) for the kernels of a decode step: a kernel launched by tm_launch while
- * TM_CUDA_PDL=1 may be scheduled while the kernel before it on the stream is still running; it calls
- * tm_pdl_enter() before its first access to global memory that another kernel writes or reads. */
+ * and programmatic dependent launch (sm_90) for the kernels of a decode step: a kernel launched with the attribute
+ * (the GEMVs by default, every kernel launched by tm_launch with TM_CUDA_PDL=1) may be scheduled while the kernel
+ * before it on the stream is still running; it waits (tm_pdl_enter, or the GEMV's own wait) before its first
+ * access to global memory that another kernel writes or reads, and never reads such memory through the
+ * read-only path (__ldg, const __restrict__), which may be hoisted above the wait. */
 #ifndef TM_CUDA_LAUNCH_CUH
 #define TM_CUDA_LAUNCH_CUH
 
@@ -9,12 +11,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-/* Wait until the previous kernel on the stream has completed and its writes are visible, then let the next
- * PDL kernel be scheduled (it too waits for this one to complete before touching memory, so triggering at once
- * is safe). Both are no-ops in a kernel launched without the attribute. */
+/* Let the next PDL kernel be scheduled, then wait until the previous kernel has completed and its writes are
+ * visible. Triggering first is safe: the next kernel waits in turn for this one to complete (and so, transitively,
+ * for the one before) before it touches memory; it lets a GEMV behind this kernel issue its weight loads while
+ * this one runs. Only the small kernels trigger first; the GEMVs trigger after their wait, so what waits ahead of
+ * a running kernel is at most one small kernel and one GEMV. Both are no-ops in a kernel launched without the
+ * attribute. */
 __device__ __forceinline__ void tm_pdl_enter() {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 /* an environment switch (TM_CUDA_<KERNEL>_V=1 and the like) is on when it is exactly "1" */
@@ -26,7 +31,16 @@ static inline bool tm_env_is_1(const char *name) {
 /* the vector paths move 16 bytes per access */
 static inline bool tm_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-static inline bool tm_pdl_on() { return tm_env_is_1("TM_CUDA_PDL"); }
+/* TM_CUDA_PDL: unset (or "gemv") launches the GEMVs with programmatic dependent launch, "1" every kernel of a
+ * decode step (measured slower than the GEMVs alone), "0" none */
+static inline int tm_pdl_mode() {
+    const char *s = getenv("TM_CUDA_PDL");
+    if (s && s[0] == '0' && s[1] == '\0') return 0;
+    if (s && s[0] == '1' && s[1] == '\0') return 2;
+    return 1;
+}
+static inline bool tm_pdl_on() { return tm_pdl_mode() == 2; }
+static inline bool tm_pdl_gemv_on() { return tm_pdl_mode() >= 1; }
 
 /* kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when pdl is set
  * (the kernel must then call tm_pdl_enter() before touching memory); returns the launch error. */
