@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend/cpu/tm_quant.h"
+#include "backend/cpu/tm_quant16.h" /* the x4 layout */
 
 /* ---- helpers ------------------------------------------------------------------------------------- */
 
@@ -333,7 +334,8 @@ static void test_dot_extremes(void **state) {
     free(x);
 }
 
-/* mat_dot (tiled many-dot entry) equals vec_dot per element for odd row/column counts */
+/* mat_dot (tiled many-dot entry) equals vec_dot per element for odd row/column counts: bit for bit for the
+ * quantized types (a row's float operations do not depend on how many rows or columns run with it) */
 static void test_mat_dot(void **state) {
     (void)state;
     rng_t r = {99};
@@ -372,6 +374,12 @@ static void test_mat_dot(void **state) {
                     for (int64_t i = 0; i < nr; i++) {
                         float want = o->vec_dot(n, wq + (size_t)i * wb, aq + (size_t)c * ab);
                         float got = out[(size_t)c * out_stride + (size_t)i];
+                        if (o->act_type != TM_DT_F32) { /* quantized: the same bits (8-bit batch invariance) */
+                            if (memcmp(&got, &want, sizeof got) != 0)
+                                fail_msg("%s isa %d n=%lld nr=%lld nc=%lld [%lld,%lld]: mat_dot %.9g != vec_dot %.9g",
+                                         tm_dtype_name(t), isa, (long long)n, (long long)nr, (long long)nc, (long long)c,
+                                         (long long)i, (double)got, (double)want);
+                        }
                         assert_true(fabsf(got - want) <= 1e-5f * (fabsf(want) + 1.0f) * (float)n / 64.0f);
                     }
                     for (size_t i = (size_t)nr; i < out_stride; i++) assert_true(out[(size_t)c * out_stride + i] == -12345.0f);
@@ -383,6 +391,74 @@ static void test_mat_dot(void **state) {
             }
         }
     }
+}
+
+/* ---- the x4 decode layout with 8-bit activations ------------------------------------------------- */
+
+/* tm_quant_x4_get(t) over weights packed by tm_quant16_x4_pack equals vec_dot of the row-major rows (and so
+ * mat_dot) bit for bit: 1..11 blocks per row (run tails of 0..3 blocks), 4..12 rows, starting at any group,
+ * 1..9 activation rows (1 and 2: the fused decode kernel; more: the prefill tiles, with leftover columns), a
+ * zero activation row, padded strides; output padding stays untouched. */
+static void test_x4_kernel(void **state) {
+    (void)state;
+    const tm_dtype types[] = {TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1};
+    const int ncs[] = {1, 2, 3, 4, 5, 9};
+    rng_t r = {4711};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const tm_dtype t = types[ti];
+        tm_mat_dot_x4_fn x4 = tm_quant_x4_get(t);
+        if (!have_avx2()) {
+            assert_null(x4);
+            continue;
+        }
+        assert_non_null(x4);
+        const tm_quant_ops *o = tm_quant_ops_get_isa(t, TM_ISA_AVX2);
+        for (int nb = 1; nb <= 11; nb++) {
+            const int64_t n = 32 * nb, rows = 4 * (1 + nb % 3);
+            const size_t rb = row_bytes(t, n), as = row_bytes(o->act_type, n) + 4; /* padded activation stride */
+            float *x = malloc((size_t)n * sizeof *x);
+            uint8_t *w = malloc(rb * (size_t)rows), *pk = malloc(rb * (size_t)rows), *a = malloc(9 * as);
+            assert_true(x && w && pk && a);
+            for (int64_t i = 0; i < rows; i++) {
+                fill(&r, x, n);
+                tm_quant_row(t, x, w + (size_t)i * rb, n);
+            }
+            assert_true(tm_quant16_x4_eligible(t, rows, n));
+            tm_quant16_x4_pack(t, rows, n, w, pk);
+            for (int c = 0; c < 9; c++) {
+                fill(&r, x, n);
+                if (c == 1) memset(x, 0, (size_t)n * sizeof *x);
+                o->from_float(x, a + (size_t)c * as, n);
+            }
+            for (size_t q = 0; q < sizeof ncs / sizeof ncs[0]; q++)
+                for (int64_t g0 = 0; g0 < rows / 4; g0++) { /* rows [4 g0, rows) */
+                    const int nc = ncs[q];
+                    const int64_t nr = rows - 4 * g0;
+                    const size_t os = (size_t)nr + 3;
+                    float *out = malloc(sizeof(float) * os * (size_t)nc);
+                    assert_non_null(out);
+                    for (size_t i = 0; i < os * (size_t)nc; i++) out[i] = -12345.0f;
+                    x4(n, nr, pk + (size_t)(4 * g0) * rb, nc, a, as, out, os);
+                    for (int c = 0; c < nc; c++) {
+                        for (int64_t k = 0; k < nr; k++) {
+                            const float want = o->vec_dot(n, w + (size_t)(4 * g0 + k) * rb, a + (size_t)c * as);
+                            const float got = out[(size_t)c * os + (size_t)k];
+                            if (memcmp(&got, &want, sizeof got) != 0)
+                                fail_msg("%s nb=%d nc=%d row %lld act %d: x4 %.9g != vec_dot %.9g", tm_dtype_name(t), nb,
+                                         nc, (long long)(4 * g0 + k), c, (double)got, (double)want);
+                        }
+                        for (size_t k = (size_t)nr; k < os; k++) assert_true(out[(size_t)c * os + k] == -12345.0f);
+                    }
+                    free(out);
+                }
+            free(x);
+            free(w);
+            free(pk);
+            free(a);
+        }
+    }
+    assert_null(tm_quant_x4_get(TM_DT_Q6_K));
+    assert_null(tm_quant_x4_get(TM_DT_F32));
 }
 
 /* ---- ops tables and dispatch --------------------------------------------------------------------- */
@@ -499,7 +575,8 @@ int main(void) {
         cmocka_unit_test(test_half_roundtrip), cmocka_unit_test(test_half_dot_all_values),
         cmocka_unit_test(test_quant_roundtrip),
         cmocka_unit_test(test_dot_lengths),    cmocka_unit_test(test_dot_extremes),
-        cmocka_unit_test(test_mat_dot),        cmocka_unit_test(test_ops_tables),
+        cmocka_unit_test(test_mat_dot),        cmocka_unit_test(test_x4_kernel),
+        cmocka_unit_test(test_ops_tables),
         cmocka_unit_test(test_golden),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -152,9 +152,11 @@ typedef struct {
     const tm_quant_ops *qo;     /* dot recipe for the group's weight type */
     tm_vec_dot_multi_fn multi;  /* q16: one weight row against up to 8 activation rows (bit-identical to
                                  * vec_dot, so results never depend on the batch), or NULL */
-    bool mat;                   /* q8: the ops' mat_dot tiles (rows x tokens; summation order may vary) */
+    bool mat;                   /* q8: the ops' mat_dot tiles (rows x tokens; bit-identical to vec_dot for
+                                 * the quantized types, so q8 results do not depend on the batch either) */
     tm_vec_dot_x4_fn x4;        /* q16 decode: four rows of a weight's x4 copy (w->aux) at once, or NULL */
     tm_vec_dot_x4row_fn x4row;  /* q16 prefill: one row of the x4 copy against up to 8 activation rows */
+    tm_mat_dot_x4_fn x4mat;     /* q8: mat_dot over the x4 copy (decode: fused four-row kernel), or NULL */
     const tm_matmul_job *jobs;
     int32_t n_jobs;
     int64_t blk_start[TM_MATMUL_MAX_JOBS + 1]; /* first global row block of each job */
@@ -189,6 +191,15 @@ static void matmul_rows(const matmul_task *t, const tm_matmul_job *job, int64_t 
             for (int32_t c = 0; c < t->n; c++)
                 for (int k = 0; k < 4; k++) out[(int64_t)c * rows + r + k] = tmp[c * 4 + k] + (bias ? bias[r + k] : 0.0f);
         }
+        return;
+    }
+    if (t->x4mat && job->w->aux) { /* 8-bit activations over the x4 copy: decode fused four rows per step, prefill
+                                    * row by row from it; r0, r1: multiples of 4 */
+        t->x4mat(t->cols, r1 - r0, (const uint8_t *)job->w->aux + (uint64_t)r0 * rb, t->n, t->xq, t->arb, out + r0,
+                 (size_t)rows);
+        if (bias)
+            for (int32_t i = 0; i < t->n; i++)
+                for (int64_t r = r0; r < r1; r++) out[(int64_t)i * rows + r] += bias[r];
         return;
     }
     if (t->mat) {
@@ -264,6 +275,7 @@ static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs
     t.mat = c->act_bits == 8;
     t.x4 = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_x4_avx2(jobs[0].w->type) : NULL;
     t.x4row = t.x4 ? tm_quant16_x4row_avx2(jobs[0].w->type) : NULL;
+    t.x4mat = c->act_bits == 8 && c->isa == TM_ISA_AVX2 ? tm_quant_x4_avx2(jobs[0].w->type) : NULL;
     t.jobs = jobs;
     t.n_jobs = n_jobs;
     t.cols = jobs[0].w->cols;
@@ -421,18 +433,18 @@ static void cpu_free(tm_backend *be) {
 
 /* ---- weights: the decode layout -------------------------------------------------------------------- */
 
-/* A weight stays where it is (mapped file or host memory); with 16-bit activations on AVX2 a Q8_0/Q4_0/Q4_1/Q4_K
- * matrix whose rows divide by 4 also gets an x4 copy (tm_quant16.h) that every matmul then reads -- decode four
- * rows per kernel call from one sequential stream, prefill row by row from it -- with the same bits as the
- * row-major kernels. The row-major data is then only read for embedding rows (a mapped file's pages go cold).
+/* A weight stays where it is (mapped file or host memory); on AVX2 a matrix whose rows divide by 4 and whose type
+ * has a four-row kernel for the activation mode (16-bit: Q8_0/Q4_0/Q4_1/Q4_K; 8-bit: Q8_0/Q4_0/Q4_1) also gets an
+ * x4 copy (tm_quant16.h) that every matmul then reads -- decode four rows per kernel call from one sequential
+ * stream, prefill row by row from it -- with the same bits as the row-major kernels. The row-major data is then only read for embedding rows (a mapped file's pages go cold).
  * TM_CPU_NO_X4=1 turns it off. */
 static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     tm_cpu_backend *c = cpu(be);
     w->aux = NULL;
     if (!w->data) return tm_err(err, TM_ERR_INVALID, "cpu backend: weight without data (deferred dummy)");
     const char *off = getenv("TM_CPU_NO_X4");
-    if (c->act_bits != 16 || c->isa != TM_ISA_AVX2 || !tm_quant16_x4_eligible(w->type, w->rows, w->cols) ||
-        (off && !strcmp(off, "1")))
+    const bool kern = c->act_bits == 16 ? tm_quant16_x4_avx2(w->type) != NULL : tm_quant_x4_avx2(w->type) != NULL;
+    if (c->isa != TM_ISA_AVX2 || !kern || !tm_quant16_x4_eligible(w->type, w->rows, w->cols) || (off && !strcmp(off, "1")))
         return TM_OK;
     size_t bytes = (size_t)(tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows);
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);

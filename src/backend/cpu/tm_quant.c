@@ -610,3 +610,5 @@ const tm_quant_ops *tm_quant_ops_get(tm_dtype t) {
     }
     return tm_quant_ops_get_isa(t, TM_ISA_SCALAR);
 }
+
+tm_mat_dot_x4_fn tm_quant_x4_get(tm_dtype t) { return tm_cpu_use_avx2() ? tm_quant_x4_avx2(t) : NULL; }

@@ -39,8 +39,18 @@ const tm_quant_ops *tm_quant_ops_get(tm_dtype t);
  * check the CPU: TM_ISA_AVX2 ops may only be called when tm_cpu_use_avx2() is true. */
 const tm_quant_ops *tm_quant_ops_get_isa(tm_dtype t, tm_isa isa);
 
-/* Internal: the AVX2 table (tm_quant_avx2.c); only valid after tm_cpu_use_avx2(). NULL if not built for x86. */
+/* mat_dot over a weight in the decode layout ("x4", tm_quant16.h: tm_quant16_x4_pack), 8-bit activations:
+ * out[c * out_stride + r] = dot(row r, act row c) for r < nr (a multiple of 4; w points at a group, rows
+ * start there), c < nc. nc <= 2 (decode) runs a fused kernel over each group's four rows: each activation
+ * block is loaded once for them and the weights are read as one sequential stream; nc > 2 (prefill) runs
+ * mat_dot's tiles reading each row where the layout puts it. Bit-identical to vec_dot and mat_dot. */
+typedef void (*tm_mat_dot_x4_fn)(int64_t n, int64_t nr, const void *w, int64_t nc, const void *a, size_t a_stride,
+                                 float *out, size_t out_stride);
+tm_mat_dot_x4_fn tm_quant_x4_get(tm_dtype t); /* Q8_0, Q4_0, Q4_1 with AVX2; NULL otherwise */
+
+/* Internal: the AVX2 tables (tm_quant_avx2.c); only valid after tm_cpu_use_avx2(). NULL if not built for x86. */
 const tm_quant_ops *tm_quant_ops_avx2(tm_dtype t);
+tm_mat_dot_x4_fn tm_quant_x4_avx2(tm_dtype t);
 
 /* Activation quantizers (the from_float of the scalar tables; the AVX2 ones produce identical bytes).
  * Q8_0/Q8_1 round like ggml's SIMD quantize_row_q8_0/q8_1 (x * 127/amax, half to even; Q8_1's s is

@@ -433,13 +433,41 @@ TM_AI void mac2_q4_1(const void *vx, const void *vy, __m256 *acc, __m256 *accm) 
     *acc = _mm256_fmadd_ps(dup128(_mm_moveldup_ps(p)), _mm256_cvtepi32_ps(madd1(_mm256_hadd_epi16(p0, p1))), *acc);
 }
 
-/* final sums: odd lanes of accm hold Q4_1's min terms (zero for the other types) */
-TM_AI float fin1(__m256 acc, __m256 accm) { return hsum8(acc) + hsum8(_mm256_blend_ps(accm, _mm256_setzero_ps(), 0x55)); }
+/* final sums: odd lanes of accm hold Q4_1's min terms (zero for the other types). fin1 is lane 0 of fin4 (the same
+ * additions: ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)) for acc and for accm, then their sum), so a row gives
+ * the same bits whether it runs alone (vec_dot, leftover rows and columns), in a group of four weight rows
+ * (decode), against four activation rows (prefill) or in the x4 kernel: 8-bit mode is batch invariant too. */
+TM_AI float fin1(__m256 acc, __m256 accm) {
+    const __m256 h = _mm256_hadd_ps(acc, _mm256_blend_ps(accm, _mm256_setzero_ps(), 0x55)); /* a01 a23 m01 m23 | a45 a67 m45 m67 */
+    const __m256 h2 = _mm256_hadd_ps(h, h);
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)); /* [S(acc) S(accm) ..] */
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
     const __m256 z = _mm256_setzero_ps();
     return _mm_add_ps(hsum8x4(acc[0], acc[1], acc[2], acc[3]),
                       hsum8x4(_mm256_blend_ps(accm[0], z, 0x55), _mm256_blend_ps(accm[1], z, 0x55),
                               _mm256_blend_ps(accm[2], z, 0x55), _mm256_blend_ps(accm[3], z, 0x55)));
+}
+
+/* A weight row's 32-element blocks: runs of four at g, g + gs, g + 2 gs, ..., the nb % 4 leftover blocks
+ * contiguous at t. Row-major: the runs back to back, the leftovers after them; row k of an x4 group
+ * (tm_quant16.h): its runs 16 blocks apart from the group's start + 4k blocks, its leftovers after the
+ * group's runs, the four rows' tails one after another. */
+typedef struct {
+    const uint8_t *g, *t;
+    size_t gs;
+} wrow;
+
+TM_AI wrow wrow_rm(const void *x, int64_t nb, size_t wb) {
+    const uint8_t *p = x;
+    return (wrow){p, p + (size_t)(nb / 4) * 4 * wb, 4 * wb};
+}
+
+TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
+    const uint8_t *p = group;
+    const size_t nq = (size_t)(nb / 4), tail = (size_t)(nb % 4);
+    return (wrow){p + (size_t)k * 4 * wb, p + nq * 16 * wb + (size_t)k * tail * wb, 16 * wb};
 }
 
 /* floats of precomputed activation scales per column chunk (16 KiB of stack) */
@@ -452,36 +480,38 @@ TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
  * each weight block is unpacked once for four tokens. */
 #define DEFINE_BLOCK32(T, WB, AB, WPREP, AQ, AS, MAC, MAC2, MAC1)                                              \
     /* ys: the activation row's group scale vectors, precomputed (8 floats per group), or NULL */           \
-    TM_AI void row_##T(int64_t nb, const WB *x, const AB *y, const float *ys, __m256 *acc, __m256 *accm) {    \
+    TM_AI void row_##T(int64_t nb, wrow x, const AB *y, const float *ys, __m256 *acc, __m256 *accm) {         \
         int64_t i = 0;                                                                                         \
         for (; i + 4 <= nb; i += 4) {                                                                          \
             g4 w, a;                                                                                           \
-            WPREP(x + i, &w);                                                                                  \
+            WPREP(x.g + (size_t)(i / 4) * x.gs, &w);                                                           \
             AQ(y + i, &a);                                                                                     \
             a.s = ys ? _mm256_loadu_ps(ys + 2 * i) : AS(y + i);                                                \
             MAC(&w, &a, acc, accm);                                                                            \
         }                                                                                                      \
+        const WB *xt = (const WB *)x.t;                                                                        \
         if (i + 2 <= nb) {                                                                                     \
-            MAC2(x + i, y + i, acc, accm);                                                                     \
+            MAC2(xt, y + i, acc, accm);                                                                        \
+            xt += 2;                                                                                           \
             i += 2;                                                                                            \
         }                                                                                                      \
-        if (i < nb) MAC1(x + i, y + i, acc, accm);                                                             \
+        if (i < nb) MAC1(xt, y + i, acc, accm);                                                                \
     }                                                                                                          \
     static float dot_##T(int64_t n, const void *vw, const void *va) {                                          \
         __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();                                          \
-        row_##T(n / 32, vw, va, NULL, &acc, &accm);                                                            \
+        row_##T(n / 32, wrow_rm(vw, n / 32, sizeof(WB)), va, NULL, &acc, &accm);                              \
         return fin1(acc, accm);                                                                                \
     }                                                                                                          \
     /* one weight row against activation rows y0..y3: results 4 floats. ys: the activation rows' group   \
      * scale vectors, precomputed (8 floats per group of 4 blocks, ys_stride floats per row) */                \
-    static __m128 cols4_##T(int64_t nb, const WB *x, const AB *y0, size_t as, const float *ys, size_t yss) {   \
+    static __m128 cols4_##T(int64_t nb, wrow x, const AB *y0, size_t as, const float *ys, size_t yss) {        \
         const AB *y1 = (const AB *)PW(y0, as, 1), *y2 = (const AB *)PW(y0, as, 2), *y3 = (const AB *)PW(y0, as, 3); \
         __m256 acc[4], accm[4];                                                                                \
         acc[0] = acc[1] = acc[2] = acc[3] = accm[0] = accm[1] = accm[2] = accm[3] = _mm256_setzero_ps();       \
         int64_t i = 0;                                                                                         \
         for (; i + 4 <= nb; i += 4, ys += 8) {                                                                 \
             g4 w, a;                                                                                           \
-            WPREP(x + i, &w);                                                                                  \
+            WPREP(x.g + (size_t)(i / 4) * x.gs, &w);                                                           \
             AQ(y0 + i, &a);                                                                                    \
             a.s = _mm256_loadu_ps(ys);                                                                         \
             MAC(&w, &a, &acc[0], &accm[0]);                                                                    \
@@ -495,20 +525,58 @@ TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
             a.s = _mm256_loadu_ps(ys + 3 * yss);                                                               \
             MAC(&w, &a, &acc[3], &accm[3]);                                                                    \
         }                                                                                                      \
+        const WB *xt = (const WB *)x.t;                                                                        \
         if (i + 2 <= nb) {                                                                                     \
-            MAC2(x + i, y0 + i, &acc[0], &accm[0]);                                                            \
-            MAC2(x + i, y1 + i, &acc[1], &accm[1]);                                                            \
-            MAC2(x + i, y2 + i, &acc[2], &accm[2]);                                                            \
-            MAC2(x + i, y3 + i, &acc[3], &accm[3]);                                                            \
+            MAC2(xt, y0 + i, &acc[0], &accm[0]);                                                               \
+            MAC2(xt, y1 + i, &acc[1], &accm[1]);                                                               \
+            MAC2(xt, y2 + i, &acc[2], &accm[2]);                                                               \
+            MAC2(xt, y3 + i, &acc[3], &accm[3]);                                                               \
+            xt += 2;                                                                                           \
             i += 2;                                                                                            \
         }                                                                                                      \
         if (i < nb) {                                                                                          \
-            MAC1(x + i, y0 + i, &acc[0], &accm[0]);                                                            \
-            MAC1(x + i, y1 + i, &acc[1], &accm[1]);                                                            \
-            MAC1(x + i, y2 + i, &acc[2], &accm[2]);                                                            \
-            MAC1(x + i, y3 + i, &acc[3], &accm[3]);                                                            \
+            MAC1(xt, y0 + i, &acc[0], &accm[0]);                                                               \
+            MAC1(xt, y1 + i, &acc[1], &accm[1]);                                                               \
+            MAC1(xt, y2 + i, &acc[2], &accm[2]);                                                               \
+            MAC1(xt, y3 + i, &acc[3], &accm[3]);                                                               \
         }                                                                                                      \
         return fin4(acc, accm);                                                                                \
+    }                                                                                                          \
+    /* prefill tiles: rows 0..nr-1 (row-major ws bytes apart, or X4: packed groups) x activation rows in      \
+     * L2-sized chunks; the activation scales of a chunk are converted once, into the 16 KiB stack buffer */  \
+    TM_AI void tiles_##T(const bool X4, int64_t n, int64_t nr, const void *w, size_t ws, int64_t nc, const void *a, \
+                         size_t as, float *out, size_t os, float *ys /* (TM_YS_FLOATS) */) {                   \
+        const int64_t nb = n / 32;                                                                             \
+        const int64_t ng = nb / 4;                                                                             \
+        const size_t yss = (size_t)(8 * ng);                                                                   \
+        int64_t chunk = as ? (int64_t)(TM_ACT_CHUNK_BYTES / as) : nc;                                          \
+        if (yss > 0 && chunk > (int64_t)(TM_YS_FLOATS / yss)) chunk = (int64_t)(TM_YS_FLOATS / yss);           \
+        chunk &= ~(int64_t)3;                                                                                  \
+        if (chunk < 4) chunk = 4;                                                                              \
+        const bool pre = yss * 4 <= TM_YS_FLOATS;                                                             \
+        for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
+            const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
+            const int64_t c4 = pre ? c0 + ((c1 - c0) & ~(int64_t)3) : c0;                                      \
+            for (int64_t c = c0; c < c4; c++)                                                                  \
+                for (int64_t g = 0; g < ng; g++)                                                               \
+                    _mm256_storeu_ps(ys + (size_t)(c - c0) * yss + 8 * (size_t)g,                              \
+                                     AS((const AB *)PW(a, as, c) + 4 * g));                                    \
+            for (int64_t r = 0; r < nr; r++) {                                                                 \
+                const wrow x = X4 ? wrow_x4(PW(w, ws, r & ~(int64_t)3), (int)(r & 3), nb, sizeof(WB))          \
+                                  : wrow_rm(PW(w, ws, r), nb, sizeof(WB));                                     \
+                int64_t c = c0;                                                                                \
+                for (; c < c4; c += 4) {                                                                       \
+                    float v[4];                                                                                \
+                    _mm_storeu_ps(v, cols4_##T(nb, x, (const AB *)PW(a, as, c), as, ys + (size_t)(c - c0) * yss, yss)); \
+                    for (int k = 0; k < 4; k++) out[(size_t)(c + k) * os + (size_t)r] = v[k];                  \
+                }                                                                                              \
+                for (; c < c1; c++) {                                                                          \
+                    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();                              \
+                    row_##T(nb, x, (const AB *)PW(a, as, c), NULL, &acc, &accm);                               \
+                    out[(size_t)c * os + (size_t)r] = fin1(acc, accm);                                         \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
     }                                                                                                          \
     static void mat_##T(int64_t n, int64_t nr, const void *w, size_t ws, int64_t nc, const void *a, size_t as, \
                         float *out, size_t os) {                                                               \
@@ -525,38 +593,79 @@ TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
             for (; r + 4 <= nr; r += 4) {                                                                      \
                 __m256 acc[4], accm[4];                                                                        \
                 acc[0] = acc[1] = acc[2] = acc[3] = accm[0] = accm[1] = accm[2] = accm[3] = _mm256_setzero_ps(); \
-                row_##T(nb, (const WB *)PW(w, ws, r), a, pys, &acc[0], &accm[0]);                              \
-                row_##T(nb, (const WB *)PW(w, ws, r + 1), a, pys, &acc[1], &accm[1]);                          \
-                row_##T(nb, (const WB *)PW(w, ws, r + 2), a, pys, &acc[2], &accm[2]);                          \
-                row_##T(nb, (const WB *)PW(w, ws, r + 3), a, pys, &acc[3], &accm[3]);                          \
+                row_##T(nb, wrow_rm(PW(w, ws, r), nb, sizeof(WB)), a, pys, &acc[0], &accm[0]);                 \
+                row_##T(nb, wrow_rm(PW(w, ws, r + 1), nb, sizeof(WB)), a, pys, &acc[1], &accm[1]);             \
+                row_##T(nb, wrow_rm(PW(w, ws, r + 2), nb, sizeof(WB)), a, pys, &acc[2], &accm[2]);             \
+                row_##T(nb, wrow_rm(PW(w, ws, r + 3), nb, sizeof(WB)), a, pys, &acc[3], &accm[3]);             \
                 _mm_storeu_ps(out + r, fin4(acc, accm));                                                       \
             }                                                                                                  \
             for (; r < nr; r++) out[r] = dot_##T(n, PW(w, ws, r), a);                                          \
             return;                                                                                            \
         }                                                                                                      \
-        /* the activation scales of a column chunk are converted once, into the 16 KiB stack buffer */        \
-        int64_t chunk = as ? (int64_t)(TM_ACT_CHUNK_BYTES / as) : nc;                                          \
-        if (yss > 0 && chunk > (int64_t)(TM_YS_FLOATS / yss)) chunk = (int64_t)(TM_YS_FLOATS / yss);           \
-        chunk &= ~(int64_t)3;                                                                                  \
-        if (chunk < 4) chunk = 4;                                                                              \
-        const bool pre = yss * 4 <= TM_YS_FLOATS;                                                             \
-        for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
-            const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
-            const int64_t c4 = pre ? c0 + ((c1 - c0) & ~(int64_t)3) : c0;                                      \
-            for (int64_t c = c0; c < c4; c++)                                                                  \
-                for (int64_t g = 0; g < ng; g++)                                                               \
-                    _mm256_storeu_ps(ys + (size_t)(c - c0) * yss + 8 * (size_t)g,                              \
-                                     AS((const AB *)PW(a, as, c) + 4 * g));                                    \
-            for (int64_t r = 0; r < nr; r++) {                                                                 \
-                const WB *x = (const WB *)PW(w, ws, r);                                                        \
-                int64_t c = c0;                                                                                \
-                for (; c < c4; c += 4) {                                                                       \
-                    float v[4];                                                                                \
-                    _mm_storeu_ps(v, cols4_##T(nb, x, (const AB *)PW(a, as, c), as, ys + (size_t)(c - c0) * yss, yss)); \
-                    for (int k = 0; k < 4; k++) out[(size_t)(c + k) * os + (size_t)r] = v[k];                  \
-                }                                                                                              \
-                for (; c < c1; c++) out[(size_t)c * os + (size_t)r] = dot_##T(n, x, PW(a, as, c));             \
+        tiles_##T(false, n, nr, w, ws, nc, a, as, out, os, ys);                                                \
+    }                                                                                                          \
+    /* The four rows of the x4 group at g against NR (1..2) activation rows: per (row, activation row)       \
+     * exactly row_T's float sequence and fin4's reduction (the bits of dot_T and mat_T). Each activation     \
+     * group of four blocks (quants, scales) is loaded once for the four rows, and the weights arrive as one  \
+     * sequential stream (run q: row 0's four blocks, row 1's, row 2's, row 3's; then the row tails).         \
+     * ys: the NR rows' group scale vectors (yss floats apart) or NULL. out[c * os + k]. */                   \
+    TM_AI void x4k_##T(const int NR, int64_t nb, const uint8_t *g, const AB *y0, size_t as, const float *ys,   \
+                       size_t yss, float *out, size_t os) {                                                    \
+        const size_t wb = sizeof(WB);                                                                          \
+        const int64_t ng = nb / 4, tail = nb % 4;                                                              \
+        __m256 acc[2][4], accm[2][4];                                                                          \
+        for (int c = 0; c < NR; c++)                                                                           \
+            for (int k = 0; k < 4; k++) acc[c][k] = accm[c][k] = _mm256_setzero_ps();                          \
+        for (int64_t q = 0; q < ng; q++) {                                                                     \
+            const uint8_t *x = g + (size_t)q * 16 * wb;                                                        \
+            g4 av[2];                                                                                          \
+            for (int c = 0; c < NR; c++) {                                                                     \
+                const AB *y = (const AB *)PW(y0, as, c) + 4 * q;                                               \
+                AQ(y, &av[c]);                                                                                 \
+                av[c].s = ys ? _mm256_loadu_ps(ys + (size_t)c * yss + 8 * (size_t)q) : AS(y);                  \
             }                                                                                                  \
+            for (int k = 0; k < 4; k++) {                                                                      \
+                g4 wv;                                                                                         \
+                WPREP(x + (size_t)k * 4 * wb, &wv);                                                            \
+                for (int c = 0; c < NR; c++) MAC(&wv, &av[c], &acc[c][k], &accm[c][k]);                        \
+            }                                                                                                  \
+        }                                                                                                      \
+        if (tail) { /* the row tails, as row_T's leftover pair and single block */                            \
+            const uint8_t *xt = g + (size_t)ng * 16 * wb;                                                      \
+            for (int k = 0; k < 4; k++) {                                                                      \
+                const WB *x = (const WB *)(xt + (size_t)k * (size_t)tail * wb);                                \
+                for (int c = 0; c < NR; c++) {                                                                 \
+                    const AB *y = (const AB *)PW(y0, as, c) + 4 * ng;                                          \
+                    if (tail >= 2) MAC2(x, y, &acc[c][k], &accm[c][k]);                                        \
+                    if (tail & 1) MAC1(x + tail - 1, y + tail - 1, &acc[c][k], &accm[c][k]);                   \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int c = 0; c < NR; c++) {                                                                         \
+            float v[4];                                                                                        \
+            _mm_storeu_ps(v, fin4(acc[c], accm[c]));                                                           \
+            for (int k = 0; k < 4; k++) out[(size_t)c * os + (size_t)k] = v[k];                                \
+        }                                                                                                      \
+    }                                                                                                          \
+    /* mat_dot over x4-packed weights (nr a multiple of 4, w at a group): one or two activation rows run the \
+     * fused four-row kernel, more run the prefill tiles reading each row where the layout puts it */         \
+    static void matx4_##T(int64_t n, int64_t nr, const void *w, int64_t nc, const void *a, size_t as, float *out, \
+                          size_t os) {                                                                         \
+        const int64_t nb = n / 32, ng = nb / 4;                                                                \
+        const size_t rb = (size_t)nb * sizeof(WB), yss = (size_t)(8 * ng);                                     \
+        float ys[TM_YS_FLOATS];                                                                                \
+        if (nc > 2) {                                                                                          \
+            tiles_##T(true, n, nr, w, rb, nc, a, as, out, os, ys);                                             \
+            return;                                                                                            \
+        }                                                                                                      \
+        const float *pys = yss * (size_t)nc <= TM_YS_FLOATS ? ys : NULL;                                       \
+        if (pys)                                                                                               \
+            for (int64_t c = 0; c < nc; c++)                                                                   \
+                for (int64_t q = 0; q < ng; q++)                                                               \
+                    _mm256_storeu_ps(ys + (size_t)c * yss + 8 * (size_t)q, AS((const AB *)PW(a, as, c) + 4 * q)); \
+        for (int64_t r = 0; r + 4 <= nr; r += 4) {                                                             \
+            if (nc == 2) x4k_##T(2, nb, (const uint8_t *)w + (size_t)r * rb, a, as, pys, yss, out + r, os);    \
+            else x4k_##T(1, nb, (const uint8_t *)w + (size_t)r * rb, a, as, pys, yss, out + r, os);            \
         }                                                                                                      \
     }
 
@@ -594,9 +703,16 @@ TM_AI __m256i bcast16x2(__m256i v, int k) {
     return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)k_bcast16x2[k]));
 }
 
-TM_AI float hsum4(__m128 v) {
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+/* lane 0 of hsum8x4 (((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))) and of the 4-lane hadd tree
+ * ((v0 + v1) + (v2 + v3)): a K-quant vec_dot finishes like a column of its prefill tile, bit for bit */
+TM_AI float hsum8_tree(__m256 v) {
+    const __m256 h = _mm256_hadd_ps(v, v);
+    const __m256 h2 = _mm256_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
+}
+TM_AI float hsum4_tree(__m128 v) {
+    const __m128 h = _mm_hadd_ps(v, v);
+    return _mm_cvtss_f32(_mm_hadd_ps(h, h));
 }
 
 /* 12 packed bytes -> 16 int16: six-bit scales sc0..sc7 then mins m0..m7 */
@@ -662,7 +778,7 @@ static float dot_q4_K(int64_t n, const void *vw, const void *va) {
         sumi = q4k_chunk_mac(&c, y[i].qs, 3, sumi);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc) + hsum4(accm);
+    return hsum8_tree(acc) + hsum4_tree(accm);
 }
 
 /* one weight row against activation rows y0..y3 */
@@ -759,7 +875,7 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
 #undef TM_Q6K_HALF
         acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
     }
-    return hsum8(acc);
+    return hsum8_tree(acc);
 }
 
 static __m128 cols4_q6_K(int64_t nb, const tm_block_q6_K *x, const tm_block_q8_K *y0, size_t as) {
@@ -847,9 +963,23 @@ const tm_quant_ops *tm_quant_ops_avx2(tm_dtype t) {
     return tm_quant_ops_find(k_avx2, sizeof k_avx2 / sizeof k_avx2[0], t);
 }
 
+tm_mat_dot_x4_fn tm_quant_x4_avx2(tm_dtype t) {
+    switch (t) {
+    case TM_DT_Q8_0: return matx4_q8_0;
+    case TM_DT_Q4_0: return matx4_q4_0;
+    case TM_DT_Q4_1: return matx4_q4_1;
+    default: return NULL;
+    }
+}
+
 #else /* not built with AVX2/FMA/F16C */
 
 const tm_quant_ops *tm_quant_ops_avx2(tm_dtype t) {
+    (void)t;
+    return NULL;
+}
+
+tm_mat_dot_x4_fn tm_quant_x4_avx2(tm_dtype t) {
     (void)t;
     return NULL;
 }
