@@ -395,8 +395,29 @@ static void test_mat_dot(void **state) {
 
 /* ---- the x4 decode layout with 8-bit activations ------------------------------------------------- */
 
-/* tm_quant_x4_get(t) over weights packed by tm_quant16_x4_pack equals vec_dot of the row-major rows (and so
- * mat_dot) bit for bit: 1..11 blocks per row (run tails of 0..3 blocks), 4..12 rows, starting at any group,
+/* Block i of row k (0..3) of an x4 group packed by tm_quant_x4_pack, put back together in its own format. */
+static void x4_block(tm_dtype t, const uint8_t *group, int64_t nb, int k, int64_t i, uint8_t *blk) {
+    const size_t wb = row_bytes(t, 32), sb = t == TM_DT_Q4_1 ? 4 : 2, nq = (size_t)(nb / 4), tail = (size_t)(nb % 4);
+    if ((size_t)i >= 4 * nq) { /* a row tail: whole blocks */
+        memcpy(blk, group + nq * 16 * wb + ((size_t)k * tail + (size_t)i - 4 * nq) * wb, wb);
+        return;
+    }
+    const uint8_t *run = group + (size_t)(i / 4) * 16 * wb, *qs = run + 16 * sb;
+    const size_t j = (size_t)(i % 4);
+    memcpy(blk, run + ((size_t)k * 4 + j) * sb, sb);
+    if (t == TM_DT_Q8_0) {
+        memcpy(blk + 2, qs + ((size_t)k * 4 + j) * 32, 32);
+        return;
+    }
+    const uint8_t *pair = qs + ((size_t)k * 2 + j / 2) * 32; /* element e of block 2p: low nibble of byte e */
+    for (int e = 0; e < 16; e++) {
+        const int lo = j % 2 ? pair[e] >> 4 : pair[e] & 0x0F, hi = j % 2 ? pair[16 + e] >> 4 : pair[16 + e] & 0x0F;
+        blk[sb + (size_t)e] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+/* tm_quant_x4_pack puts every block where tm_quant.h says, and tm_quant_x4_get(t) over the packed weights
+ * equals vec_dot of the row-major rows (and so mat_dot) bit for bit: 1..11 blocks per row (run tails of 0..3 blocks), 4..12 rows, starting at any group,
  * 1..9 activation rows (1 and 2: the fused decode kernel; more: the prefill tiles, with leftover columns), a
  * zero activation row, padded strides; output padding stays untouched. */
 static void test_x4_kernel(void **state) {
@@ -424,7 +445,14 @@ static void test_x4_kernel(void **state) {
                 tm_quant_row(t, x, w + (size_t)i * rb, n);
             }
             assert_true(tm_quant16_x4_eligible(t, rows, n));
-            tm_quant16_x4_pack(t, rows, n, w, pk);
+            tm_quant_x4_pack(t, rows, n, w, pk);
+            for (int64_t row = 0; row < rows; row++)
+                for (int64_t i = 0; i < nb; i++) {
+                    uint8_t blk[64];
+                    const size_t wb = row_bytes(t, 32);
+                    x4_block(t, pk + (size_t)(row / 4) * 4 * rb, nb, (int)(row % 4), i, blk);
+                    assert_memory_equal(blk, w + (size_t)row * rb + (size_t)i * wb, wb);
+                }
             for (int c = 0; c < 9; c++) {
                 fill(&r, x, n);
                 if (c == 1) memset(x, 0, (size_t)n * sizeof *x);

@@ -435,7 +435,7 @@ static void cpu_free(tm_backend *be) {
 
 /* A weight stays where it is (mapped file or host memory); on AVX2 a matrix whose rows divide by 4 and whose type
  * has a four-row kernel for the activation mode (16-bit: Q8_0/Q4_0/Q4_1/Q4_K; 8-bit: Q8_0/Q4_0/Q4_1) also gets an
- * x4 copy (tm_quant16.h) that every matmul then reads -- decode four rows per kernel call from one sequential
+ * x4 copy (tm_quant16.h, tm_quant.h) that every matmul then reads -- decode four rows per kernel call from one sequential
  * stream, prefill row by row from it -- with the same bits as the row-major kernels. The row-major data is then only read for embedding rows (a mapped file's pages go cold).
  * TM_CPU_NO_X4=1 turns it off. */
 static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
@@ -450,7 +450,8 @@ static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!p) return tm_err(err, TM_ERR_NOMEM, "cpu backend: no memory for the decode copy of a %lld x %lld weight",
                           (long long)w->rows, (long long)w->cols);
-    tm_quant16_x4_pack(w->type, w->rows, w->cols, w->data, p);
+    if (c->act_bits == 16) tm_quant16_x4_pack(w->type, w->rows, w->cols, w->data, p);
+    else tm_quant_x4_pack(w->type, w->rows, w->cols, w->data, p);
     w->aux = p;
     return TM_OK;
 }

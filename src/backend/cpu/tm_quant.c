@@ -612,3 +612,38 @@ const tm_quant_ops *tm_quant_ops_get(tm_dtype t) {
 }
 
 tm_mat_dot_x4_fn tm_quant_x4_get(tm_dtype t) { return tm_cpu_use_avx2() ? tm_quant_x4_avx2(t) : NULL; }
+
+/* ---- the 8-bit decode layout (x4) ------------------------------------------------------------------ */
+
+void tm_quant_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, void *dst) {
+    const size_t wb = t == TM_DT_Q8_0   ? sizeof(tm_block_q8_0)
+                      : t == TM_DT_Q4_0 ? sizeof(tm_block_q4_0)
+                                        : sizeof(tm_block_q4_1);
+    const size_t sb = t == TM_DT_Q4_1 ? 4 : 2;     /* scale bytes per block: d (and m) */
+    const size_t nb = (size_t)cols / 32, rb = nb * wb, nq = nb / 4, tail = nb % 4;
+    for (int64_t g = 0; g < rows / 4; g++) {
+        const uint8_t *sg = (const uint8_t *)src + (size_t)g * 4 * rb;
+        uint8_t *dg = (uint8_t *)dst + (size_t)g * 4 * rb;
+        for (size_t q = 0; q < nq; q++) {
+            uint8_t *run = dg + q * 16 * wb, *qs = run + 16 * sb; /* (16, sb) scales, then the quants */
+            for (size_t k = 0; k < 4; k++) {
+                const uint8_t *b = sg + k * rb + q * 4 * wb; /* row k's blocks 4q .. 4q + 3 */
+                for (size_t j = 0; j < 4; j++) memcpy(run + (k * 4 + j) * sb, b + j * wb, sb);
+                if (t == TM_DT_Q8_0) {
+                    for (size_t j = 0; j < 4; j++) memcpy(qs + (k * 4 + j) * 32, b + j * wb + 2, 32);
+                    continue;
+                }
+                for (size_t p = 0; p < 2; p++) { /* blocks 2p, 2p + 1 -> 32 bytes */
+                    const uint8_t *lo = b + 2 * p * wb + (wb - 16), *hi = b + (2 * p + 1) * wb + (wb - 16);
+                    uint8_t *o = qs + (k * 2 + p) * 32;
+                    for (size_t i = 0; i < 16; i++) {
+                        o[i] = (uint8_t)((lo[i] & 0x0F) | (hi[i] << 4));
+                        o[16 + i] = (uint8_t)((lo[i] >> 4) | (hi[i] & 0xF0));
+                    }
+                }
+            }
+        }
+        for (size_t k = 0; k < 4 && tail; k++) /* the row tails, whole blocks */
+            memcpy(dg + nq * 16 * wb + k * tail * wb, sg + k * rb + nq * 4 * wb, tail * wb);
+    }
+}

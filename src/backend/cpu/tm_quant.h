@@ -39,7 +39,18 @@ const tm_quant_ops *tm_quant_ops_get(tm_dtype t);
  * check the CPU: TM_ISA_AVX2 ops may only be called when tm_cpu_use_avx2() is true. */
 const tm_quant_ops *tm_quant_ops_get_isa(tm_dtype t, tm_isa isa);
 
-/* mat_dot over a weight in the decode layout ("x4", tm_quant16.h: tm_quant16_x4_pack), 8-bit activations:
+/* The decode layout for 8-bit activations ("x4"; Q8_0/Q4_0/Q4_1 with rows % 4 == 0, as tm_quant16_x4_eligible):
+ * rows in groups of four (a group is 4 x row_bytes, so the copy keeps the weight's size); a group holds
+ * nb / 4 runs of 16 blocks (blocks 4q .. 4q + 3 of its four rows), then the row tails (nb % 4 blocks each, in
+ * the blocks' own format) one row after another. A run is its 16 blocks' scales (fp16 d, or d and m for Q4_1:
+ * row 0's four blocks, row 1's, row 2's, row 3's), then their quants in the same order: Q8_0 the 32 bytes of
+ * each block; Q4_0/Q4_1 32 bytes per pair of blocks (2p, 2p + 1), byte i holding element i of block 2p in its
+ * low nibble and element i of block 2p + 1 in its high nibble (i < 32, element order as dequantized). So a
+ * row's four scales are one load and a 32-byte load with a mask and a shift gives two blocks' quants, and the
+ * four-row decode kernel reads one sequential stream. (tm_quant16_x4_pack's layout for 16-bit activations
+ * keeps the blocks whole.) */
+void tm_quant_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, void *dst);
+/* mat_dot over a weight in the 8-bit decode layout (tm_quant_x4_pack):
  * out[c * out_stride + r] = dot(row r, act row c) for r < nr (a multiple of 4; w points at a group, rows
  * start there), c < nc. nc <= 2 (decode) runs a fused kernel over each group's four rows: each activation
  * block is loaded once for them and the weights are read as one sequential stream; nc > 2 (prefill) runs

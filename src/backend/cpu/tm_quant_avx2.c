@@ -318,6 +318,49 @@ TM_AI void w4_q4_1(const void *vx, g4 *g) {
     g->s = pairs4(x, sizeof *x);
 }
 
+/* The same four blocks from a run of the 8-bit x4 copy (tm_quant.h: tm_quant_x4_pack): row k's scales are
+ * contiguous ([d0 d1 d2 d3] or [d0 m0 .. d3 m3]: one load and one conversion instead of four scalar loads), and
+ * a Q4 pair's 32 bytes give block 2p's nibbles in their low halves and block 2p + 1's in their high halves. The
+ * vectors equal the row-major preps' bit for bit. */
+TM_AI __m256 x4_scales4(const uint8_t *p) { /* [s0 s1 s2 s3 | s0 s1 s2 s3] */
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return _mm256_cvtph_ps(_mm_set1_epi64x((long long)v));
+}
+
+TM_AI void x4_nibbles(const uint8_t *q, __m256i *lo, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), v = loadu(q);
+    *lo = _mm256_and_si256(v, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+}
+
+TM_AI void w4x_q8_0(const uint8_t *run, int k, g4 *g) {
+    const uint8_t *q = run + 16 * 2 + (size_t)k * 128;
+    g->aux[0] = loadu(q);
+    g->aux[1] = loadu(q + 32);
+    g->aux[2] = loadu(q + 64);
+    g->aux[3] = loadu(q + 96);
+    g->q[0] = _mm256_sign_epi8(g->aux[0], g->aux[0]);
+    g->q[1] = _mm256_sign_epi8(g->aux[1], g->aux[1]);
+    g->q[2] = _mm256_sign_epi8(g->aux[2], g->aux[2]);
+    g->q[3] = _mm256_sign_epi8(g->aux[3], g->aux[3]);
+    g->s = x4_scales4(run + (size_t)k * 8);
+}
+
+TM_AI void w4x_q4_0(const uint8_t *run, int k, g4 *g) {
+    const uint8_t *q = run + 16 * 2 + (size_t)k * 64;
+    x4_nibbles(q, &g->q[0], &g->q[1]);
+    x4_nibbles(q + 32, &g->q[2], &g->q[3]);
+    g->s = x4_scales4(run + (size_t)k * 8);
+}
+
+TM_AI void w4x_q4_1(const uint8_t *run, int k, g4 *g) {
+    const uint8_t *q = run + 16 * 4 + (size_t)k * 64;
+    x4_nibbles(q, &g->q[0], &g->q[1]);
+    x4_nibbles(q + 32, &g->q[2], &g->q[3]);
+    g->s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + (size_t)k * 16))); /* [d0 m0 d1 m1 ..] */
+}
+
 /* Q8_0 activations (for Q8_0 weights): quants; scales4 */
 TM_AI void a4q_q8_0(const void *vy, g4 *g) {
     const tm_block_q8_0 *y = vy;
@@ -438,7 +481,8 @@ TM_AI void mac2_q4_1(const void *vx, const void *vy, __m256 *acc, __m256 *accm) 
  * the same bits whether it runs alone (vec_dot, leftover rows and columns), in a group of four weight rows
  * (decode), against four activation rows (prefill) or in the x4 kernel: 8-bit mode is batch invariant too. */
 TM_AI float fin1(__m256 acc, __m256 accm) {
-    const __m256 h = _mm256_hadd_ps(acc, _mm256_blend_ps(accm, _mm256_setzero_ps(), 0x55)); /* a01 a23 m01 m23 | a45 a67 m45 m67 */
+    /* h = [a01 a23 m01 m23 | a45 a67 m45 m67] */
+    const __m256 h = _mm256_hadd_ps(acc, _mm256_blend_ps(accm, _mm256_setzero_ps(), 0x55));
     const __m256 h2 = _mm256_hadd_ps(h, h);
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)); /* [S(acc) S(accm) ..] */
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
@@ -452,22 +496,23 @@ TM_AI __m128 fin4(const __m256 *acc, const __m256 *accm) {
 
 /* A weight row's 32-element blocks: runs of four at g, g + gs, g + 2 gs, ..., the nb % 4 leftover blocks
  * contiguous at t. Row-major: the runs back to back, the leftovers after them; row k of an x4 group
- * (tm_quant16.h): its runs 16 blocks apart from the group's start + 4k blocks, its leftovers after the
- * group's runs, the four rows' tails one after another. */
+ * (tm_quant.h: tm_quant_x4_pack): the group's runs 16 blocks apart (row k's part of each found by WPREPX), its
+ * leftovers after the group's runs, the four rows' tails one after another. */
 typedef struct {
     const uint8_t *g, *t;
     size_t gs;
+    int k; /* x4: the row within its group (g: the group's first run) */
 } wrow;
 
 TM_AI wrow wrow_rm(const void *x, int64_t nb, size_t wb) {
     const uint8_t *p = x;
-    return (wrow){p, p + (size_t)(nb / 4) * 4 * wb, 4 * wb};
+    return (wrow){p, p + (size_t)(nb / 4) * 4 * wb, 4 * wb, 0};
 }
 
 TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
     const uint8_t *p = group;
     const size_t nq = (size_t)(nb / 4), tail = (size_t)(nb % 4);
-    return (wrow){p + (size_t)k * 4 * wb, p + nq * 16 * wb + (size_t)k * tail * wb, 16 * wb};
+    return (wrow){p, p + nq * 16 * wb + (size_t)k * tail * wb, 16 * wb, k};
 }
 
 /* floats of precomputed activation scales per column chunk (16 KiB of stack) */
@@ -478,13 +523,15 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
  * be cheaper in instructions but measured ~30% slower once the weights come from DRAM (prefetchers
  * track one sequential stream far better than four). Prefill tiles 1 weight row x 4 activation rows so
  * each weight block is unpacked once for four tokens. */
-#define DEFINE_BLOCK32(T, WB, AB, WPREP, AQ, AS, MAC, MAC2, MAC1)                                              \
-    /* ys: the activation row's group scale vectors, precomputed (8 floats per group), or NULL */           \
-    TM_AI void row_##T(int64_t nb, wrow x, const AB *y, const float *ys, __m256 *acc, __m256 *accm) {         \
+#define DEFINE_BLOCK32(T, WB, AB, WPREP, WPREPX, AQ, AS, MAC, MAC2, MAC1)                                      \
+    /* ys: the activation row's group scale vectors, precomputed (8 floats per group), or NULL */              \
+    TM_AI void row_##T(const bool X4, int64_t nb, wrow x, const AB *y, const float *ys, __m256 *acc,           \
+                       __m256 *accm) {                                                                         \
         int64_t i = 0;                                                                                         \
         for (; i + 4 <= nb; i += 4) {                                                                          \
             g4 w, a;                                                                                           \
-            WPREP(x.g + (size_t)(i / 4) * x.gs, &w);                                                           \
+            if (X4) WPREPX(x.g + (size_t)(i / 4) * x.gs, x.k, &w);                                             \
+            else WPREP(x.g + (size_t)(i / 4) * x.gs, &w);                                                      \
             AQ(y + i, &a);                                                                                     \
             a.s = ys ? _mm256_loadu_ps(ys + 2 * i) : AS(y + i);                                                \
             MAC(&w, &a, acc, accm);                                                                            \
@@ -499,19 +546,21 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
     }                                                                                                          \
     static float dot_##T(int64_t n, const void *vw, const void *va) {                                          \
         __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();                                          \
-        row_##T(n / 32, wrow_rm(vw, n / 32, sizeof(WB)), va, NULL, &acc, &accm);                              \
+        row_##T(false, n / 32, wrow_rm(vw, n / 32, sizeof(WB)), va, NULL, &acc, &accm);                        \
         return fin1(acc, accm);                                                                                \
     }                                                                                                          \
-    /* one weight row against activation rows y0..y3: results 4 floats. ys: the activation rows' group   \
+    /* one weight row against activation rows y0..y3: results 4 floats. ys: the activation rows' group         \
      * scale vectors, precomputed (8 floats per group of 4 blocks, ys_stride floats per row) */                \
-    static __m128 cols4_##T(int64_t nb, wrow x, const AB *y0, size_t as, const float *ys, size_t yss) {        \
+    static __m128 cols4_##T(const bool X4, int64_t nb, wrow x, const AB *y0, size_t as, const float *ys,       \
+                            size_t yss) {                                                                      \
         const AB *y1 = (const AB *)PW(y0, as, 1), *y2 = (const AB *)PW(y0, as, 2), *y3 = (const AB *)PW(y0, as, 3); \
         __m256 acc[4], accm[4];                                                                                \
         acc[0] = acc[1] = acc[2] = acc[3] = accm[0] = accm[1] = accm[2] = accm[3] = _mm256_setzero_ps();       \
         int64_t i = 0;                                                                                         \
         for (; i + 4 <= nb; i += 4, ys += 8) {                                                                 \
             g4 w, a;                                                                                           \
-            WPREP(x.g + (size_t)(i / 4) * x.gs, &w);                                                           \
+            if (X4) WPREPX(x.g + (size_t)(i / 4) * x.gs, x.k, &w);                                             \
+            else WPREP(x.g + (size_t)(i / 4) * x.gs, &w);                                                      \
             AQ(y0 + i, &a);                                                                                    \
             a.s = _mm256_loadu_ps(ys);                                                                         \
             MAC(&w, &a, &acc[0], &accm[0]);                                                                    \
@@ -542,8 +591,8 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
         }                                                                                                      \
         return fin4(acc, accm);                                                                                \
     }                                                                                                          \
-    /* prefill tiles: rows 0..nr-1 (row-major ws bytes apart, or X4: packed groups) x activation rows in      \
-     * L2-sized chunks; the activation scales of a chunk are converted once, into the 16 KiB stack buffer */  \
+    /* prefill tiles: rows 0..nr-1 (row-major ws bytes apart, or X4: packed groups) x activation rows in       \
+     * L2-sized chunks; the activation scales of a chunk are converted once, into the 16 KiB stack buffer */   \
     TM_AI void tiles_##T(const bool X4, int64_t n, int64_t nr, const void *w, size_t ws, int64_t nc, const void *a, \
                          size_t as, float *out, size_t os, float *ys /* (TM_YS_FLOATS) */) {                   \
         const int64_t nb = n / 32;                                                                             \
@@ -553,7 +602,7 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
         if (yss > 0 && chunk > (int64_t)(TM_YS_FLOATS / yss)) chunk = (int64_t)(TM_YS_FLOATS / yss);           \
         chunk &= ~(int64_t)3;                                                                                  \
         if (chunk < 4) chunk = 4;                                                                              \
-        const bool pre = yss * 4 <= TM_YS_FLOATS;                                                             \
+        const bool pre = yss * 4 <= TM_YS_FLOATS;                                                              \
         for (int64_t c0 = 0; c0 < nc; c0 += chunk) {                                                           \
             const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;                                              \
             const int64_t c4 = pre ? c0 + ((c1 - c0) & ~(int64_t)3) : c0;                                      \
@@ -567,12 +616,13 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
                 int64_t c = c0;                                                                                \
                 for (; c < c4; c += 4) {                                                                       \
                     float v[4];                                                                                \
-                    _mm_storeu_ps(v, cols4_##T(nb, x, (const AB *)PW(a, as, c), as, ys + (size_t)(c - c0) * yss, yss)); \
+                    const float *yc = ys + (size_t)(c - c0) * yss;                                             \
+                    _mm_storeu_ps(v, cols4_##T(X4, nb, x, (const AB *)PW(a, as, c), as, yc, yss));             \
                     for (int k = 0; k < 4; k++) out[(size_t)(c + k) * os + (size_t)r] = v[k];                  \
                 }                                                                                              \
                 for (; c < c1; c++) {                                                                          \
                     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();                              \
-                    row_##T(nb, x, (const AB *)PW(a, as, c), NULL, &acc, &accm);                               \
+                    row_##T(X4, nb, x, (const AB *)PW(a, as, c), NULL, &acc, &accm);                           \
                     out[(size_t)c * os + (size_t)r] = fin1(acc, accm);                                         \
                 }                                                                                              \
             }                                                                                                  \
@@ -585,7 +635,7 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
         const int64_t ng = nb / 4;                                                                             \
         const size_t yss = (size_t)(8 * ng);                                                                   \
         if (nc == 1) {                                                                                         \
-            /* one activation row: convert its scales once for all weight rows */                            \
+            /* one activation row: convert its scales once for all weight rows */                              \
             const float *pys = yss <= TM_YS_FLOATS ? ys : NULL;                                                \
             if (pys)                                                                                           \
                 for (int64_t g = 0; g < ng; g++) _mm256_storeu_ps(ys + 8 * g, AS((const AB *)a + 4 * g));      \
@@ -593,10 +643,10 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
             for (; r + 4 <= nr; r += 4) {                                                                      \
                 __m256 acc[4], accm[4];                                                                        \
                 acc[0] = acc[1] = acc[2] = acc[3] = accm[0] = accm[1] = accm[2] = accm[3] = _mm256_setzero_ps(); \
-                row_##T(nb, wrow_rm(PW(w, ws, r), nb, sizeof(WB)), a, pys, &acc[0], &accm[0]);                 \
-                row_##T(nb, wrow_rm(PW(w, ws, r + 1), nb, sizeof(WB)), a, pys, &acc[1], &accm[1]);             \
-                row_##T(nb, wrow_rm(PW(w, ws, r + 2), nb, sizeof(WB)), a, pys, &acc[2], &accm[2]);             \
-                row_##T(nb, wrow_rm(PW(w, ws, r + 3), nb, sizeof(WB)), a, pys, &acc[3], &accm[3]);             \
+                row_##T(false, nb, wrow_rm(PW(w, ws, r + 0), nb, sizeof(WB)), a, pys, &acc[0], &accm[0]);      \
+                row_##T(false, nb, wrow_rm(PW(w, ws, r + 1), nb, sizeof(WB)), a, pys, &acc[1], &accm[1]);      \
+                row_##T(false, nb, wrow_rm(PW(w, ws, r + 2), nb, sizeof(WB)), a, pys, &acc[2], &accm[2]);      \
+                row_##T(false, nb, wrow_rm(PW(w, ws, r + 3), nb, sizeof(WB)), a, pys, &acc[3], &accm[3]);      \
                 _mm_storeu_ps(out + r, fin4(acc, accm));                                                       \
             }                                                                                                  \
             for (; r < nr; r++) out[r] = dot_##T(n, PW(w, ws, r), a);                                          \
@@ -604,11 +654,11 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
         }                                                                                                      \
         tiles_##T(false, n, nr, w, ws, nc, a, as, out, os, ys);                                                \
     }                                                                                                          \
-    /* The four rows of the x4 group at g against NR (1..2) activation rows: per (row, activation row)       \
-     * exactly row_T's float sequence and fin4's reduction (the bits of dot_T and mat_T). Each activation     \
-     * group of four blocks (quants, scales) is loaded once for the four rows, and the weights arrive as one  \
-     * sequential stream (run q: row 0's four blocks, row 1's, row 2's, row 3's; then the row tails).         \
-     * ys: the NR rows' group scale vectors (yss floats apart) or NULL. out[c * os + k]. */                   \
+    /* The four rows of the x4 group at g against NR (1..2) activation rows: per (row, activation row)         \
+     * exactly row_T's float sequence and fin4's reduction (the bits of dot_T and mat_T). Each activation      \
+     * group of four blocks (quants, scales) is loaded once for the four rows, and the weights arrive as one   \
+     * sequential stream (run q: row 0's four blocks, row 1's, row 2's, row 3's; then the row tails).          \
+     * ys: the NR rows' group scale vectors (yss floats apart) or NULL. out[c * os + k]. */                    \
     TM_AI void x4k_##T(const int NR, int64_t nb, const uint8_t *g, const AB *y0, size_t as, const float *ys,   \
                        size_t yss, float *out, size_t os) {                                                    \
         const size_t wb = sizeof(WB);                                                                          \
@@ -626,11 +676,11 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
             }                                                                                                  \
             for (int k = 0; k < 4; k++) {                                                                      \
                 g4 wv;                                                                                         \
-                WPREP(x + (size_t)k * 4 * wb, &wv);                                                            \
+                WPREPX(x, k, &wv);                                                                             \
                 for (int c = 0; c < NR; c++) MAC(&wv, &av[c], &acc[c][k], &accm[c][k]);                        \
             }                                                                                                  \
         }                                                                                                      \
-        if (tail) { /* the row tails, as row_T's leftover pair and single block */                            \
+        if (tail) { /* the row tails, as row_T's leftover pair and single block */                             \
             const uint8_t *xt = g + (size_t)ng * 16 * wb;                                                      \
             for (int k = 0; k < 4; k++) {                                                                      \
                 const WB *x = (const WB *)(xt + (size_t)k * (size_t)tail * wb);                                \
@@ -647,8 +697,8 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
             for (int k = 0; k < 4; k++) out[(size_t)c * os + (size_t)k] = v[k];                                \
         }                                                                                                      \
     }                                                                                                          \
-    /* mat_dot over x4-packed weights (nr a multiple of 4, w at a group): one or two activation rows run the \
-     * fused four-row kernel, more run the prefill tiles reading each row where the layout puts it */         \
+    /* mat_dot over x4-packed weights (nr a multiple of 4, w at a group): one or two activation rows run the   \
+     * fused four-row kernel, more run the prefill tiles reading each row where the layout puts it */          \
     static void matx4_##T(int64_t n, int64_t nr, const void *w, int64_t nc, const void *a, size_t as, float *out, \
                           size_t os) {                                                                         \
         const int64_t nb = n / 32, ng = nb / 4;                                                                \
@@ -669,9 +719,12 @@ TM_AI wrow wrow_x4(const void *group, int k, int64_t nb, size_t wb) {
         }                                                                                                      \
     }
 
-DEFINE_BLOCK32(q8_0, tm_block_q8_0, tm_block_q8_0, w4_q8_0, a4q_q8_0, a4s_q8_0, mac_q8_0, mac2_q8_0, mac1_q8_0)
-DEFINE_BLOCK32(q4_0, tm_block_q4_0, tm_block_q8_0, w4_q4_0, a4q_q8_0o, a4s_q8_0, mac_q4_0, mac2_q4_0, mac1_q4_0)
-DEFINE_BLOCK32(q4_1, tm_block_q4_1, tm_block_q8_1, w4_q4_1, a4q_q8_1, a4s_q8_1, mac_q4_1, mac2_q4_1, mac1_q4_1)
+DEFINE_BLOCK32(q8_0, tm_block_q8_0, tm_block_q8_0, w4_q8_0, w4x_q8_0, a4q_q8_0, a4s_q8_0, mac_q8_0, mac2_q8_0,
+               mac1_q8_0)
+DEFINE_BLOCK32(q4_0, tm_block_q4_0, tm_block_q8_0, w4_q4_0, w4x_q4_0, a4q_q8_0o, a4s_q8_0, mac_q4_0, mac2_q4_0,
+               mac1_q4_0)
+DEFINE_BLOCK32(q4_1, tm_block_q4_1, tm_block_q8_1, w4_q4_1, w4x_q4_1, a4q_q8_1, a4s_q8_1, mac_q4_1, mac2_q4_1,
+               mac1_q4_1)
 
 /* ---- K-quants (256-element super-blocks) x Q8_K ----------------------------------------------------
  * Sub-block scales are applied with vpmaddwd against a vector holding each sub-block's scale in the
