@@ -397,6 +397,10 @@ static void test_mat_dot(void **state) {
 
 /* Block i of row k (0..3) of an x4 group packed by tm_quant_x4_pack, put back together in its own format. */
 static void x4_block(tm_dtype t, const uint8_t *group, int64_t nb, int k, int64_t i, uint8_t *blk) {
+    if (t == TM_DT_Q4_K) { /* super-block i of rows 0..3 one after another */
+        memcpy(blk, group + ((size_t)i * 4 + (size_t)k) * sizeof(tm_block_q4_K), sizeof(tm_block_q4_K));
+        return;
+    }
     const size_t wb = row_bytes(t, 32), sb = t == TM_DT_Q4_1 ? 4 : 2, nq = (size_t)(nb / 4), tail = (size_t)(nb % 4);
     if ((size_t)i >= 4 * nq) { /* a row tail: whole blocks */
         memcpy(blk, group + nq * 16 * wb + ((size_t)k * tail + (size_t)i - 4 * nq) * wb, wb);
@@ -417,12 +421,13 @@ static void x4_block(tm_dtype t, const uint8_t *group, int64_t nb, int k, int64_
 }
 
 /* tm_quant_x4_pack puts every block where tm_quant.h says, and tm_quant_x4_get(t) over the packed weights
- * equals vec_dot of the row-major rows (and so mat_dot) bit for bit: 1..11 blocks per row (run tails of 0..3 blocks), 4..12 rows, starting at any group,
+ * equals vec_dot of the row-major rows (and so mat_dot) bit for bit: 1..11 blocks per row (run tails of 0..3
+ * blocks; Q4_K 1..5 super-blocks), 4..12 rows, starting at any group,
  * 1..9 activation rows (1 and 2: the fused decode kernel; more: the prefill tiles, with leftover columns), a
  * zero activation row, padded strides; output padding stays untouched. */
 static void test_x4_kernel(void **state) {
     (void)state;
-    const tm_dtype types[] = {TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1};
+    const tm_dtype types[] = {TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K};
     const int ncs[] = {1, 2, 3, 4, 5, 9};
     rng_t r = {4711};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -434,8 +439,9 @@ static void test_x4_kernel(void **state) {
         }
         assert_non_null(x4);
         const tm_quant_ops *o = tm_quant_ops_get_isa(t, TM_ISA_AVX2);
-        for (int nb = 1; nb <= 11; nb++) {
-            const int64_t n = 32 * nb, rows = 4 * (1 + nb % 3);
+        const int64_t blk = t == TM_DT_Q4_K ? TM_QK_K : 32;
+        for (int nb = 1; nb <= (t == TM_DT_Q4_K ? 5 : 11); nb++) {
+            const int64_t n = blk * nb, rows = 4 * (1 + nb % 3);
             const size_t rb = row_bytes(t, n), as = row_bytes(o->act_type, n) + 4; /* padded activation stride */
             float *x = malloc((size_t)n * sizeof *x);
             uint8_t *w = malloc(rb * (size_t)rows), *pk = malloc(rb * (size_t)rows), *a = malloc(9 * as);
@@ -448,10 +454,10 @@ static void test_x4_kernel(void **state) {
             tm_quant_x4_pack(t, rows, n, w, pk);
             for (int64_t row = 0; row < rows; row++)
                 for (int64_t i = 0; i < nb; i++) {
-                    uint8_t blk[64];
-                    const size_t wb = row_bytes(t, 32);
-                    x4_block(t, pk + (size_t)(row / 4) * 4 * rb, nb, (int)(row % 4), i, blk);
-                    assert_memory_equal(blk, w + (size_t)row * rb + (size_t)i * wb, wb);
+                    uint8_t b[sizeof(tm_block_q4_K)];
+                    const size_t wb = row_bytes(t, blk);
+                    x4_block(t, pk + (size_t)(row / 4) * 4 * rb, nb, (int)(row % 4), i, b);
+                    assert_memory_equal(b, w + (size_t)row * rb + (size_t)i * wb, wb);
                 }
             for (int c = 0; c < 9; c++) {
                 fill(&r, x, n);
@@ -486,6 +492,7 @@ static void test_x4_kernel(void **state) {
         }
     }
     assert_null(tm_quant_x4_get(TM_DT_Q6_K));
+    assert_null(tm_quant_x4_get(TM_DT_Q8_1));
     assert_null(tm_quant_x4_get(TM_DT_F32));
 }
 

@@ -616,6 +616,15 @@ tm_mat_dot_x4_fn tm_quant_x4_get(tm_dtype t) { return tm_cpu_use_avx2() ? tm_qua
 /* ---- the 8-bit decode layout (x4) ------------------------------------------------------------------ */
 
 void tm_quant_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, void *dst) {
+    if (t == TM_DT_Q4_K) { /* super-block i of rows 0..3, one after another */
+        const size_t sb = sizeof(tm_block_q4_K), nb = (size_t)cols / TM_QK_K, rb = nb * sb;
+        for (int64_t g = 0; g < rows / 4; g++)
+            for (size_t i = 0; i < nb; i++)
+                for (size_t r = 0; r < 4; r++)
+                    memcpy((uint8_t *)dst + (size_t)g * 4 * rb + (4 * i + r) * sb,
+                           (const uint8_t *)src + ((size_t)g * 4 + r) * rb + i * sb, sb);
+        return;
+    }
     const size_t wb = t == TM_DT_Q8_0   ? sizeof(tm_block_q8_0)
                       : t == TM_DT_Q4_0 ? sizeof(tm_block_q4_0)
                                         : sizeof(tm_block_q4_1);

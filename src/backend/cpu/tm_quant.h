@@ -39,7 +39,7 @@ const tm_quant_ops *tm_quant_ops_get(tm_dtype t);
  * check the CPU: TM_ISA_AVX2 ops may only be called when tm_cpu_use_avx2() is true. */
 const tm_quant_ops *tm_quant_ops_get_isa(tm_dtype t, tm_isa isa);
 
-/* The decode layout for 8-bit activations ("x4"; Q8_0/Q4_0/Q4_1 with rows % 4 == 0, as tm_quant16_x4_eligible):
+/* The decode layout for 8-bit activations ("x4"; Q8_0/Q4_0/Q4_1/Q4_K with rows % 4 == 0: tm_quant16_x4_eligible):
  * rows in groups of four (a group is 4 x row_bytes, so the copy keeps the weight's size); a group holds
  * nb / 4 runs of 16 blocks (blocks 4q .. 4q + 3 of its four rows), then the row tails (nb % 4 blocks each, in
  * the blocks' own format) one row after another. A run is its 16 blocks' scales (fp16 d, or d and m for Q4_1:
@@ -48,7 +48,8 @@ const tm_quant_ops *tm_quant_ops_get_isa(tm_dtype t, tm_isa isa);
  * low nibble and element i of block 2p + 1 in its high nibble (i < 32, element order as dequantized). So a
  * row's four scales are one load and a 32-byte load with a mask and a shift gives two blocks' quants, and the
  * four-row decode kernel reads one sequential stream. (tm_quant16_x4_pack's layout for 16-bit activations
- * keeps the blocks whole.) */
+ * keeps the blocks whole.) Q4_K (256-element super-blocks): super-block i of rows 0, 1, 2, 3, then i + 1 (as
+ * tm_quant16_x4_pack). */
 void tm_quant_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, void *dst);
 /* mat_dot over a weight in the 8-bit decode layout (tm_quant_x4_pack):
  * out[c * out_stride + r] = dot(row r, act row c) for r < nr (a multiple of 4; w points at a group, rows
@@ -57,7 +58,7 @@ void tm_quant_x4_pack(tm_dtype t, int64_t rows, int64_t cols, const void *src, v
  * mat_dot's tiles reading each row where the layout puts it. Bit-identical to vec_dot and mat_dot. */
 typedef void (*tm_mat_dot_x4_fn)(int64_t n, int64_t nr, const void *w, int64_t nc, const void *a, size_t a_stride,
                                  float *out, size_t out_stride);
-tm_mat_dot_x4_fn tm_quant_x4_get(tm_dtype t); /* Q8_0, Q4_0, Q4_1 with AVX2; NULL otherwise */
+tm_mat_dot_x4_fn tm_quant_x4_get(tm_dtype t); /* Q8_0, Q4_0, Q4_1, Q4_K with AVX2; NULL otherwise */
 
 /* Internal: the AVX2 tables (tm_quant_avx2.c); only valid after tm_cpu_use_avx2(). NULL if not built for x86. */
 const tm_quant_ops *tm_quant_ops_avx2(tm_dtype t);

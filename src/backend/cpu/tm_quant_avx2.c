@@ -810,41 +810,43 @@ TM_AI __m128 q4k_mins(__m128i mins, float dmin, const tm_block_q8_K *y, __m128 a
     return _mm_fmadd_ps(_mm_set1_ps(-y->d * dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs8)), accm);
 }
 
-static float dot_q4_K(int64_t n, const void *vw, const void *va) {
-    const tm_block_q4_K *x = vw;
-    const tm_block_q8_K *y = va;
+/* one Q4_K weight row whose super-blocks stand ss apart (row-major: 1; row k of an x4 group: 4) */
+TM_AI float row_q4_K(int64_t nb, const tm_block_q4_K *x, int64_t ss, const tm_block_q8_K *y) {
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / TM_QK_K; i++) {
-        const __m256i sm = q4k_scales_mins(x[i].scales);
+    for (int64_t i = 0; i < nb; i++) {
+        const tm_block_q4_K *xi = x + i * ss;
+        const __m256i sm = q4k_scales_mins(xi->scales);
         const __m256i sc = _mm256_permute4x64_epi64(sm, 0x44);
-        accm = q4k_mins(_mm256_extracti128_si256(sm, 1), f16(x[i].dmin), &y[i], accm);
+        accm = q4k_mins(_mm256_extracti128_si256(sm, 1), f16(xi->dmin), &y[i], accm);
         __m256i sumi = _mm256_setzero_si256();
         q4k_chunk c;
-        q4k_chunk_prep(&x[i], 0, sc, &c);
+        q4k_chunk_prep(xi, 0, sc, &c);
         sumi = q4k_chunk_mac(&c, y[i].qs, 0, sumi);
-        q4k_chunk_prep(&x[i], 1, sc, &c);
+        q4k_chunk_prep(xi, 1, sc, &c);
         sumi = q4k_chunk_mac(&c, y[i].qs, 1, sumi);
-        q4k_chunk_prep(&x[i], 2, sc, &c);
+        q4k_chunk_prep(xi, 2, sc, &c);
         sumi = q4k_chunk_mac(&c, y[i].qs, 2, sumi);
-        q4k_chunk_prep(&x[i], 3, sc, &c);
+        q4k_chunk_prep(xi, 3, sc, &c);
         sumi = q4k_chunk_mac(&c, y[i].qs, 3, sumi);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * f16(xi->d)), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum8_tree(acc) + hsum4_tree(accm);
 }
 
-/* one weight row against activation rows y0..y3 */
-static __m128 cols4_q4_K(int64_t nb, const tm_block_q4_K *x, const tm_block_q8_K *y0, size_t as) {
+static float dot_q4_K(int64_t n, const void *vw, const void *va) { return row_q4_K(n / TM_QK_K, vw, 1, va); }
+
+/* one weight row (super-blocks ss apart) against activation rows y0..y3 */
+TM_AI __m128 cols4s_q4_K(int64_t nb, const tm_block_q4_K *x, int64_t ss, const tm_block_q8_K *y0, size_t as) {
     const tm_block_q8_K *y1 = (const void *)PW(y0, as, 1), *y2 = (const void *)PW(y0, as, 2),
                         *y3 = (const void *)PW(y0, as, 3);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     __m128 m0 = _mm_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
     for (int64_t i = 0; i < nb; i++) {
-        const __m256i sm = q4k_scales_mins(x[i].scales);
+        const __m256i sm = q4k_scales_mins(x[i * ss].scales);
         const __m256i sc = _mm256_permute4x64_epi64(sm, 0x44);
         const __m128i mins = _mm256_extracti128_si256(sm, 1);
-        const float dmin = f16(x[i].dmin), d = f16(x[i].d);
+        const float dmin = f16(x[i * ss].dmin), d = f16(x[i * ss].d);
         m0 = q4k_mins(mins, dmin, &y0[i], m0);
         m1 = q4k_mins(mins, dmin, &y1[i], m1);
         m2 = q4k_mins(mins, dmin, &y2[i], m2);
@@ -853,7 +855,7 @@ static __m128 cols4_q4_K(int64_t nb, const tm_block_q4_K *x, const tm_block_q8_K
 #define TM_Q4K_COLS(j)                                                                                         \
     do {                                                                                                       \
         q4k_chunk c;                                                                                           \
-        q4k_chunk_prep(&x[i], j, sc, &c);                                                                      \
+        q4k_chunk_prep(&x[i * ss], j, sc, &c);                                                                 \
         s0 = q4k_chunk_mac(&c, y0[i].qs, j, s0);                                                               \
         s1 = q4k_chunk_mac(&c, y1[i].qs, j, s1);                                                               \
         s2 = q4k_chunk_mac(&c, y2[i].qs, j, s2);                                                               \
@@ -871,6 +873,10 @@ static __m128 cols4_q4_K(int64_t nb, const tm_block_q4_K *x, const tm_block_q8_K
     }
     const __m128 mm = _mm_hadd_ps(_mm_hadd_ps(m0, m1), _mm_hadd_ps(m2, m3));
     return _mm_add_ps(hsum8x4(a0, a1, a2, a3), mm);
+}
+
+static __m128 cols4_q4_K(int64_t nb, const tm_block_q4_K *x, const tm_block_q8_K *y0, size_t as) {
+    return cols4s_q4_K(nb, x, 1, y0, as);
 }
 
 /* One 32-element chunk k of a Q6_K half super-block h: 6-bit quants (stored +32) and the scales of its two
@@ -993,6 +999,81 @@ static __m128 cols4_q6_K(int64_t nb, const tm_block_q6_K *x, const tm_block_q8_K
 DEFINE_KMAT(q4_K, tm_block_q4_K)
 DEFINE_KMAT(q6_K, tm_block_q6_K)
 
+/* The four rows of a Q4_K x4 group (super-block i of rows 0..3 one after another) against NR (1..2)
+ * activation rows: per (row, activation row) exactly row_q4_K's float sequence (so dot_q4_K's bits); each
+ * activation super-block's bsums are folded once for the four rows. out[c * os + k]. */
+TM_AI void x4k_q4_K(const int NR, int64_t nb, const tm_block_q4_K *g, const tm_block_q8_K *y0, size_t as, float *out,
+                    size_t os) {
+    __m256 acc[2][4];
+    __m128 accm[2][4];
+    for (int c = 0; c < NR; c++)
+        for (int k = 0; k < 4; k++) {
+            acc[c][k] = _mm256_setzero_ps();
+            accm[c][k] = _mm_setzero_ps();
+        }
+    for (int64_t i = 0; i < nb; i++) {
+        const tm_block_q8_K *y[2];
+        __m128i bs8[2];
+        for (int c = 0; c < NR; c++) {
+            y[c] = (const tm_block_q8_K *)PW(y0, as, c) + i;
+            const __m256i bs = loadu(y[c]->bsums);
+            bs8[c] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        }
+        for (int k = 0; k < 4; k++) {
+            const tm_block_q4_K *x = g + 4 * i + k;
+            const __m256i sm = q4k_scales_mins(x->scales);
+            const __m256i sc = _mm256_permute4x64_epi64(sm, 0x44);
+            const __m128i mins = _mm256_extracti128_si256(sm, 1);
+            const float dmin = f16(x->dmin), d = f16(x->d);
+            __m256i sumi[2];
+            for (int c = 0; c < NR; c++) {
+                accm[c][k] = _mm_fmadd_ps(_mm_set1_ps(-y[c]->d * dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs8[c])),
+                                          accm[c][k]);
+                sumi[c] = _mm256_setzero_si256();
+            }
+            for (int j = 0; j < 4; j++) {
+                q4k_chunk ch;
+                q4k_chunk_prep(x, j, sc, &ch);
+                for (int c = 0; c < NR; c++) sumi[c] = q4k_chunk_mac(&ch, y[c]->qs, j, sumi[c]);
+            }
+            for (int c = 0; c < NR; c++)
+                acc[c][k] = _mm256_fmadd_ps(_mm256_set1_ps(y[c]->d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c][k]);
+        }
+    }
+    for (int c = 0; c < NR; c++)
+        for (int k = 0; k < 4; k++) out[(size_t)c * os + (size_t)k] = hsum8_tree(acc[c][k]) + hsum4_tree(accm[c][k]);
+}
+
+/* mat_dot over a Q4_K x4 weight (tm_quant.h): one or two activation rows run the fused four-row kernel, more
+ * run mat_q4_K's tiles with each row's super-blocks 4 apart */
+static void matx4_q4_K(int64_t n, int64_t nr, const void *w, int64_t nc, const void *a, size_t as, float *out,
+                       size_t os) {
+    const int64_t nb = n / TM_QK_K;
+    const tm_block_q4_K *wb = w;
+    if (nc <= 2) {
+        for (int64_t r = 0; r + 4 <= nr; r += 4) {
+            if (nc == 2) x4k_q4_K(2, nb, wb + r * nb, a, as, out + r, os);
+            else x4k_q4_K(1, nb, wb + r * nb, a, as, out + r, os);
+        }
+        return;
+    }
+    int64_t chunk = as ? (int64_t)(TM_ACT_CHUNK_BYTES / as) & ~(int64_t)3 : nc;
+    if (chunk < 4) chunk = 4;
+    for (int64_t c0 = 0; c0 < nc; c0 += chunk) {
+        const int64_t c1 = c0 + chunk < nc ? c0 + chunk : nc;
+        for (int64_t r = 0; r < nr; r++) {
+            const tm_block_q4_K *x = wb + (r & ~(int64_t)3) * nb + (r & 3); /* row r's super-block 0 */
+            int64_t c = c0;
+            for (; c + 4 <= c1; c += 4) {
+                float v[4];
+                _mm_storeu_ps(v, cols4s_q4_K(nb, x, 4, (const tm_block_q8_K *)PW(a, as, c), as));
+                for (int k = 0; k < 4; k++) out[(size_t)(c + k) * os + (size_t)r] = v[k];
+            }
+            for (; c < c1; c++) out[(size_t)c * os + (size_t)r] = row_q4_K(nb, x, 4, (const tm_block_q8_K *)PW(a, as, c));
+        }
+    }
+}
+
 /* ---- float weights: many dots -------------------------------------------------------------------- */
 
 FLOAT_MAT(mat_f32, dot_f32, float, _mm256_loadu_ps, id_f32)
@@ -1021,6 +1102,7 @@ tm_mat_dot_x4_fn tm_quant_x4_avx2(tm_dtype t) {
     case TM_DT_Q8_0: return matx4_q8_0;
     case TM_DT_Q4_0: return matx4_q4_0;
     case TM_DT_Q4_1: return matx4_q4_1;
+    case TM_DT_Q4_K: return matx4_q4_K;
     default: return NULL;
     }
 }
