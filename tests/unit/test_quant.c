@@ -334,6 +334,36 @@ static void test_dot_extremes(void **state) {
     free(x);
 }
 
+/* The activation quantizers' fp16 scales across fp16's whole range (subnormal d, rounding ties, overflow to
+ * infinity, zero blocks): the AVX2 bytes equal the scalar ones. */
+static void test_act_scales_range(void **state) {
+    (void)state;
+    if (!have_avx2()) skip();
+    rng_t r = {5150};
+    const int64_t nb = 96, n = 32 * nb;
+    float *x = malloc((size_t)n * sizeof *x);
+    assert_non_null(x);
+    for (int rep = 0; rep < 20; rep++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const float scale = b == 7 ? 0.0f : ldexpf(1.0f + (float)rng_unif(&r), (int)b - 40 + rep % 4);
+            for (int64_t i = 0; i < 32; i++) x[b * 32 + i] = (float)(rng_unif(&r) * 2.0 - 1.0) * scale;
+        }
+        const tm_dtype acts[] = {TM_DT_Q8_0, TM_DT_Q4_1}; /* Q8_0 and Q8_1 activation blocks */
+        for (size_t k = 0; k < 2; k++) {
+            const tm_quant_ops *so = tm_quant_ops_get_isa(acts[k], TM_ISA_SCALAR), *vo = tm_quant_ops_get_isa(acts[k], TM_ISA_AVX2);
+            const size_t ab = row_bytes(so->act_type, n);
+            uint8_t *a0 = malloc(ab), *a1 = malloc(ab);
+            assert_true(a0 && a1);
+            so->from_float(x, a0, n);
+            vo->from_float(x, a1, n);
+            assert_memory_equal(a0, a1, ab);
+            free(a0);
+            free(a1);
+        }
+    }
+    free(x);
+}
+
 /* mat_dot (tiled many-dot entry) equals vec_dot per element for odd row/column counts: bit for bit for the
  * quantized types (a row's float operations do not depend on how many rows or columns run with it) */
 static void test_mat_dot(void **state) {
@@ -610,7 +640,7 @@ int main(void) {
         cmocka_unit_test(test_half_roundtrip), cmocka_unit_test(test_half_dot_all_values),
         cmocka_unit_test(test_quant_roundtrip),
         cmocka_unit_test(test_dot_lengths),    cmocka_unit_test(test_dot_extremes),
-        cmocka_unit_test(test_mat_dot),        cmocka_unit_test(test_x4_kernel),
+        cmocka_unit_test(test_act_scales_range), cmocka_unit_test(test_mat_dot), cmocka_unit_test(test_x4_kernel),
         cmocka_unit_test(test_ops_tables),
         cmocka_unit_test(test_golden),
     };

@@ -344,31 +344,46 @@ static void cpu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t laye
 
 typedef struct { tm_cpu_backend *c; const tm_attn_cfg *a; int32_t layer; const tm_batch *b; const float *q; float *out; } attn_task;
 
-static void attn_fn(void *p, int ith, int nth) {
-    attn_task *t = p;
+/* one (token i, head h) pair: online softmax over the token's sequence's KV blocks up to itself */
+static void attn_item(const attn_task *t, int32_t i, int32_t h, float *scores /* (block_size) */) {
     const tm_attn_cfg *a = t->a;
     const tm_batch *b = t->b;
     const tm_cpu_backend *c = t->c;
-    int32_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads, bs = c->kv.block_size;
-    int64_t n_items = (int64_t)b->n_tokens * a->n_heads;
-    float *scores = t->c->att_tmp + (size_t)ith * c->att_tmp_per; /* (block_size) */
-    for (int64_t item = ith; item < n_items; item += nth) {
-        int32_t i = (int32_t)(item / a->n_heads), h = (int32_t)(item % a->n_heads), kvh = h / group;
-        int32_t s = b->seq_index[i];
-        int32_t cidx = b->context_len[s] - (b->query_start[s + 1] - i); /* this token's cache index */
-        const int32_t *bt = b->block_table + (size_t)s * (size_t)b->max_blocks;
-        const float *qi = t->q + ((size_t)i * (size_t)a->n_heads + (size_t)h) * (size_t)hd;
-        float *o = t->out + ((size_t)i * (size_t)a->n_heads + (size_t)h) * (size_t)hd;
-        tm_cpu_attn_state st;
-        tm_cpu_attn_begin(&st, o, hd);
-        for (int32_t j0 = 0; j0 <= cidx; j0 += bs) {
-            int32_t blk = bt[j0 / bs], cnt = cidx - j0 + 1 < bs ? cidx - j0 + 1 : bs;
-            const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
-            const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
-            c->k.attn_block(&st, qi, kb, vb, cnt, hd, a->attn_scale, scores);
-        }
-        tm_cpu_attn_end(&st);
+    int32_t hd = a->head_dim, kvh = h / (a->n_heads / a->n_kv_heads), bs = c->kv.block_size;
+    int32_t s = b->seq_index[i];
+    int32_t cidx = b->context_len[s] - (b->query_start[s + 1] - i); /* this token's cache index */
+    const int32_t *bt = b->block_table + (size_t)s * (size_t)b->max_blocks;
+    const float *qi = t->q + ((size_t)i * (size_t)a->n_heads + (size_t)h) * (size_t)hd;
+    float *o = t->out + ((size_t)i * (size_t)a->n_heads + (size_t)h) * (size_t)hd;
+    tm_cpu_attn_state st;
+    tm_cpu_attn_begin(&st, o, hd);
+    for (int32_t j0 = 0; j0 <= cidx; j0 += bs) {
+        int32_t blk = bt[j0 / bs], cnt = cidx - j0 + 1 < bs ? cidx - j0 + 1 : bs;
+        const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
+        const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
+        c->k.attn_block(&st, qi, kb, vb, cnt, hd, a->attn_scale, scores);
     }
+    tm_cpu_attn_end(&st);
+}
+
+/* Each thread takes a contiguous range of every token's heads: the heads of one KV head stay together, so a
+ * thread reads the K/V of about n_kv_heads / nth + 1 KV heads instead of all of them (decode reads K/V from
+ * DRAM: the weight stream evicts it), and every thread gets a share of every token (causal prefill stays
+ * balanced). More threads than heads: (token, head) pairs round-robin. A pair's arithmetic never depends on
+ * the split. */
+static void attn_fn(void *p, int ith, int nth) {
+    attn_task *t = p;
+    const int32_t nh = t->a->n_heads, nt = t->b->n_tokens;
+    float *scores = t->c->att_tmp + (size_t)ith * t->c->att_tmp_per; /* (block_size) */
+    if (nth <= nh) {
+        int64_t h0, h1;
+        tm_split_range(nh, ith, nth, &h0, &h1);
+        for (int32_t i = 0; i < nt; i++)
+            for (int64_t h = h0; h < h1; h++) attn_item(t, i, (int32_t)h, scores);
+        return;
+    }
+    for (int64_t item = ith; item < (int64_t)nt * nh; item += nth)
+        attn_item(t, (int32_t)(item / nh), (int32_t)(item % nh), scores);
 }
 
 static void cpu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, const void *q,
@@ -434,10 +449,10 @@ static void cpu_free(tm_backend *be) {
 /* ---- weights: the decode layout -------------------------------------------------------------------- */
 
 /* A weight stays where it is (mapped file or host memory); on AVX2 a matrix whose rows divide by 4 and whose type
- * has a four-row kernel for the activation mode (16-bit: Q8_0/Q4_0/Q4_1/Q4_K; 8-bit: Q8_0/Q4_0/Q4_1) also gets an
- * x4 copy (tm_quant16.h, tm_quant.h) that every matmul then reads -- decode four rows per kernel call from one sequential
- * stream, prefill row by row from it -- with the same bits as the row-major kernels. The row-major data is then only read for embedding rows (a mapped file's pages go cold).
- * TM_CPU_NO_X4=1 turns it off. */
+ * has a four-row kernel (Q8_0/Q4_0/Q4_1/Q4_K) also gets an x4 copy, laid out for the activation mode's kernels
+ * (16-bit: tm_quant16.h, 8-bit: tm_quant.h), that every matmul then reads -- decode four rows per kernel call from
+ * one sequential stream, prefill row by row from it -- with the same bits as the row-major kernels. The row-major
+ * data is then only read for embedding rows (a mapped file's pages go cold). TM_CPU_NO_X4=1 turns it off. */
 static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     tm_cpu_backend *c = cpu(be);
     w->aux = NULL;

@@ -69,11 +69,16 @@ static inline __m256i q8_32(const float *x, float id, int8_t *out) {
     return sum;
 }
 
+/* tm_f32_to_f16 (round to nearest even) through F16C; NaNs take the scalar path (its payload rule) */
+static inline uint16_t f32_to_f16(float f) {
+    return f == f ? (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT) : tm_f32_to_f16(f);
+}
+
 static void act_q8_0(const float *x, void *vy, int64_t n) {
     tm_block_q8_0 *y = vy;
     for (int64_t i = 0; i < n / TM_QK8_0; i++, x += TM_QK8_0) {
         const float amax = amax32(x);
-        y[i].d = tm_f32_to_f16(amax / 127.0f);
+        y[i].d = f32_to_f16(amax / 127.0f);
         (void)q8_32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[i].qs);
     }
 }
@@ -87,8 +92,8 @@ static void act_q8_1(const float *x, void *vy, int64_t n) {
         __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
         s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
         s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-        y[i].d = tm_f32_to_f16(d);
-        y[i].s = tm_f32_to_f16(d * (float)_mm_cvtsi128_si32(s));
+        y[i].d = f32_to_f16(d);
+        y[i].s = f32_to_f16(d * (float)_mm_cvtsi128_si32(s));
     }
 }
 
