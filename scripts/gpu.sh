@@ -116,6 +116,12 @@ EOF
   cat "$OUT/tp_8b.json"; tail -n 3 "$OUT/tp_8b.err"
   r=$(python3 -c "import json; j=json.load(open('$OUT/tp_8b.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")
   row "e2e throughput 8B bf16 ${n}x1024/1024" "$r"
+  echo "== the same with the KV cache in fp8 e4m3 (--kv-cache-dtype fp8)"
+  timeout 540 $TM bench throughput -m dummy:llama3-8b:bf16 --device cuda --num-prompts "$n" --input-len 1024 \
+    --output-len 1024 --max-seqs 256 -b 8192 --kv-cache-dtype fp8 --json >"$OUT/tp_8b_fp8.json" 2>"$OUT/tp_8b_fp8.err"
+  cat "$OUT/tp_8b_fp8.json"; tail -n 3 "$OUT/tp_8b_fp8.err"
+  r=$(python3 -c "import json; j=json.load(open('$OUT/tp_8b_fp8.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")
+  row "e2e throughput 8B bf16, fp8 KV, ${n}x1024/1024" "$r"
   }
 fi
 

@@ -36,6 +36,7 @@ static const tm_dtype_info k_types[TM_DT_COUNT] = {
     [39] = {"mxfp4", 32, 17},
     [TM_DT_Q16] = {"q16", 32, 72},
     [TM_DT_Q16_K] = {"q16_K", 256, 580},
+    [TM_DT_FP8_E4M3] = {"fp8_e4m3", 1, 1},
 };
 
 const tm_dtype_info *tm_dtype_get(uint32_t t) {

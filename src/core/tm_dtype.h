@@ -32,7 +32,8 @@ typedef enum tm_dtype {
     TM_DT_FIRST_INTERNAL = 64,
     TM_DT_Q16 = 64,   /* tm_block_q16: 32 elements */
     TM_DT_Q16_K = 65, /* tm_block_q16_K: 256 elements, for K-quant weights */
-    TM_DT_COUNT = 66,
+    TM_DT_FP8_E4M3 = 66, /* OCP fp8 e4m3 (1 sign, 4 exponent, 3 mantissa bits, max 448): the KV cache's 8-bit type */
+    TM_DT_COUNT = 67,
 } tm_dtype;
 
 typedef struct tm_dtype_info {

@@ -29,6 +29,7 @@ static const char *k_usage =
     "           [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--stop STR]...\n"
     "           [--ignore-eos] [--logprobs N] [--chat] [--system TEXT] [--chat-template NAME] [--json]\n"
     "           [-t THREADS] [-c CTX] [-b TOKENS_PER_PASS] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs]\n"
+    "           [--kv-cache-dtype auto|fp8]   (cuda: fp8 e4m3 KV cache, half the bytes of bf16)\n"
     "           [--tp N]   (tensor-parallel ranks: heads and MLP columns sharded, partial outputs summed)\n"
     "  chat     [-m MODEL] [same sampling options] [--system TEXT] [--chat-template NAME]\n"
     "  tokenize [-m MODEL] [--no-special] [--no-bos] TEXT\n"
@@ -41,7 +42,7 @@ static const char *k_usage =
     "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
     "           [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache] [--sequential] [--json]\n"
     "           offline, EOS ignored; --sequential: each request arrives when the previous finished\n"
-    "  plan     --mem SIZE [-m MODEL] [--ctx N] [--kv-dtype f16|bf16|f32] [--block-size N]\n"
+    "  plan     --mem SIZE [-m MODEL] [--ctx N] [--kv-dtype f16|bf16|f32|fp8] [--block-size N]\n"
     "           [--workspace-tokens N] [--json]   weights, KV bytes per token, blocks, max sequences\n"
     "  bench memory [-t THREADS] [--json]   DRAM read bandwidth (the decode floor's denominator)\n"
     "  bench serve --base-url URL [--num-prompts N] [--request-rate R|inf] [...]   load an OpenAI-compatible\n"
@@ -164,6 +165,9 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             if (!tm_cli_parse_i32(v, 1, 8, &o->load.tp)) return usage_error("bad tensor-parallel degree '%s' (1..8)", v);
         } else if (!strcmp(a, "--no-graphs")) {
             o->load.no_graphs = true;
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            NEED_VALUE();
+            if (!tm_cli_parse_kv_dtype(v, &o->load.kv_fp8)) return usage_error("bad KV cache type '%s' (auto or fp8)", v);
         } else if (!strcmp(a, "--act-bits")) {
             NEED_VALUE();
             if (!tm_cli_parse_i32(v, 8, 16, &o->load.act_bits) || (o->load.act_bits != 8 && o->load.act_bits != 16))
@@ -448,6 +452,7 @@ static int cmd_bench(cli_opts *o) {
     if (o->positional && !strcmp(o->positional, "throughput")) {
         tm_bench_tp_cfg bc = {
             .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs, .tp = o->load.tp,
+            .kv_fp8 = o->load.kv_fp8,
             .n_threads = o->load.n_threads, .num_prompts = o->num_prompts ? o->num_prompts : 64,
             .input_len = o->input_len ? o->input_len : 128, .output_len = o->output_len ? o->output_len : 128,
             .out_min = o->out_min, .out_max = o->out_max, .shared_prefix = o->shared_prefix,
@@ -465,6 +470,7 @@ static int cmd_bench(cli_opts *o) {
     if (o->batch > 0) {
         tm_bench_tp_cfg bc = {
             .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs, .tp = o->load.tp,
+            .kv_fp8 = o->load.kv_fp8,
             .n_threads = o->load.n_threads, .num_prompts = o->batch,
             .input_len = o->input_len ? o->input_len : 512, .output_len = o->output_len ? o->output_len : 128,
             .act_bits = o->load.act_bits, .json = o->json, .seed = o->gen.seed, .ceiling_gflop_s = o->ceiling_gflop_s,

@@ -59,7 +59,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     int32_t omax = c->out_max > 0 ? c->out_max : c->output_len;
     int32_t max_seqs = c->max_seqs > 0 ? c->max_seqs : 32;
     tm_engine_cfg ec = {
-        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp,
+        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_fp8 = c->kv_fp8,
                    .n_threads = c->n_threads, .n_ctx = c->input_len + omax + 1,
                    .max_batch_tokens = c->max_batched_tokens > 0 ? c->max_batched_tokens : 512, .block_size = 16,
                    .n_seqs = max_seqs, .act_bits = c->act_bits, .no_prefix_cache = c->no_prefix_cache},
@@ -199,7 +199,7 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     if ((s = tm_runner_load_model(c->model, dev, c->tp, &m, err)) != TM_OK) return s;
     int64_t pp_budget = (int64_t)B * I;
     tm_engine_cfg ec = {
-        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp,
+        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_fp8 = c->kv_fp8,
                    .n_threads = c->n_threads, .n_ctx = I + O + 1,
                    .max_batch_tokens = (int32_t)(pp_budget < 4096 ? pp_budget : 4096), .block_size = 16, .n_seqs = B,
                    .act_bits = c->act_bits, .no_prefix_cache = true},

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* a base-10 integer in [lo, hi] */
 static inline bool tm_cli_parse_ll(const char *s, long long lo, long long hi, long long *out) {
@@ -29,6 +30,14 @@ static inline bool tm_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64
     long long v;
     if (!tm_cli_parse_ll(s, lo, hi, &v)) return false;
     *out = (int64_t)v;
+    return true;
+}
+
+/* --kv-cache-dtype: "auto" (the backend's: cuda bf16, cpu f32) or "fp8" / "fp8_e4m3" (8-bit e4m3, cuda) */
+static inline bool tm_cli_parse_kv_dtype(const char *s, bool *fp8) {
+    if (!strcmp(s, "auto") || !strcmp(s, "bf16")) *fp8 = false;
+    else if (!strcmp(s, "fp8") || !strcmp(s, "fp8_e4m3")) *fp8 = true;
+    else return false;
     return true;
 }
 

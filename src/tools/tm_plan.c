@@ -29,8 +29,8 @@ tm_status tm_plan_compute(const tm_hparams *hp, uint64_t weight_bytes, const tm_
     memset(out, 0, sizeof *out);
     tm_status s = check_shape(hp, err);
     if (s != TM_OK) return s;
-    if (o->kv_dtype != TM_DT_F16 && o->kv_dtype != TM_DT_BF16 && o->kv_dtype != TM_DT_F32)
-        return tm_err(err, TM_ERR_INVALID, "unsupported KV cache type '%s' (f16, bf16 or f32)", tm_dtype_name(o->kv_dtype));
+    if (o->kv_dtype != TM_DT_F16 && o->kv_dtype != TM_DT_BF16 && o->kv_dtype != TM_DT_F32 && o->kv_dtype != TM_DT_FP8_E4M3)
+        return tm_err(err, TM_ERR_INVALID, "unsupported KV cache type '%s' (f16, bf16, f32 or fp8)", tm_dtype_name(o->kv_dtype));
     if (o->mem_bytes == 0) return tm_err(err, TM_ERR_INVALID, "memory budget must be positive");
     if (o->ctx < 1) return tm_err(err, TM_ERR_INVALID, "context length must be at least 1 token (got %lld)", (long long)o->ctx);
     if (o->block_size < 1) return tm_err(err, TM_ERR_INVALID, "block size must be at least 1 token (got %d)", o->block_size);

@@ -9,7 +9,7 @@
 typedef struct tm_plan_opts {
     uint64_t mem_bytes;       /* total memory budget (weights + workspace + KV) */
     int64_t ctx;              /* tokens per request (prompt + output) */
-    tm_dtype kv_dtype;        /* TM_DT_F16, TM_DT_BF16 or TM_DT_F32 */
+    tm_dtype kv_dtype;        /* TM_DT_F16, TM_DT_BF16, TM_DT_F32 or TM_DT_FP8_E4M3 */
     int32_t block_size;       /* tokens per KV block */
     int32_t workspace_tokens; /* tokens per forward pass (sizes the activation workspace) */
 } tm_plan_opts;

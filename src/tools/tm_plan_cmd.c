@@ -13,7 +13,7 @@
 #endif
 
 static const char *k_plan_usage =
-    "usage: tokenmill plan --mem SIZE [-m MODEL|dummy:NAME[:TYPE]] [--ctx N] [--kv-dtype f16|bf16|f32]\n"
+    "usage: tokenmill plan --mem SIZE [-m MODEL|dummy:NAME[:TYPE]] [--ctx N] [--kv-dtype f16|bf16|f32|fp8]\n"
     "                      [--block-size N] [--workspace-tokens N] [--json]\n"
     "  KV pool = SIZE - weights - activation workspace; prints KV bytes per token, blocks, and how many\n"
     "  requests of --ctx tokens (default: the model's training context) fit at once.\n"
@@ -149,7 +149,8 @@ int tm_cmd_plan(int argc, char **argv) {
             if (!strcmp(val, "f16")) o.kv_dtype = TM_DT_F16;
             else if (!strcmp(val, "bf16")) o.kv_dtype = TM_DT_BF16;
             else if (!strcmp(val, "f32")) o.kv_dtype = TM_DT_F32;
-            else return plan_usage("bad KV cache type '%s' (f16, bf16 or f32)", val);
+            else if (!strcmp(val, "fp8") || !strcmp(val, "fp8_e4m3")) o.kv_dtype = TM_DT_FP8_E4M3;
+            else return plan_usage("bad KV cache type '%s' (f16, bf16, f32 or fp8)", val);
         } else if (!strcmp(a, "--block-size")) {
             if (!tm_cli_parse_ll(val, 1, 65536, &v)) return plan_usage("bad block size '%s' (1 .. 65536 tokens)", val);
             o.block_size = (int32_t)v;

@@ -22,6 +22,7 @@ static const char *k_serve_usage =
     "usage: tokenmill serve [-m MODEL] [--host ADDR] [--port N] [--api-key KEY] [--served-model-name NAME]\n"
     "                       [-t THREADS] [-c CTX] [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache]\n"
     "                       [--kv-blocks K] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs] [--tp N]\n"
+    "                       [--kv-cache-dtype auto|fp8]\n"
     "                       [--chat-template NAME] [--max-body BYTES]\n"
     "                       [--max-connections N] [--http-threads N]\n"
     "  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (stream or not),\n"
@@ -125,6 +126,9 @@ int tm_cmd_serve(int argc, char **argv) {
             device = v;
         } else if (!strcmp(a, "--no-graphs")) {
             ec.runner.no_graphs = true;
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            NEED_VALUE();
+            if (!tm_cli_parse_kv_dtype(v, &ec.runner.kv_fp8)) return serve_usage("bad KV cache type '%s' (auto or fp8)", v);
         } else if (!strcmp(a, "--tp") || !strcmp(a, "--tensor-parallel-size")) {
             NEED_VALUE();
             if (!tm_cli_parse_ll(v, 1, 8, &x)) return serve_usage("bad tensor-parallel degree '%s' (1..8)", v);

@@ -97,6 +97,7 @@ def test_inspect_refuses_corrupt_file(tmp_path):
     (["run", "-p", "x", "-t", "0"], "bad thread count"),
     (["frobnicate"], "unknown command"),
     (["tokenize"], "needs TEXT"),
+    (["run", "-p", "x", "--kv-cache-dtype", "int4"], "bad KV cache type"),
 ])
 def test_bad_flags_get_one_line_error_and_usage(args, needle):
     r = tm(*args)
@@ -104,6 +105,13 @@ def test_bad_flags_get_one_line_error_and_usage(args, needle):
     first = r.stderr.splitlines()[0]
     assert first.startswith("tokenmill: ") and needle in first
     assert "usage:" in r.stderr
+
+
+def test_fp8_kv_cache_is_refused_on_the_cpu():
+    # the fp8 e4m3 KV cache is the CUDA backend's; the cpu backend says so instead of running with another type
+    r = tm("run", "-m", MODEL, "-p", "hi", "-n", "2", "--kv-cache-dtype", "fp8")
+    assert r.returncode != 0 and "fp8 KV cache needs --device cuda" in r.stderr
+    assert run_json("-p", "hi", "-n", "2", "--temp", "0", "--kv-cache-dtype", "auto")["tokens"] == 2
 
 
 def test_unknown_chat_template_and_long_prompt_are_clear_errors():

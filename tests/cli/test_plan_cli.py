@@ -84,6 +84,10 @@ def test_gqa_and_kv_dtypes():
     assert f32["kv_bytes_per_token"] == 2 * f16["kv_bytes_per_token"]
     assert f32["kv_budget_bytes"] == f16["kv_budget_bytes"]
     assert f32["n_blocks"] == f16["kv_budget_bytes"] // (2 * f16["block_bytes"])
+    fp8 = plan_json("-m", "dummy:llama3-8b", "--mem", "80GB", "--ctx", "8192", "--kv-dtype", "fp8")
+    assert fp8["kv_bytes_per_token"] * 2 == f16["kv_bytes_per_token"] and fp8["kv_dtype"] == "fp8_e4m3"
+    assert fp8["n_blocks"] == f16["kv_budget_bytes"] // (f16["block_bytes"] // 2)
+    assert fp8["max_seqs"] >= 2 * f16["max_seqs"]
     # weight type of a dummy: q8_0 is 34 bytes per 32 weights
     q8 = plan_json("-m", "dummy:llama3-8b:q8_0", "--mem", "80GB")
     assert abs(q8["weight_bytes"] / f16["weight_bytes"] - 34 / 64) < 0.001

@@ -1,6 +1,7 @@
 /* tb_attn_decode.c -- paged FlashDecoding (tm_cuda_attn_decode) against a double-precision CPU reference. */
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "tb_common.h"
+#include "core/tm_fp8.h"
 
 /* Checks every version (TM_CUDA_ATTN_DECODE_V=1, 2, 3 and the default) and forced split counts on random q and
  * caches, random block tables (a shuffled pool; in the checked cases full blocks are shared across sequences),
@@ -19,6 +20,9 @@
 static uint16_t *g_kh, *g_vh;            /* (KCH) bf16 chunks of K and V */
 static float *g_kf, *g_vf;               /* (KCH) their values */
 static uint16_t *g_kd, *g_vd;            /* (KCH) on the device */
+static uint8_t *g_k8h, *g_v8h;           /* (KCH) the chunks rounded to fp8 e4m3 (fp8 cases) */
+static float *g_k8f, *g_v8f;             /* (KCH) their values */
+static uint8_t *g_k8d, *g_v8d;           /* (KCH) on the device */
 
 typedef struct dcase {
     const char *name;
@@ -27,6 +31,7 @@ typedef struct dcase {
     int max_ctx;        /* passed as max_context_len (>= every ctx) */
     float q_scale;
     bool share;         /* full blocks drawn with replacement (shared across sequences) */
+    bool fp8;           /* the caches hold fp8 e4m3 (the bf16 chunks rounded) */
     /* built */
     int n_rot, max_blocks;
     int64_t n_blocks;
@@ -66,15 +71,24 @@ static void shuffle_i64(int64_t *a, int64_t n) {
     }
 }
 
-/* fill a device pool of n elements with the chunk, repeated */
-static void fill_pool(uint16_t *dst, const uint16_t *chunk_d, size_t n) {
+/* mk with an fp8 cache */
+static dcase mk8(const char *name, int n_seqs, int n_heads, int n_kv, int hd, int bs, const int *ctx, int max_ctx,
+                 float q_scale, bool share) {
+    dcase c = mk(name, n_seqs, n_heads, n_kv, hd, bs, ctx, max_ctx, q_scale, share);
+    c.fp8 = true;
+    return c;
+}
+
+/* fill a device pool of n elements of es bytes with the chunk, repeated */
+static void fill_pool(void *dst, const void *chunk_d, size_t n, size_t es) {
     for (size_t off = 0; off < n; off += KCH) {
         size_t c = n - off < KCH ? n - off : KCH;
-        TB_CHECK(cudaMemcpy(dst + off, chunk_d, c * 2, cudaMemcpyDeviceToDevice));
+        TB_CHECK(cudaMemcpy((uint8_t *)dst + off * es, chunk_d, c * es, cudaMemcpyDeviceToDevice));
     }
 }
 
 static void build(dcase *c, bool timing) {
+    const size_t es = c->fp8 ? 1 : 2; /* bytes per cache element */
     int64_t per_rot = 0;
     c->max_blocks = 0;
     c->kv_bytes = 0.0;
@@ -82,10 +96,10 @@ static void build(dcase *c, bool timing) {
         int nb = cdiv(c->ctx[s] > 0 ? c->ctx[s] : 1, c->bs);
         per_rot += nb;
         if (nb > c->max_blocks) c->max_blocks = nb;
-        c->kv_bytes += (double)c->ctx[s] * c->n_kv * c->hd * 2.0 * 2.0;
+        c->kv_bytes += (double)c->ctx[s] * c->n_kv * c->hd * 2.0 * (double)es;
     }
     c->max_blocks += 2; /* poisoned entries past the end */
-    double rot_bytes = (double)per_rot * c->n_kv * c->bs * c->hd * 2.0 * 2.0;
+    double rot_bytes = (double)per_rot * c->n_kv * c->bs * c->hd * 2.0 * (double)es;
     c->n_rot = timing ? (int)ceil(512e6 / rot_bytes) : 1;
     if (c->n_rot < 1) c->n_rot = 1;
     int64_t n_shared = per_rot / 2 > 0 ? per_rot / 2 : 1;
@@ -114,10 +128,10 @@ static void build(dcase *c, bool timing) {
     free(perm);
 
     size_t pool = (size_t)c->n_blocks * c->n_kv * c->bs * c->hd;
-    c->k_d = tb_dev(pool * 2);
-    c->v_d = tb_dev(pool * 2);
-    fill_pool(c->k_d, g_kd, pool);
-    fill_pool(c->v_d, g_vd, pool);
+    c->k_d = tb_dev(pool * es);
+    c->v_d = tb_dev(pool * es);
+    fill_pool(c->k_d, c->fp8 ? (const void *)g_k8d : g_kd, pool, es);
+    fill_pool(c->v_d, c->fp8 ? (const void *)g_v8d : g_vd, pool, es);
     /* NaN in the slots past each context of rotation 0 (those blocks belong to one sequence) */
     for (int s = 0; s < c->n_seqs; s++) {
         int ctx = c->ctx[s], used = ctx % c->bs;
@@ -125,9 +139,9 @@ static void build(dcase *c, bool timing) {
         int32_t blk = c->tbl_h[(size_t)s * c->max_blocks + (size_t)(ctx - 1) / c->bs];
         for (int h = 0; h < c->n_kv; h++) {
             size_t off = (((size_t)blk * c->n_kv + h) * c->bs + used) * c->hd;
-            size_t bytes = (size_t)(c->bs - used) * c->hd * 2;
-            TB_CHECK(cudaMemset(c->k_d + off, 0xFF, bytes));
-            TB_CHECK(cudaMemset(c->v_d + off, 0xFF, bytes));
+            size_t bytes = (size_t)(c->bs - used) * c->hd * es; /* 0xFF: NaN in bf16 and in e4m3 */
+            TB_CHECK(cudaMemset((uint8_t *)c->k_d + off * es, 0xFF, bytes));
+            TB_CHECK(cudaMemset((uint8_t *)c->v_d + off * es, 0xFF, bytes));
         }
     }
     size_t nq = (size_t)c->n_seqs * c->n_heads * c->hd;
@@ -175,6 +189,7 @@ static tm_cuda_attn_args args_of(const dcase *c, int rot, bool work) {
     a.q = c->q_d;
     a.k_cache = c->k_d;
     a.v_cache = c->v_d;
+    a.kv_fp8 = c->fp8;
     a.out = c->out_d;
     a.work = work ? c->work_d : NULL;
     a.work_bytes = work ? c->work_big : 0;
@@ -197,6 +212,7 @@ static double *reference(const dcase *c, const int *ctx, const int *seqs, int n_
     double *ref = calloc((size_t)n_check * c->n_heads * hd, sizeof(double));
     double *sc = malloc((size_t)max_ctx * sizeof(double)), *kv = malloc((size_t)hd * sizeof(double));
     double *q = malloc((size_t)hd * sizeof(double));
+    const float *kf = c->fp8 ? g_k8f : g_kf, *vf = c->fp8 ? g_v8f : g_vf; /* the values the cache holds */
     for (int ci = 0; ci < n_check; ci++) {
         int s = seqs[ci];
         const int32_t *row = c->tbl_h + (size_t)s * c->max_blocks;
@@ -205,14 +221,14 @@ static double *reference(const dcase *c, const int *ctx, const int *seqs, int n_
             double *r = ref + ((size_t)ci * c->n_heads + h) * hd, mx = -INFINITY, sum = 0.0;
             for (int j = 0; j < hd; j++) q[j] = tb_bf16_to_f32(c->q_h[((size_t)s * c->n_heads + h) * hd + j]);
             for (int t = 0; t < ctx[s]; t++) {
-                pool_row(g_kf, (((size_t)row[t / c->bs] * c->n_kv + kvh) * c->bs + t % c->bs) * hd, hd, kv);
+                pool_row(kf, (((size_t)row[t / c->bs] * c->n_kv + kvh) * c->bs + t % c->bs) * hd, hd, kv);
                 double d = 0.0;
                 for (int j = 0; j < hd; j++) d += q[j] * kv[j];
                 sc[t] = d * scale;
                 if (sc[t] > mx) mx = sc[t];
             }
             for (int t = 0; t < ctx[s]; t++) {
-                pool_row(g_vf, (((size_t)row[t / c->bs] * c->n_kv + kvh) * c->bs + t % c->bs) * hd, hd, kv);
+                pool_row(vf, (((size_t)row[t / c->bs] * c->n_kv + kvh) * c->bs + t % c->bs) * hd, hd, kv);
                 double p = exp(sc[t] - mx);
                 sum += p;
                 for (int j = 0; j < hd; j++) r[j] += p * kv[j];
@@ -288,7 +304,7 @@ static void correctness_case(dcase *c) {
         tb_poison(c->work_d, c->work_big);
         TB_RUN(tm_cuda_attn_decode(&a, 0));
         char name[96];
-        snprintf(name, sizeof name, "%s %s", c->name, vr->label);
+        snprintf(name, sizeof name, "%s%s %s", c->name, c->fp8 ? " fp8" : "", vr->label);
         tb_result("attn_decode", name, compare(c, ref, seqs, c->n_seqs), 1e-2, 0.0, 0.0, 0.0, 'm');
     }
     free(ref);
@@ -324,7 +340,8 @@ static void graph_case(dcase *c) {
             TB_CHECK(cudaGraphLaunch(ge, st));
             TB_CHECK(cudaStreamSynchronize(st));
             char name[96];
-            snprintf(name, sizeof name, "%s v%s graph-%s", c->name, vers[v], rep ? "longer" : "shorter");
+            snprintf(name, sizeof name, "%s%s v%s graph-%s", c->name, c->fp8 ? " fp8" : "", vers[v],
+                     rep ? "longer" : "shorter");
             tb_result("attn_decode", name, compare(c, ref, seqs, c->n_seqs), 1e-2, 0.0, 0.0, 0.0, 'm');
             free(ref);
         }
@@ -357,6 +374,7 @@ static void timing_case(dcase *c) {
     double io = (double)c->n_seqs * c->n_heads * c->hd * 2.0 * 2.0;
     double *ref = reference(c, c->ctx, seqs, n_check);
     for (int v = 0; v < 3; v++) {
+        if (c->fp8 && v == 1) continue; /* v2 reads bf16 only (an fp8 cache takes v1) */
         set_env(vers[v], NULL);
         time_arg t = {c, 0};
         tb_poison(c->out_d, (size_t)c->n_seqs * c->n_heads * c->hd * 2);
@@ -366,12 +384,36 @@ static void timing_case(dcase *c) {
         int reps = v == 2 ? 5 : 30;
         double us = tb_time_us(run_rot, &t, 2, reps);
         char name[96];
-        snprintf(name, sizeof name, "%s v%s", c->name, vers[v]);
+        snprintf(name, sizeof name, "%s%s v%s", c->name, c->fp8 ? " fp8" : "", vers[v]);
         tb_result("attn_decode", name, err, 1e-2, us, c->kv_bytes + io, 0.0, 'm');
     }
     free(ref);
     set_env(NULL, NULL);
     release(c);
+}
+
+/* the host e4m3 conversions (the reference's) against values worked out by hand */
+static void fp8_host_checks(void) {
+    static const struct { float f; uint8_t b; } k[] = {
+        {0.0f, 0x00}, {1.0f, 0x38}, {-1.0f, 0xb8}, {448.0f, 0x7e}, {1000.0f, 0x7e}, {-1e30f, 0xfe},
+        {0.001953125f, 0x01} /* 2^-9 */, {0.0009765625f, 0x00} /* 2^-10: tie -> even (0) */,
+        {0.0029296875f, 0x02} /* 1.5 * 2^-9: tie -> even (2) */, {1.0625f, 0x38} /* 1 + 1/16: tie -> 1 */,
+        {1.1875f, 0x3a} /* 1 + 3/16: tie -> 1.25 */, {0.015625f, 0x08} /* 2^-6: first normal */,
+        {240.0f, 0x77}, {0.3333333f, 0x2b},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        if (tm_fp8_from_f32(k[i].f) != k[i].b) {
+            printf("# fp8: %g -> 0x%02x, expected 0x%02x\n", (double)k[i].f, tm_fp8_from_f32(k[i].f), k[i].b);
+            bad++;
+        }
+    }
+    for (int b = 0; b < 256; b++) { /* every finite byte survives the round trip */
+        float f = tm_fp8_to_f32((uint8_t)b);
+        if (isnan(f)) continue;
+        if (tm_fp8_from_f32(f) != (uint8_t)b && !(f == 0.0f)) bad++;
+    }
+    tb_result("attn_decode", "fp8 e4m3 host conversions", bad ? 1.0 : 0.0, 0.0, 0.0, 0.0, 0.0, 'm');
 }
 
 /* work_bytes must be monotone in n_seqs and max_context_len (one buffer for the largest batch serves all) */
@@ -404,6 +446,19 @@ int main(void) {
     tb_fill_bf16(g_vh, g_vf, KCH, 1.0f);
     g_kd = tb_upload(g_kh, KCH * 2);
     g_vd = tb_upload(g_vh, KCH * 2);
+    g_k8h = malloc(KCH);
+    g_v8h = malloc(KCH);
+    g_k8f = malloc(KCH * sizeof(float));
+    g_v8f = malloc(KCH * sizeof(float));
+    for (size_t i = 0; i < KCH; i++) {
+        g_k8h[i] = tm_fp8_from_f32(g_kf[i]);
+        g_v8h[i] = tm_fp8_from_f32(g_vf[i]);
+        g_k8f[i] = tm_fp8_to_f32(g_k8h[i]);
+        g_v8f[i] = tm_fp8_to_f32(g_v8h[i]);
+    }
+    g_k8d = tb_upload(g_k8h, KCH);
+    g_v8d = tb_upload(g_v8h, KCH);
+    fp8_host_checks();
 
     work_bytes_checks();
 
@@ -432,10 +487,20 @@ int main(void) {
         mk("8b-maxctx8192", 4, 32, 8, 128, 16, crep, 8192, 1.0f, true),
         mk("8b-peaky-q8", 3, 32, 8, 128, 16, cpk, 4096, 8.0f, true),
         mk("8b-1x20000", 1, 32, 8, 128, 16, clong, 20000, 1.0f, true),
+        mk8("8b-mix", 7, 32, 8, 128, 16, c8b, 4100, 1.0f, true),
+        mk8("smollm2-9/3", 8, 9, 3, 64, 16, csm, 4097, 1.0f, true),
+        mk8("hd96-bs64", 5, 12, 4, 96, 64, c96, 2000, 1.0f, true),
+        mk8("g16-hd32", 3, 16, 1, 32, 16, cg16, 4096, 1.0f, true),
+        mk8("hd256-g2", 3, 8, 4, 256, 16, c256, 1025, 1.0f, true),
+        mk8("hd80-fallback", 3, 4, 2, 80, 16, c80, 1000, 1.0f, true),
+        mk8("bs12-fallback", 4, 4, 2, 64, 12, codd, 500, 1.0f, true),
+        mk8("8b-peaky-q8", 3, 32, 8, 128, 16, cpk, 4096, 8.0f, true),
     };
     for (size_t i = 0; i < sizeof cc / sizeof cc[0]; i++) correctness_case(&cc[i]);
     dcase gc = mk("8b-replay", 4, 32, 8, 128, 16, crep, 8192, 1.0f, true);
     graph_case(&gc);
+    dcase gc8 = mk8("8b-replay", 4, 32, 8, 128, 16, crep, 8192, 1.0f, true);
+    graph_case(&gc8);
 
     /* timing */
     static int c64[64], c1[1], c8[8], c256x[256], c32k[1];
@@ -452,11 +517,21 @@ int main(void) {
         mk("8b 1x32768", 1, 32, 8, 128, 16, c32k, 32768, 1.0f, false),
         mk("1b 1x4096", 1, 32, 8, 64, 16, c1, 4096, 1.0f, false),
         mk("1b 64x4096", 64, 32, 8, 64, 16, c64, 4096, 1.0f, false),
+        mk8("8b 64x4096", 64, 32, 8, 128, 16, c64, 4096, 1.0f, false),
+        mk8("8b 256x1024", 256, 32, 8, 128, 16, c256x, 1024, 1.0f, false),
+        mk8("8b 1x4096", 1, 32, 8, 128, 16, c1, 4096, 1.0f, false),
+        mk8("1b 64x4096", 64, 32, 8, 64, 16, c64, 4096, 1.0f, false),
     };
     for (size_t i = 0; i < sizeof tc / sizeof tc[0]; i++) timing_case(&tc[i]);
 
     cudaFree(g_kd);
     cudaFree(g_vd);
+    cudaFree(g_k8d);
+    cudaFree(g_v8d);
+    free(g_k8h);
+    free(g_v8h);
+    free(g_k8f);
+    free(g_v8f);
     free(g_kh);
     free(g_vh);
     free(g_kf);

@@ -1,6 +1,7 @@
 /* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, default v3, opt-in v4) against a double reference, and timings. */
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "tb_common.h"
+#include "core/tm_fp8.h"
 
 /* One ragged batch over a paged cache: per sequence (query length, context length), optionally sharing its first
  * blocks with an earlier sequence (a cached prefix). Cache slots that no sequence owns hold NaN, so a kernel that
@@ -34,6 +35,9 @@ typedef struct tb_prob {
 } tb_prob;
 
 static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+/* true: problems are made with an fp8 e4m3 cache (the bf16 values rounded; kf, vf hold the rounded values) */
+static bool g_fp8;
 
 /* like tb_fill_bf16 with unit-variance uniform values: the large timed shapes need ~10^8 of them */
 static void fill_bf16_u(uint16_t *h, float *ref, size_t n, float scale) {
@@ -135,7 +139,7 @@ static void prob_make(tb_prob *p, const tb_shape *sh) {
         cache_entries += (double)(q->ctx - (q->share_with >= 0 ? q->share_blocks * bs : 0));
     }
     p->flops = 4.0 * hd * sh->n_heads * keys;
-    p->bytes = 2.0 * (double)qn * 2.0 + cache_entries * 2.0 * nkv * hd * 2.0;
+    p->bytes = 2.0 * (double)qn * 2.0 + cache_entries * 2.0 * nkv * hd * (g_fp8 ? 1.0 : 2.0);
 
     tm_cuda_attn_args *a = &p->a;
     a->n_heads = sh->n_heads;
@@ -153,8 +157,23 @@ static void prob_make(tb_prob *p, const tb_shape *sh) {
     a->max_query_len = p->max_q;
     a->max_context_len = p->max_ctx;
     a->q = tb_upload(qh, qn * sizeof(uint16_t));
-    a->k_cache = tb_upload(kh, cache_n * sizeof(uint16_t));
-    a->v_cache = tb_upload(vh, cache_n * sizeof(uint16_t));
+    if (g_fp8) { /* NaN (unowned slots) stays NaN: 0x7f */
+        uint8_t *k8 = malloc(cache_n), *v8 = malloc(cache_n);
+        for (size_t i = 0; i < cache_n; i++) {
+            k8[i] = tm_fp8_from_f32(p->kf[i]);
+            v8[i] = tm_fp8_from_f32(p->vf[i]);
+            p->kf[i] = tm_fp8_to_f32(k8[i]);
+            p->vf[i] = tm_fp8_to_f32(v8[i]);
+        }
+        a->k_cache = tb_upload(k8, cache_n);
+        a->v_cache = tb_upload(v8, cache_n);
+        a->kv_fp8 = true;
+        free(k8);
+        free(v8);
+    } else {
+        a->k_cache = tb_upload(kh, cache_n * sizeof(uint16_t));
+        a->v_cache = tb_upload(vh, cache_n * sizeof(uint16_t));
+    }
     a->out = tb_dev(qn * sizeof(uint16_t));
     a->work_bytes = tm_cuda_attn_prefill_work_bytes(p->n_tokens, sh->n_heads, hd);
     a->work = a->work_bytes ? tb_dev(a->work_bytes) : NULL;
@@ -271,9 +290,10 @@ static void set_version(int v) {
 }
 
 static void version_name(char *buf, size_t n, const char *shape, int v) {
-    if (v == V_DEFAULT) snprintf(buf, n, "%s_vdef", shape);
-    else if (v == V4_BN128) snprintf(buf, n, "%s_v4bn128", shape);
-    else snprintf(buf, n, "%s_v%d", shape, v);
+    const char *f = g_fp8 ? "_fp8" : "";
+    if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, f);
+    else if (v == V4_BN128) snprintf(buf, n, "%s%s_v4bn128", shape, f);
+    else snprintf(buf, n, "%s%s_v%d", shape, f, v);
 }
 
 /* run once on a poisoned output, download, relative error over the rows */
@@ -394,6 +414,13 @@ int main(void) {
     const int v3[] = {3, V_DEFAULT};
     run_checks(v3, 2, true);
     run_timing(3);
+
+    /* an fp8 e4m3 cache: v1 and v3 (the launcher takes v3 for fp8 whatever version is asked for) */
+    g_fp8 = true;
+    const int v8[] = {1, 3, V_DEFAULT};
+    run_checks(v8, 3, false);
+    run_timing(3);
+    g_fp8 = false;
 
     /* the opt-in FlashAttention-3 version (v4) last, so that a failure of it (a wrong result, or a trap of its
      * deadlock watchdog, which ends the process) cannot hide the results above; its 128-key variant for head_dim

@@ -3,6 +3,7 @@
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "core/tm_dtype.h"
 #include "tb_common.h"
+#include "core/tm_fp8.h"
 #include "tb_guard.h"
 #include "tb_quant.h"
 
@@ -731,7 +732,9 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
     TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     double worst_q = 0.0, worst_k = 0.0, worst_v = 0.0;
     size_t bad = 0; /* exact mismatches: poison kept, bit-identity with the unfused pair */
+    size_t bad8 = 0; /* fp8 cache bytes that are not the e4m3 rounding of the bf16 cache's */
     int ulps = 0;
+    char name[128];
     for (int n = 1; n <= MAX_N; n++) {
         for (int mode = 0; mode < 3; mode++) {
             const bool kv_out = mode == 0;
@@ -743,7 +746,7 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
                            {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL},
                            {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL}},
                           t, cols, x_d, n,
-                          {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d},
+                          {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d, false},
                           ncache * 2, mode == 2};
             if (mode == 2)
                 graph_replay(rope_launch, &r, s, 3);
@@ -811,7 +814,7 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             for (int j = 0; j < 3; j++) gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j]};
             TB_CHECK(tm_cuda_gemv_group(gj, 3, t, cols, x_d, n, false, s));
             tm_cuda_rope_args ra = {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, o2_d[0], o2_d[1], o2_d[2],
-                                    kc2_d, vc2_d};
+                                    kc2_d, vc2_d, false};
             TB_CHECK(tm_cuda_rope_kv_write(&ra, s));
             TB_CHECK(cudaStreamSynchronize(s));
             for (int j = 0; j < 3; j++) tb_download(o2h[j], o2_d[j], (size_t)n * (size_t)rows[j] * 2);
@@ -824,9 +827,30 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             if (u > ulps) ulps = u;
             u = max_ulps(kc, kc2, ncache);
             if (u > ulps) ulps = u;
+            if (mode == 0) { /* fp8 e4m3 caches: the e4m3 rounding of the bf16 caches, byte for byte */
+                rope_run r8 = r;
+                r8.rope.kv_fp8 = true;
+                r8.rope.k_cache = kc2_d; /* reused as byte caches */
+                r8.rope.v_cache = vc2_d;
+                tb_poison(kc2_d, ncache);
+                tb_poison(vc2_d, ncache);
+                rope_launch(&r8, s);
+                TB_CHECK(cudaStreamSynchronize(s));
+                uint8_t *k8 = (uint8_t *)kc2, *v8 = (uint8_t *)vc2;
+                tb_download(k8, kc2_d, ncache);
+                tb_download(v8, vc2_d, ncache);
+                for (size_t i = 0; i < ncache; i++) {
+                    const uint8_t ek = kc[i] == 0xFFFF ? 0xFF : tm_fp8_from_f32(tb_bf16_to_f32(kc[i]));
+                    const uint8_t ev = vc[i] == 0xFFFF ? 0xFF : tm_fp8_from_f32(tb_bf16_to_f32(vc[i]));
+                    bad8 += (k8[i] != ek) + (v8[i] != ev);
+                }
+            }
         }
     }
-    char name[128];
+    snprintf(name, sizeof name, "%s %s n1-8 fp8 k/v-cache", type_name(t), c->name);
+    if (bad8) printf("# %s %s: %zu fp8 cache bytes differ from the e4m3 rounding of the bf16 cache\n", type_name(t),
+                     c->name, bad8);
+    tb_result("gemv_qkv_rope", name, bad8 ? 1.0 : 0.0, 0, 0, 0, 0, 'm');
     snprintf(name, sizeof name, "%s %s n1-8 q", type_name(t), c->name);
     tb_result("gemv_qkv_rope", name, worst_q, 1e-2, 0, 0, 0, 'm');
     snprintf(name, sizeof name, "%s %s n1-8 k-cache", type_name(t), c->name);
@@ -898,7 +922,7 @@ static int fused_refusals(void) {
     TB_CHECK(cudaMemset(sl, 0xFF, 64)); /* slot -1: the valid call writes no cache entry */
     tm_cuda_gemv_job jobs[3] = {{w, 4 * 64, NULL, o}, {w, 2 * 64, NULL, NULL}, {w, 2 * 64, NULL, NULL}};
     tm_cuda_rope_args ra = {1, 4, 2, 64, 64, 16, false, nw, pos, sl, NULL, NULL, NULL, (uint16_t *)res,
-                            (uint16_t *)res};
+                            (uint16_t *)res, false};
     bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaSuccess;
     ra.neox = true;
     bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaErrorNotSupported;
@@ -1244,7 +1268,8 @@ static void time_fused(int fused_kind, int32_t t, const int64_t *rows, int64_t c
             inv_d = tb_upload(inv, sizeof inv);
             cache_bytes = (size_t)nblk * bs * (size_t)rows[1] * 2;
             a.rope = (tm_cuda_rope_args){n, (int32_t)(rows[0] / hd), (int32_t)(rows[1] / hd), hd, hd, bs, false, inv_d,
-                                         pos_d, slot_d, NULL, NULL, NULL, tb_dev(cache_bytes), tb_dev(cache_bytes)};
+                                         pos_d, slot_d, NULL, NULL, NULL, tb_dev(cache_bytes), tb_dev(cache_bytes),
+                                         false};
             TB_CHECK(cudaMemset(a.rope.k_cache, 0, cache_bytes));
             TB_CHECK(cudaMemset(a.rope.v_cache, 0, cache_bytes));
         }

@@ -2,6 +2,7 @@
 #include "tb_common.h"
 
 #include "backend/cuda/tm_cuda_kernels.h"
+#include "core/tm_fp8.h"
 
 typedef struct {
     const char *name;
@@ -75,7 +76,8 @@ static void check_cfg(const rope_cfg *c, int version) {
     int64_t *d_slot = tb_upload(slot, T * sizeof(int64_t));
     tb_poison(d_kc, ncache * 2);
     tb_poison(d_vc, ncache * 2);
-    tm_cuda_rope_args a = {T, H, KV, hd, rd, c->block_size, c->neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc};
+    tm_cuda_rope_args a = {T, H, KV, hd, rd, c->block_size, c->neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc,
+                           false};
     set_version(version);
     TB_RUN(tm_cuda_rope_kv_write(&a, 0));
     set_version(2);
@@ -120,6 +122,36 @@ static void check_cfg(const rope_cfg *c, int version) {
     tb_result("rope_kv_write", name, bad ? INFINITY : eq, 1e-2, 0, 0, 0, 'm');
     snprintf(name, sizeof name, "v%d %s k-cache", version, c->name);
     tb_result("rope_kv_write", name, bad ? INFINITY : ek, 1e-2, 0, 0, 0, 'm');
+
+    /* fp8 e4m3 caches: every written byte is the e4m3 rounding of what the bf16 cache holds, others untouched */
+    uint8_t *kc8 = malloc(ncache), *vc8 = malloc(ncache);
+    TB_CHECK(cudaMemcpy(d_q, q, nq * 2, cudaMemcpyHostToDevice));
+    tb_poison(d_kc, ncache);
+    tb_poison(d_vc, ncache);
+    a.kv_fp8 = true;
+    set_version(version);
+    TB_RUN(tm_cuda_rope_kv_write(&a, 0));
+    set_version(2);
+    tb_download(kc8, d_kc, ncache);
+    tb_download(vc8, d_vc, ncache);
+    size_t bad8 = 0;
+    for (size_t s = 0; s < n_slots; s++) {
+        size_t blk = s / c->block_size, off = s % c->block_size;
+        for (int h = 0; h < KV; h++) {
+            size_t co = ((blk * KV + h) * c->block_size + off) * hd;
+            for (int d = 0; d < hd; d++) {
+                const bool w = owner[s] >= 0;
+                const uint8_t ek8 = w ? tm_fp8_from_f32(tb_bf16_to_f32(kc[co + d])) : 0xFF;
+                const uint8_t ev8 = w ? tm_fp8_from_f32(tb_bf16_to_f32(vc[co + d])) : 0xFF;
+                bad8 += (kc8[co + d] != ek8) + (vc8[co + d] != ev8);
+            }
+        }
+    }
+    if (bad8) printf("# %s fp8: %zu bytes differ from the e4m3 rounding of the bf16 cache\n", c->name, bad8);
+    snprintf(name, sizeof name, "v%d %s fp8 k/v-cache", version, c->name);
+    tb_result("rope_kv_write", name, bad8 ? 1.0 : 0.0, 0.0, 0, 0, 0, 'm');
+    free(kc8);
+    free(vc8);
 
     cudaFree(d_q);
     cudaFree(d_k);
@@ -166,7 +198,7 @@ static void time_cfg(const char *label, bool neox, int T, int H, int KV, int hd,
     float *d_inv = tb_upload(inv, hd / 2 * sizeof(float));
     int32_t *d_pos = tb_upload(pos, T * sizeof(int32_t));
     int64_t *d_slot = tb_upload(slot, T * sizeof(int64_t));
-    tm_cuda_rope_args a = {T, H, KV, hd, hd, bs, neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc};
+    tm_cuda_rope_args a = {T, H, KV, hd, hd, bs, neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc, false};
     set_version(version);
     double us = tb_time_us(run_rope, &a, 3, T >= 1024 ? 50 : 200);
     set_version(2);

@@ -7,12 +7,14 @@
 
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "core/tm_fp8.h"
 #include "kv/tm_kv.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
@@ -747,8 +749,45 @@ static void test_random_weak_hash(void **st) {
     run_random(2, 2);
 }
 
+/* ---- fp8 e4m3 KV elements (the CUDA cache's 8-bit type; the host side rounds test references) ------- */
+
+static void test_fp8_e4m3_conversions(void **state) {
+    (void)state;
+    static const struct { float f; uint8_t b; } k[] = {
+        {0.0f, 0x00}, {1.0f, 0x38}, {-1.0f, 0xb8}, {448.0f, 0x7e}, {1000.0f, 0x7e}, {-1e30f, 0xfe},
+        {0.001953125f, 0x01},  /* 2^-9, the smallest subnormal */
+        {0.0009765625f, 0x00}, /* 2^-10: a tie, to even (0) */
+        {0.0029296875f, 0x02}, /* 1.5 * 2^-9: a tie, to even (2) */
+        {1.0625f, 0x38},       /* 1 + 1/16: a tie, to even (1) */
+        {1.1875f, 0x3a},       /* 1 + 3/16: a tie, to even (1.25) */
+        {0.015625f, 0x08},     /* 2^-6, the smallest normal */
+        {240.0f, 0x77}, {0.3333333f, 0x2b}, {-0.0f, 0x80},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) assert_int_equal(tm_fp8_from_f32(k[i].f), k[i].b);
+    assert_true(isnan(tm_fp8_to_f32(0x7f)) && isnan(tm_fp8_to_f32(0xff)));
+    assert_int_equal(tm_fp8_from_f32(NAN) & 0x7f, 0x7f);
+    for (int b = 0; b < 256; b++) { /* every finite byte round-trips; values ascend with the byte */
+        const float f = tm_fp8_to_f32((uint8_t)b);
+        if (isnan(f)) continue;
+        assert_int_equal(tm_fp8_from_f32(f), (uint8_t)b);
+        if ((b & 0x7f) > 0 && (b & 0x7f) < 0x7f) assert_true(fabsf(f) > fabsf(tm_fp8_to_f32((uint8_t)(b - 1))));
+    }
+    /* round to nearest: no representable value is closer than the chosen one */
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 20000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const float f = ldexpf((float)(x >> 40) / (float)(1u << 24) - 0.5f, (int)(x % 24) - 12);
+        const float g = tm_fp8_to_f32(tm_fp8_from_f32(f));
+        for (int b = 0; b < 256; b++) {
+            const float h = tm_fp8_to_f32((uint8_t)b);
+            if (!isnan(h)) assert_true(fabsf(f - g) <= fabsf(f - h));
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp8_e4m3_conversions),
         cmocka_unit_test(test_alloc_accounting),
         cmocka_unit_test(test_seq_reserve_slot_release),
         cmocka_unit_test(test_identical_prompts_share_blocks),

@@ -1,4 +1,5 @@
 /* tm_cuda_attn_prefill.cu -- paged FlashAttention for prefill chunks and mixed batches (causal, GQA, mma.sync / wgmma). */
+#include "tm_cuda_fp8.cuh"
 #include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 
@@ -222,8 +223,13 @@ __global__ void __launch_bounds__(V1_NW * 32) attn_prefill_kernel_v1(const tm_cu
                 const size_t off =
                     (((size_t)bt[key / a.block_size] * (size_t)a.n_kv_heads + (size_t)kvh) * (size_t)a.block_size +
                      (size_t)(key % a.block_size)) * (size_t)hd + (size_t)d;
-                kv = __bfloat162float(kc[off]);
-                vv = __bfloat162float(vc[off]);
+                if (a.kv_fp8) {
+                    kv = tm_fp8_to_f32(reinterpret_cast<const uint8_t *>(a.k_cache)[off]);
+                    vv = tm_fp8_to_f32(reinterpret_cast<const uint8_t *>(a.v_cache)[off]);
+                } else {
+                    kv = __bfloat162float(kc[off]);
+                    vv = __bfloat162float(vc[off]);
+                }
             }
             k_s[kk * (hd + 1) + d] = kv;
             v_s[kk * hd + d] = vv;
@@ -576,17 +582,23 @@ __device__ __forceinline__ void wgmma_64x128_rs(float (&d)[64], const uint32_t (
  * O += P V by wgmma m64nHDk16 with P from registers and V read N-major (transposed) by descriptor. Each product
  * is waited for before its result is used (no intra-warpgroup overlap yet: the two warpgroups overlap each other).
  * grid / block / tile mapping as v2; dynamic smem (BM + 2 * STAGES * BN) * HD * 2 + 1024 (1 KB alignment). */
-template <int HD, int STAGES, int MINB>
+template <int HD, int STAGES, int MINB, bool FP8>
 __global__ void __launch_bounds__(256, MINB) attn_prefill_kernel_v3(const tm_cuda_attn_args a, const prefill_geom g) {
     constexpr int NT = 256, BM = 128, BN = 64;
-    constexpr int CPR = HD / 8, RPP = NT / CPR, KV_ROWS = BN / RPP, Q_ROWS = BM / RPP;
+    constexpr int CPR = HD / 8, RPP = NT / CPR, Q_ROWS = BM / RPP;
     constexpr int TILE = BN * HD * 2;
+    /* K/V copies: 16-byte chunks of 8 bf16 elements, or (FP8) of 16 e4m3 elements */
+    constexpr int CPRC = FP8 ? HD / 16 : CPR, RPPC = NT / CPRC, KV_ROWS = BN / RPPC;
+    constexpr int RAWT = BN * HD; /* FP8: bytes of a raw K (or V) tile */
     static_assert(HD == 64 || HD == 128, "v3 head_dim");
 
     extern __shared__ uint8_t v3_smem[];
     const uint32_t sQ = (smem_u32(v3_smem) + 1023u) & ~1023u; /* (HD/64, BM, 64) bf16, swizzled */
-    const uint32_t sK = sQ + BM * HD * 2;                      /* (STAGES, HD/64, BN, 64) */
-    const uint32_t sV = sK + STAGES * TILE;                    /* (STAGES, HD/64, BN, 64) */
+    /* bf16: K and V rings (STAGES, HD/64, BN, 64); FP8: one widened K tile and one V tile (HD/64, BN, 64) bf16,
+     * then the raw ring (STAGES, 2 (K, V), BN, HD) e4m3, filled by cp.async and widened tile by tile */
+    const uint32_t sK = sQ + BM * HD * 2;
+    const uint32_t sV = sK + (FP8 ? 1 : STAGES) * TILE;
+    const uint32_t sRaw = sV + TILE;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int32_t per_slot = a.n_kv_heads * g.n_hc;
@@ -620,31 +632,39 @@ __global__ void __launch_bounds__(256, MINB) attn_prefill_kernel_v3(const tm_cud
         cp_async16(sQ + sw128<BM>(r, c), src, ok);
     }
 
-    const int cchunk = tid % CPR, crow = tid / CPR;
+    const int cchunk = tid % CPRC, crow = tid / CPRC;
     const int32_t bsl = g.bs_log2, bmask = (1 << g.bs_log2) - 1;
     const size_t blk_stride = ((size_t)a.n_kv_heads << bsl) * HD;
-    const size_t kv_head_off = ((size_t)kvh << bsl) * HD + (size_t)cchunk * 8;
+    /* element offset of this thread's chunk in the kv head's rows (elements = bytes for FP8) */
+    const size_t kv_head_off = ((size_t)kvh << bsl) * HD + (size_t)cchunk * (FP8 ? 16 : 8);
     const uint16_t *const kc = a.k_cache + kv_head_off, *const vc = a.v_cache + kv_head_off;
+    const uint8_t *const kc8 = (const uint8_t *)a.k_cache + kv_head_off, *const vc8 = (const uint8_t *)a.v_cache + kv_head_off;
     auto fetch_ids = [&](int32_t j, int32_t (&ids)[KV_ROWS]) {
         const int32_t k0 = (n_kt - 1 - j) * BN;
 #pragma unroll
         for (int p = 0; p < KV_ROWS; p++) {
-            const int32_t key = k0 + crow + p * RPP;
+            const int32_t key = k0 + crow + p * RPPC;
             ids[p] = (j < n_kt && key < kv_end) ? __ldg(bt + (key >> bsl)) : -1;
         }
     };
     auto issue = [&](int32_t j, const int32_t (&ids)[KV_ROWS]) {
         if (j < n_kt) {
             const int32_t k0 = (n_kt - 1 - j) * BN;
-            const uint32_t st = (uint32_t)(j % STAGES) * TILE;
+            const uint32_t st = (uint32_t)(j % STAGES) * (FP8 ? 2 * RAWT : TILE);
 #pragma unroll
             for (int p = 0; p < KV_ROWS; p++) {
-                const int row = crow + p * RPP;
+                const int row = crow + p * RPPC;
                 const int32_t key = k0 + row;
                 const bool ok = ids[p] >= 0;
                 const size_t off = ok ? (size_t)ids[p] * blk_stride + ((size_t)(key & bmask) * HD) : 0;
-                cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
-                cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
+                if constexpr (FP8) {
+                    const uint32_t d = sRaw + st + (uint32_t)(row * HD + cchunk * 16);
+                    cp_async16(d, kc8 + off, ok);
+                    cp_async16(d + RAWT, vc8 + off, ok);
+                } else {
+                    cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
+                    cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
+                }
             }
         }
         cp_async_commit();
@@ -679,9 +699,35 @@ __global__ void __launch_bounds__(256, MINB) attn_prefill_kernel_v3(const tm_cud
         __syncthreads();
         issue(j + STAGES - 1, ids);
         fetch_ids(j + STAGES, ids);
+        if constexpr (FP8) {
+            /* widen raw tile j into the bf16 K and V tiles (every product on the previous tile has been waited
+             * for before the barrier above); 16 e4m3 -> two swizzled 16-byte bf16 chunks */
+            const uint32_t raw = sRaw + (uint32_t)(j % STAGES) * (2 * RAWT);
+#pragma unroll
+            for (int it = 0; it < 2 * BN * (HD / 16) / NT; it++) {
+                const int i = tid + it * NT;
+                const int kv = i / (BN * (HD / 16)), rc = i % (BN * (HD / 16)), r = rc / (HD / 16), c = rc % (HD / 16);
+                uint32_t w0, w1, w2, w3;
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                             : "r"(raw + (uint32_t)(kv * RAWT + r * HD + c * 16)));
+                uint4 lo, hi;
+                tm_fp8x16_to_bf16(make_uint4(w0, w1, w2, w3), lo, hi);
+                const uint32_t t = kv ? sV : sK;
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(t + sw128<BN>(r, 2 * c)), "r"(lo.x),
+                             "r"(lo.y), "r"(lo.z), "r"(lo.w)
+                             : "memory");
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(t + sw128<BN>(r, 2 * c + 1)),
+                             "r"(hi.x), "r"(hi.y), "r"(hi.z), "r"(hi.w)
+                             : "memory");
+            }
+            fence_proxy_async();
+            __syncthreads();
+        }
 
         const int32_t kt = n_kt - 1 - j;
-        const uint32_t kS = sK + (uint32_t)(j % STAGES) * TILE, vS = sV + (uint32_t)(j % STAGES) * TILE;
+        const uint32_t kS = FP8 ? sK : sK + (uint32_t)(j % STAGES) * TILE;
+        const uint32_t vS = FP8 ? sV : sV + (uint32_t)(j % STAGES) * TILE;
 
         float sc[BN / 2];
 #pragma unroll
@@ -1210,8 +1256,11 @@ cudaError_t launch_v3(const tm_cuda_attn_args *a, cudaStream_t stream) {
     const int64_t grid = slots * a->n_kv_heads * g.n_hc;
     if (grid > INT32_MAX) return cudaErrorInvalidValue;
     if (grid == 0) return cudaSuccess;
-    const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024;
-    auto kern = attn_prefill_kernel_v3<HD, STAGES, HD == 64 ? 2 : 1>; /* hd 64: two CTAs per SM */
+    /* fp8: Q, one widened K and V tile, the raw ring */
+    const size_t smem = a->kv_fp8 ? (size_t)(BM + 2 * BN) * HD * 2 + (size_t)STAGES * 2 * BN * HD + 1024
+                                  : (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024;
+    auto kern = a->kv_fp8 ? attn_prefill_kernel_v3<HD, STAGES, HD == 64 ? 2 : 1, true>
+                          : attn_prefill_kernel_v3<HD, STAGES, HD == 64 ? 2 : 1, false>; /* hd 64: two CTAs per SM */
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     kern<<<(unsigned)grid, 256, smem, stream>>>(*a, g);
@@ -1269,6 +1318,7 @@ extern "C" cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStre
                       tm_aligned16(a->out) && (a->block_size & (a->block_size - 1)) == 0 && a->block_size <= (1 << 20);
     if (fast && (a->head_dim == 128 || a->head_dim == 64)) {
         const bool hd128 = a->head_dim == 128;
+        if (a->kv_fp8) return hd128 ? launch_v3<128>(a, stream) : launch_v3<64>(a, stream); /* fp8: v3 only */
         if (ver == 4) { /* key tile: TM_CUDA_ATTN_PREFILL_BN=64/128, else 64 for head_dim 128, 128 for 64 */
             const char *bn = getenv("TM_CUDA_ATTN_PREFILL_BN");
             const bool big = bn && strcmp(bn, "128") == 0 ? true : bn && strcmp(bn, "64") == 0 ? false : !hd128;

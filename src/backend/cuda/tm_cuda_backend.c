@@ -36,7 +36,8 @@ typedef struct cu_backend {
      * is the scratch block that padded tokens write */
     tm_kv_cfg kv;
     int32_t n_heads;             /* query heads (from the first attention call) */
-    uint16_t *kv_mem;            /* (n_layers, 2, n_blocks + 1, n_kv_heads, block_size, head_dim) */
+    uint16_t *kv_mem;            /* (n_layers, 2, n_blocks + 1, n_kv_heads, block_size, head_dim) bf16 or e4m3 */
+    bool kv_fp8;                 /* the cache holds fp8 e4m3 bytes (kv dtype TM_DT_FP8_E4M3) */
     size_t layer_elems;          /* elements of one layer's K (or V) */
     /* step metadata: pinned host staging and its device twin, one copy per step */
     uint8_t *meta_host, *meta_dev;
@@ -191,9 +192,12 @@ static tm_status cu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err)
     cudaStreamSynchronize(c->stream);
     cudaFree(c->kv_mem);
     c->kv_mem = NULL;
+    if (cfg->dtype != TM_DT_BF16 && cfg->dtype != TM_DT_FP8_E4M3)
+        return tm_err(err, TM_ERR_INVALID, "cuda backend: KV cache type %s (bf16 or fp8_e4m3)", tm_dtype_name(cfg->dtype));
     c->kv = *cfg;
+    c->kv_fp8 = cfg->dtype == TM_DT_FP8_E4M3;
     c->layer_elems = (size_t)(cfg->n_blocks + 1) * (size_t)cfg->n_kv_heads * (size_t)cfg->block_size * (size_t)cfg->head_dim;
-    size_t bytes = c->layer_elems * 2 * (size_t)cfg->n_layers * sizeof(uint16_t);
+    size_t bytes = c->layer_elems * 2 * (size_t)cfg->n_layers * (c->kv_fp8 ? 1u : sizeof(uint16_t));
     cudaError_t e = cudaMalloc((void **)&c->kv_mem, bytes);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -207,8 +211,10 @@ static tm_status cu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err)
     return TM_OK;
 }
 
+/* layer's K (which 0) or V (1) cache; an e4m3 cache is addressed in bytes (the pointer type stays) */
 static uint16_t *kv_layer(cu_backend *c, int32_t layer, int32_t which) {
-    return c->kv_mem + ((size_t)layer * 2 + (size_t)which) * c->layer_elems;
+    const size_t at = ((size_t)layer * 2 + (size_t)which) * c->layer_elems;
+    return c->kv_fp8 ? (uint16_t *)((uint8_t *)c->kv_mem + at) : c->kv_mem + at;
 }
 
 /* ---- step planning and metadata upload -------------------------------------------------------------- */
@@ -580,7 +586,7 @@ static void cu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t layer
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
         .positions = c->d_pos, .slot_mapping = c->d_slots, .q = q, .k = k, .v = v,
-        .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1),
+        .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1), .kv_fp8 = c->kv_fp8,
     };
     cu_fail(c, tm_cuda_rope_kv_write(&r, c->stream), "rope_kv_write");
 }
@@ -622,7 +628,7 @@ static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const 
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
         .positions = c->d_pos, .slot_mapping = c->d_slots, .q = q, .k = k, .v = v,
-        .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1),
+        .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1), .kv_fp8 = c->kv_fp8,
     };
     cudaError_t e = tm_cuda_gemv_qkv_rope(gj, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n, &r, c->stream);
     if (e == cudaErrorNotSupported) return false;
@@ -642,7 +648,8 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
         .scale = a->attn_scale, .n_tokens = c->n_tokens, .n_seqs = c->n_seqs, .max_blocks = c->stride,
         .seq_index = c->d_seq, .query_start = c->d_qstart, .context_len = c->d_ctx, .block_table = c->d_btab,
         .max_query_len = c->max_q, .max_context_len = c->max_ctx, .q = q, .k_cache = kv_layer(c, layer, 0),
-        .v_cache = kv_layer(c, layer, 1), .out = out, .work = c->attn_work, .work_bytes = c->attn_work_bytes,
+        .v_cache = kv_layer(c, layer, 1), .kv_fp8 = c->kv_fp8, .out = out, .work = c->attn_work,
+        .work_bytes = c->attn_work_bytes,
     };
     bool decode = c->max_q == 1 && c->n_tokens == c->n_seqs;
     if (c->n_dec > 0 && !decode) { /* mixed step: decode kernel on the leading one-token sequences */

@@ -1,4 +1,5 @@
 /* tm_cuda_gemv.cu -- small-batch matrix-vector products with the weight dequantization fused into the read. */
+#include "tm_cuda_fp8.cuh"
 #include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "backend/cuda/tm_cuda_dequant.cuh"
@@ -250,7 +251,8 @@ struct v2_args {
     const float *inv_freq;        /* (rope_dim / 2) */
     const int32_t *positions;     /* (n) */
     const int64_t *slot_mapping;  /* (n) */
-    uint16_t *k_cache, *v_cache;  /* (n_blocks, n_kv_heads, block_size, head_dim) */
+    uint16_t *k_cache, *v_cache;  /* (n_blocks, n_kv_heads, block_size, head_dim) bf16, or e4m3 bytes */
+    bool kv_fp8;
     int head_dim, rope_dim, block_size, n_kv_heads;
 };
 
@@ -460,7 +462,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
                 if (slot >= 0) {
                     const int64_t blk = slot / a.block_size, off = slot - blk * a.block_size;
                     const int64_t at = ((blk * a.n_kv_heads + h) * a.block_size + off) * hd + d0;
-                    *reinterpret_cast<uint32_t *>((jid == 1 ? a.k_cache : a.v_cache) + at) = rot;
+                    uint16_t *cache = jid == 1 ? a.k_cache : a.v_cache;
+                    if (a.kv_fp8) /* the bf16 pair rounded once more, to e4m3 */
+                        *reinterpret_cast<uint16_t *>(reinterpret_cast<uint8_t *>(cache) + at) =
+                            tm_fp8x2_of(tmq::bf16f((uint16_t)(rot & 0xffffu)), tmq::bf16f((uint16_t)(rot >> 16)));
+                    else
+                        *reinterpret_cast<uint32_t *>(cache + at) = rot;
                 }
             }
         }
@@ -705,6 +712,7 @@ extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32
     a.slot_mapping = rope->slot_mapping;
     a.k_cache = rope->k_cache;
     a.v_cache = rope->v_cache;
+    a.kv_fp8 = rope->kv_fp8;
     a.head_dim = rope->head_dim;
     a.rope_dim = rope->rope_dim;
     a.block_size = rope->block_size;

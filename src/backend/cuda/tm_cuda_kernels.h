@@ -51,6 +51,7 @@ typedef struct tm_cuda_rope_args {
     uint16_t *q;                  /* (n_tokens, n_heads * head_dim), rotated in place */
     const uint16_t *k, *v;        /* (n_tokens, n_kv_heads * head_dim) */
     uint16_t *k_cache, *v_cache;  /* this layer's (n_blocks, n_kv_heads, block_size, head_dim) */
+    bool kv_fp8;                  /* the caches hold fp8 e4m3 bytes (the pointers are then read as bytes) */
 } tm_cuda_rope_args;
 cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStream_t stream);
 
@@ -157,8 +158,9 @@ typedef struct tm_cuda_attn_args {
     int32_t max_query_len;        /* host-known bounds, for grid sizes (a graph fixes them at capture) */
     int32_t max_context_len;
     const uint16_t *q;            /* (n_tokens, n_heads * head_dim) bf16 */
-    const uint16_t *k_cache;      /* this layer's (n_blocks, n_kv_heads, block_size, head_dim) bf16 */
-    const uint16_t *v_cache;
+    const uint16_t *k_cache;      /* this layer's (n_blocks, n_kv_heads, block_size, head_dim) bf16, or e4m3 */
+    const uint16_t *v_cache;      /* bytes when kv_fp8 (the pointer is then read as bytes) */
+    bool kv_fp8;                  /* the cache holds fp8 e4m3 elements (tm_cuda_fp8.cuh) */
     uint16_t *out;                /* (n_tokens, n_heads * head_dim) bf16 */
     void *work;                   /* scratch, work_bytes from the launcher's _work_bytes function */
     size_t work_bytes;

@@ -1,4 +1,5 @@
 /* tm_cuda_rope.cu -- RoPE on q and k fused with the write of k and v into their paged-cache slots. */
+#include "tm_cuda_fp8.cuh"
 #include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
@@ -19,7 +20,8 @@
  * or rope_dim/16 (neox: 8 pairs = two 16-byte halves) rotation items, then (head_dim - rope_dim)/8 pass-through
  * items (nothing to do for q); v is copied in 16-byte items. Needs head_dim % 8 == 0, rope_dim % 8 == 0
  * (% 16 for neox) and 16-byte aligned q, k, v and caches.
- * v1 (simple): one thread per pair / element, any shape. TM_CUDA_ROPE_V=1 forces it. */
+ * v1 (simple): one thread per pair / element, any shape. TM_CUDA_ROPE_V=1 forces it.
+ * kv_fp8: the cache holds e4m3 bytes; the bf16 value the bf16 cache would hold is rounded once more, to e4m3. */
 
 namespace {
 
@@ -79,28 +81,30 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v1(tm_cuda_rope_args 
         const int h = e / half, j = e % half;
         const int ia = a.neox ? j : 2 * j, ib = a.neox ? j + half : 2 * j + 1;
         const uint16_t *p = k + (size_t)h * hd;
-        uint16_t *o = a.k_cache + cache_base(slot, h, a.n_kv_heads, a.block_size, hd);
+        const size_t o = cache_base(slot, h, a.n_kv_heads, a.block_size, hd);
         const float x0 = bf(p[ia]), x1 = bf(p[ib]), c = cs[j].x, s = cs[j].y;
-        o[ia] = to_bf(x0 * c - x1 * s);
-        o[ib] = to_bf(x0 * s + x1 * c);
+        tm_kv_store1(a.k_cache, o + ia, to_bf(x0 * c - x1 * s), a.kv_fp8);
+        tm_kv_store1(a.k_cache, o + ib, to_bf(x0 * s + x1 * c), a.kv_fp8);
     }
     /* k pass-through dims -> cache */
     const int rest = hd - a.rope_dim;
     for (int e = (int)threadIdx.x; e < a.n_kv_heads * rest; e += kThreads) {
         const int h = e / rest, d = a.rope_dim + e % rest;
-        a.k_cache[cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d] = k[(size_t)h * hd + d];
+        tm_kv_store1(a.k_cache, cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d, k[(size_t)h * hd + d], a.kv_fp8);
     }
     /* v -> cache */
     for (int e = (int)threadIdx.x; e < a.n_kv_heads * hd; e += kThreads) {
         const int h = e / hd, d = e % hd;
-        a.v_cache[cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d] = v[(size_t)h * hd + d];
+        tm_kv_store1(a.v_cache, cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d, v[(size_t)h * hd + d], a.kv_fp8);
     }
 }
 
 /* ---- v2: 16-byte items ---- */
 
-/* rotate the 8-element item at src + d0 (llama: 4 adjacent pairs starting at pair d0 / 2) into dst + d0 */
-__device__ __forceinline__ void rot_llama(const uint16_t *src, uint16_t *dst, int d0, const float2 *cs) {
+/* rotate the 8-element item at src + d0 (llama: 4 adjacent pairs starting at pair d0 / 2) into dst + d0 (dst: bf16,
+ * or e4m3 bytes when fp8) */
+__device__ __forceinline__ void rot_llama(const uint16_t *src, uint16_t *dst, int d0, const float2 *cs,
+                                          bool fp8 = false) {
     float x[8], y[8];
     unpack_bf16x8(*reinterpret_cast<const uint4 *>(src + d0), x);
 #pragma unroll
@@ -109,11 +113,12 @@ __device__ __forceinline__ void rot_llama(const uint16_t *src, uint16_t *dst, in
         y[2 * p] = x[2 * p] * t.x - x[2 * p + 1] * t.y;
         y[2 * p + 1] = x[2 * p] * t.y + x[2 * p + 1] * t.x;
     }
-    *reinterpret_cast<uint4 *>(dst + d0) = pack_bf16x8(y);
+    tm_kv_store8(dst, (size_t)d0, pack_bf16x8(y), fp8);
 }
 
 /* rotate pairs j0..j0+7 (neox: x[j] with x[j + half]) of src into dst */
-__device__ __forceinline__ void rot_neox(const uint16_t *src, uint16_t *dst, int j0, int half, const float2 *cs) {
+__device__ __forceinline__ void rot_neox(const uint16_t *src, uint16_t *dst, int j0, int half, const float2 *cs,
+                                         bool fp8 = false) {
     float x0[8], x1[8], y0[8], y1[8];
     unpack_bf16x8(*reinterpret_cast<const uint4 *>(src + j0), x0);
     unpack_bf16x8(*reinterpret_cast<const uint4 *>(src + half + j0), x1);
@@ -123,8 +128,8 @@ __device__ __forceinline__ void rot_neox(const uint16_t *src, uint16_t *dst, int
         y0[p] = x0[p] * t.x - x1[p] * t.y;
         y1[p] = x0[p] * t.y + x1[p] * t.x;
     }
-    *reinterpret_cast<uint4 *>(dst + j0) = pack_bf16x8(y0);
-    *reinterpret_cast<uint4 *>(dst + half + j0) = pack_bf16x8(y1);
+    tm_kv_store8(dst, (size_t)j0, pack_bf16x8(y0), fp8);
+    tm_kv_store8(dst, (size_t)(half + j0), pack_bf16x8(y1), fp8);
 }
 
 __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v2(tm_cuda_rope_args a) {
@@ -153,19 +158,20 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v2(tm_cuda_rope_args 
         } else if (e < n_q + n_k) {
             const int f = e - n_q, h = f / per_head, u = f % per_head;
             const uint16_t *p = k + (size_t)h * hd;
-            uint16_t *o = a.k_cache + cache_base(slot, h, a.n_kv_heads, a.block_size, hd);
+            const size_t cb = cache_base(slot, h, a.n_kv_heads, a.block_size, hd);
+            uint16_t *o = a.kv_fp8 ? (uint16_t *)((uint8_t *)a.k_cache + cb) : a.k_cache + cb;
             if (u >= n_rot) {
                 const int d0 = a.rope_dim + 8 * (u - n_rot);
-                *reinterpret_cast<uint4 *>(o + d0) = *reinterpret_cast<const uint4 *>(p + d0);
+                tm_kv_store8(o, (size_t)d0, *reinterpret_cast<const uint4 *>(p + d0), a.kv_fp8);
             } else if (a.neox) {
-                rot_neox(p, o, 8 * u, half, cs);
+                rot_neox(p, o, 8 * u, half, cs, a.kv_fp8);
             } else {
-                rot_llama(p, o, 8 * u, cs);
+                rot_llama(p, o, 8 * u, cs, a.kv_fp8);
             }
         } else {
             const int f = e - n_q - n_k, h = f / hd8, d0 = 8 * (f % hd8);
-            *reinterpret_cast<uint4 *>(a.v_cache + cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d0) =
-                *reinterpret_cast<const uint4 *>(v + (size_t)h * hd + d0);
+            tm_kv_store8(a.v_cache, cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + (size_t)d0,
+                         *reinterpret_cast<const uint4 *>(v + (size_t)h * hd + d0), a.kv_fp8);
         }
     }
 }

@@ -1,0 +1,73 @@
+/* tm_cuda_fp8.cuh -- fp8 e4m3 KV-cache elements on the device: stores round the f32 value (itself from the bf16
+ * the unquantized path would store) to nearest even and saturate at +-448; loads widen exactly (every e4m3 value
+ * is a bf16 value). Host twins: src/core/tm_fp8.h. */
+#ifndef TM_CUDA_FP8_CUH
+#define TM_CUDA_FP8_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+__device__ __forceinline__ uint8_t tm_fp8_of(float f) {
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+}
+/* two values -> two bytes (lo in the low byte) */
+__device__ __forceinline__ uint16_t tm_fp8x2_of(float lo, float hi) {
+    return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float tm_fp8_to_f32(uint8_t b) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
+    return __half2float(__half(h));
+}
+/* two e4m3 bytes (lo byte first) -> bf16x2 bits (exact) */
+__device__ __forceinline__ uint32_t tm_fp8x2_to_bf16x2(uint16_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return (uint32_t)__bfloat16_as_ushort(b.x) | ((uint32_t)__bfloat16_as_ushort(b.y) << 16);
+}
+/* 16 e4m3 bytes -> 16 bf16 (lo: elements 0..7, hi: 8..15) */
+__device__ __forceinline__ void tm_fp8x16_to_bf16(uint4 in, uint4 &lo, uint4 &hi) {
+    const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o[2 * i] = tm_fp8x2_to_bf16x2((uint16_t)(w[i] & 0xffffu));
+        o[2 * i + 1] = tm_fp8x2_to_bf16x2((uint16_t)(w[i] >> 16));
+    }
+    lo = make_uint4(o[0], o[1], o[2], o[3]);
+    hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+/* eight bf16 (a 16-byte item) -> eight e4m3 bytes (an 8-byte store) */
+__device__ __forceinline__ uint2 tm_fp8x8_of_bf16(uint4 u) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    uint32_t o[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const uint16_t a = tm_fp8x2_of(__uint_as_float(w[2 * i] << 16), __uint_as_float(w[2 * i] & 0xffff0000u));
+        const uint16_t b =
+            tm_fp8x2_of(__uint_as_float(w[2 * i + 1] << 16), __uint_as_float(w[2 * i + 1] & 0xffff0000u));
+        o[i] = (uint32_t)a | ((uint32_t)b << 16);
+    }
+    return make_uint2(o[0], o[1]);
+}
+
+/* store the 16-byte bf16 item u at element e of a cache of bf16 elements or (fp8) e4m3 bytes */
+__device__ __forceinline__ void tm_kv_store8(uint16_t *cache, size_t e, uint4 u, bool fp8) {
+    if (fp8)
+        *reinterpret_cast<uint2 *>(reinterpret_cast<uint8_t *>(cache) + e) = tm_fp8x8_of_bf16(u);
+    else
+        *reinterpret_cast<uint4 *>(cache + e) = u;
+}
+
+/* store one bf16 value (bits) at element e of a bf16 or e4m3 cache */
+__device__ __forceinline__ void tm_kv_store1(uint16_t *cache, size_t e, uint16_t bf16_bits, bool fp8) {
+    if (fp8)
+        reinterpret_cast<uint8_t *>(cache)[e] = tm_fp8_of(__uint_as_float((uint32_t)bf16_bits << 16));
+    else
+        cache[e] = bf16_bits;
+}
+
+#endif /* TM_CUDA_FP8_CUH */
