@@ -112,11 +112,13 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     tm_kv_get_stats(&e->runner->pool, &ks);
     if (c->json)
         printf("{\"model\": \"%s\", \"sequential\": %s, \"schedule\": \"%s\", \"num_prompts\": %d, \"input_len\": %d, \"output_len_max\": %d, "
-               "\"shared_prefix\": %d, \"threads\": %d, \"max_seqs\": %d, \"duration_s\": %.3f, \"steps\": %lld, "
+               "\"shared_prefix\": %d, \"threads\": %d, \"max_seqs\": %d, \"kv_cache_dtype\": \"%s\", \"kv_blocks\": %d, "
+               "\"duration_s\": %.3f, \"steps\": %lld, "
                "\"requests_per_s\": %.4f, \"output_tok_s\": %.2f, \"total_tok_s\": %.2f, \"output_tokens\": %llu, "
                "\"prefix_hit_tokens\": %llu, \"preemptions\": %llu, ",
                m->name, c->sequential ? "true" : "false", c->static_batching ? "static" : "continuous", c->num_prompts, c->input_len, omax,
-               c->shared_prefix, e->runner->cfg.n_threads, max_seqs, wall, (long long)steps, (double)N / wall,
+               c->shared_prefix, e->runner->cfg.n_threads, max_seqs, c->kv_fp8 ? "fp8_e4m3" : "auto",
+               e->runner->pool.n_blocks, wall, (long long)steps, (double)N / wall,
                (double)out_tokens / wall, (double)total_tokens / wall, (unsigned long long)out_tokens,
                (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);
     else
