@@ -216,8 +216,8 @@ static void matmul_rows(const matmul_task *t, const tm_matmul_job *job, int64_t 
                 const uint8_t *g = (const uint8_t *)job->w->aux + (uint64_t)(r / 4) * 4 * rb;
                 /* a quarter of the next group per row: the rows' interleaved reads defeat the hardware
                  * prefetcher (as in tm_quant_avx2.c's x4 tiles) */
-                const uint8_t *pf = g + 4 * rb + (uint64_t)(r % 4) * rb;
-                for (uint64_t o = 0; r + 4 < r1 && o < rb; o += 64) __builtin_prefetch(pf + o, 0, 3);
+                if (r + 4 < r1)
+                    for (uint64_t o = 0; o < rb; o += 64) __builtin_prefetch(g + (4 + (uint64_t)(r % 4)) * rb + o, 0, 3);
                 float b = bias ? bias[r] : 0.0f;
                 for (int32_t i = t0; i < t1; i += TM_MULTI_MAX) {
                     int nr = t1 - i < TM_MULTI_MAX ? t1 - i : TM_MULTI_MAX;
