@@ -531,11 +531,13 @@ TM_AI void x4_prefetch_group(const uint8_t *g, size_t bytes) {
 /* floats of precomputed activation scales per column chunk (16 KiB of stack) */
 #define TM_YS_FLOATS 4096u
 
-/* Defines dot_<T> (one row) and mat_<T>. Decode (one activation row) walks the weight rows strictly in
- * memory order, four rows per call with one combined reduction: interleaving several weight rows would
- * be cheaper in instructions but measured ~30% slower once the weights come from DRAM (prefetchers
- * track one sequential stream far better than four). Prefill tiles 1 weight row x 4 activation rows so
- * each weight block is unpacked once for four tokens. */
+/* Defines dot_<T> (one row), mat_<T> and matx4_<T> (mat_dot over the x4 copy). Row-major decode (one
+ * activation row) walks the weight rows strictly in memory order, four rows per call with one combined
+ * reduction: interleaving several row-major weight rows would be cheaper in instructions but measured ~30%
+ * slower once the weights come from DRAM (prefetchers track one sequential stream far better than four);
+ * the x4 copy interleaves them in memory instead (tm_quant.h), so its four-row kernel reads one stream.
+ * WPREP reads four row-major blocks, WPREPX row k's four blocks of an x4 run. Prefill tiles 1 weight row x 4
+ * activation rows so each weight block is unpacked once for four tokens. */
 #define DEFINE_BLOCK32(T, WB, AB, WPREP, WPREPX, AQ, AS, MAC, MAC2, MAC1)                                      \
     /* ys: the activation row's group scale vectors, precomputed (8 floats per group), or NULL */              \
     TM_AI void row_##T(const bool X4, int64_t nb, wrow x, const AB *y, const float *ys, __m256 *acc,           \
