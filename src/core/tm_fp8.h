@@ -33,12 +33,22 @@ static inline uint8_t tm_fp8_from_f32(float f) {
 }
 
 static inline float tm_fp8_to_f32(uint8_t b) {
-    const int E = (b >> 3) & 15, M = b & 7;
+    const uint32_t E = (b >> 3) & 15u, M = b & 7u;
     float v;
-    if (E == 15 && M == 7) v = NAN;
-    else if (E == 0) v = ldexpf((float)M, -9);
-    else v = ldexpf(1.0f + (float)M / 8.0f, E - 7);
+    if (E == 15u && M == 7u) {
+        v = NAN;
+    } else if (E == 0u) {
+        v = (float)M * 0.001953125f; /* M * 2^-9, exact */
+    } else {
+        const uint32_t u = ((E + 120u) << 23) | (M << 20); /* 2^(E - 7) * (1 + M / 8) */
+        memcpy(&v, &u, sizeof v);
+    }
     return (b & 0x80u) ? -v : v;
+}
+
+/* n e4m3 bytes -> f32 (scalar) */
+static inline void tm_fp8_row_to_f32(const uint8_t *x, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = tm_fp8_to_f32(x[i]);
 }
 
 #endif /* TM_FP8_H */

@@ -24,7 +24,7 @@ typedef struct tm_runner_cfg {
     bool no_graphs;             /* cuda: no CUDA graphs for decode steps */
     int32_t tp;                 /* tensor-parallel ranks (<= 1: none): cpu ranks in one process (an in-process sum)
                                  * or one GPU per rank (cuda_device + r) with NCCL all-reduces */
-    bool kv_fp8;                /* cuda: the KV cache holds fp8 e4m3 (else bf16; the cpu backend's is f32) */
+    bool kv_fp8;                /* the KV cache holds fp8 e4m3 (else: cuda bf16, cpu f32) */
 } tm_runner_cfg;
 
 typedef struct tm_runner {

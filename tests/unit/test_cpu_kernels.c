@@ -8,6 +8,9 @@
 #include <stdlib.h>
 
 #include "backend/cpu/tm_cpu_kernels.h"
+#include "core/tm_fp8.h"
+
+#include <string.h>
 
 static uint64_t g_s = 99;
 static float frand(float a) {
@@ -97,7 +100,28 @@ static void attention(const tm_cpu_kernel_table *k, const char *name) {
     }
 }
 
+/* fp8 e4m3 widening (the cpu KV cache's reads): every byte, at every offset of a vector, equals the reference
+ * conversion bit for bit (NaN as NaN); lengths that leave a scalar tail */
+static void fp8_widen(const tm_cpu_kernel_table *k, const char *name) {
+    uint8_t b[256 + 7];
+    float got[256 + 7];
+    for (int shift = 0; shift < 8; shift++) {
+        const int n = 256 - shift;
+        for (int i = 0; i < n; i++) b[i] = (uint8_t)(i + shift * 37);
+        k->fp8_to_f32(b, got, n);
+        for (int i = 0; i < n; i++) {
+            const float want = tm_fp8_to_f32(b[i]);
+            if (isnan(want)) {
+                if (!isnan(got[i])) fail_msg("%s: byte 0x%02x -> %g, want NaN", name, b[i], (double)got[i]);
+            } else if (memcmp(&want, &got[i], sizeof want) != 0) {
+                fail_msg("%s: byte 0x%02x -> %.9g, want %.9g", name, b[i], (double)got[i], (double)want);
+            }
+        }
+    }
+}
+
 static void test_norms(void **st) { (void)st; each_table(norms); }
+static void test_fp8_widen(void **st) { (void)st; each_table(fp8_widen); }
 static void test_swiglu(void **st) { (void)st; each_table(swiglu); }
 static void test_attention_online_softmax(void **st) { (void)st; each_table(attention); }
 
@@ -106,6 +130,7 @@ int main(void) {
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_attention_online_softmax),
+        cmocka_unit_test(test_fp8_widen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,9 +28,12 @@ static bool record(void *user, const tm_gen_event *ev) {
     return true;
 }
 
+static bool g_kv_fp8; /* engines made by engine() cache K and V in fp8 e4m3 */
+
 static tm_engine *engine(const tm_model *m, int32_t n_ctx, int32_t batch, int32_t kv_blocks, int32_t max_seqs,
                          tm_sched_policy pol) {
-    tm_engine_cfg cfg = {{2, n_ctx, batch, 16, max_seqs, 16, kv_blocks, false, TM_DEVICE_CPU, 0, false, 0, false}, {batch, max_seqs, pol, 0}, NULL};
+    tm_engine_cfg cfg = {{2, n_ctx, batch, 16, max_seqs, 16, kv_blocks, false, TM_DEVICE_CPU, 0, false, 0, g_kv_fp8},
+                         {batch, max_seqs, pol, 0}, NULL};
     tm_engine *e = NULL;
     tm_error err = {0};
     if (tm_engine_create(m, &cfg, &e, &err) != TM_OK) fail_msg("engine: %s", err.msg);
@@ -70,8 +73,8 @@ static void run_all(tm_engine *e, int32_t prompts[NREQ][80], const int32_t *lens
     }
 }
 
-static void test_concurrent_equals_alone(void **st) {
-    (void)st;
+static void concurrent_equals_alone(bool kv_fp8) {
+    g_kv_fp8 = kv_fp8;
     tiny_opts o = tiny_default();
     o.wtype = TM_DT_Q8_0;
     const char *path = write_tiny(&o);
@@ -119,6 +122,19 @@ static void test_concurrent_equals_alone(void **st) {
     }
     tm_model_free(m);
     unlink(path);
+    g_kv_fp8 = false;
+}
+
+static void test_concurrent_equals_alone(void **st) {
+    (void)st;
+    concurrent_equals_alone(false);
+}
+
+/* the same with an fp8 e4m3 KV cache: rounding the cache changes the numbers, not their independence from the
+ * batch */
+static void test_concurrent_equals_alone_fp8_kv(void **st) {
+    (void)st;
+    concurrent_equals_alone(true);
 }
 
 static void test_abort_frees_blocks(void **st) {
@@ -242,6 +258,7 @@ static void test_prefix_cache_hits_and_matches(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_equals_alone),
+        cmocka_unit_test(test_concurrent_equals_alone_fp8_kv),
         cmocka_unit_test(test_abort_frees_blocks),
         cmocka_unit_test(test_metrics_follow_requests),
         cmocka_unit_test(test_prefix_cache_hits_and_matches),

@@ -3,6 +3,7 @@
 #include "backend/cpu/tm_cpu_kernels.h"
 #include "backend/cpu/tm_quant.h"
 #include "backend/cpu/tm_quant16.h"
+#include "core/tm_fp8.h"
 #include "core/tm_threadpool.h"
 
 #include <math.h>
@@ -18,8 +19,9 @@ typedef struct tm_cpu_backend {
     uint8_t *scratch;        /* (scratch_bytes) quantized activation rows for matmul */
     size_t scratch_bytes;
     tm_kv_cfg kv;
-    float *kv_k;             /* (n_layers, n_blocks, n_kv_heads, block_size, head_dim) */
-    float *kv_v;             /* same */
+    void *kv_k;              /* (n_layers, n_blocks, n_kv_heads, block_size, head_dim) f32, or e4m3 bytes (kv_fp8) */
+    void *kv_v;              /* same */
+    bool kv_fp8;             /* the cache holds fp8 e4m3 (kv dtype TM_DT_FP8_E4M3): a quarter of f32's bytes */
     float *rope_cs;          /* (rope_cs_cap) floats: per token rope_dim interleaved cos, sin */
     size_t rope_cs_cap;
     float *att_tmp;          /* (n_threads, att_tmp_per) softmax scratch per thread */
@@ -59,8 +61,10 @@ static void cpu_release(tm_backend *be, void *buf) {
 
 static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err) {
     tm_cpu_backend *c = cpu(be);
-    if (cfg->dtype != TM_DT_F32)
-        return tm_err(err, TM_ERR_UNSUPPORTED, "cpu KV cache supports f32, not %s", tm_dtype_name(cfg->dtype));
+    if (cfg->dtype != TM_DT_F32 && cfg->dtype != TM_DT_FP8_E4M3)
+        return tm_err(err, TM_ERR_UNSUPPORTED, "cpu KV cache supports f32 and fp8_e4m3, not %s", tm_dtype_name(cfg->dtype));
+    const bool fp8 = cfg->dtype == TM_DT_FP8_E4M3;
+    const size_t es = fp8 ? 1 : sizeof(float); /* bytes per element */
     if (cfg->n_layers < 1 || cfg->n_kv_heads < 1 || cfg->head_dim < 1 || cfg->block_size < 1 || cfg->n_blocks < 1)
         return tm_err(err, TM_ERR_INVALID, "bad KV cache geometry");
     uint64_t per_layer = (uint64_t)cfg->n_blocks * (uint64_t)cfg->n_kv_heads * (uint64_t)cfg->block_size *
@@ -68,9 +72,11 @@ static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err
     uint64_t total = per_layer * (uint64_t)cfg->n_layers;
     tm_aligned_free(c->kv_k);
     tm_aligned_free(c->kv_v);
-    c->kv_k = tm_aligned_alloc(64, total * sizeof(float));
-    c->kv_v = tm_aligned_alloc(64, total * sizeof(float));
-    size_t att_per = (size_t)cfg->block_size + 16; /* one block of scores */
+    c->kv_k = tm_aligned_alloc(64, total * es);
+    c->kv_v = tm_aligned_alloc(64, total * es);
+    /* one block of scores (+ fp8: the block's K and V widened to f32), 64-byte multiples */
+    size_t att_per = ((size_t)cfg->block_size + 16 + (fp8 ? 2 * (size_t)cfg->block_size * (size_t)cfg->head_dim : 0) + 15) /
+                     16 * 16;
     float *att = tm_aligned_alloc(64, (size_t)tm_threadpool_size(c->tp) * att_per * sizeof(float));
     if (!c->kv_k || !c->kv_v || !att) {
         tm_aligned_free(c->kv_k);
@@ -78,12 +84,13 @@ static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err
         tm_aligned_free(att);
         c->kv_k = c->kv_v = NULL;
         return tm_err(err, TM_ERR_NOMEM, "cannot allocate %.1f MiB of KV cache",
-                      (double)(2 * total * sizeof(float)) / (1024.0 * 1024.0));
+                      (double)(2 * total * es) / (1024.0 * 1024.0));
     }
     tm_aligned_free(c->att_tmp);
     c->att_tmp = att;
     c->att_tmp_per = att_per;
     c->kv = *cfg;
+    c->kv_fp8 = fp8;
     return TM_OK;
 }
 
@@ -301,12 +308,23 @@ static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs
 
 /* ---- rope + kv write --------------------------------------------------------------------------- */
 
-static inline float *kv_slot(const tm_cpu_backend *c, float *base, int32_t layer, int64_t block, int32_t kvh,
-                             int64_t off) {
+/* the cache entry (layer, block, kv head, slot off): f32 elements, or e4m3 bytes */
+static inline void *kv_slot(const tm_cpu_backend *c, void *base, int32_t layer, int64_t block, int32_t kvh,
+                            int64_t off) {
     const tm_kv_cfg *k = &c->kv;
     size_t hd = (size_t)k->head_dim, bs = (size_t)k->block_size, nkv = (size_t)k->n_kv_heads;
     size_t idx = ((((size_t)layer * (size_t)k->n_blocks + (size_t)block) * nkv + (size_t)kvh) * bs + (size_t)off) * hd;
-    return base + idx;
+    return (uint8_t *)base + idx * (c->kv_fp8 ? 1 : sizeof(float));
+}
+
+/* write n f32 values to a cache entry (fp8: each rounded to e4m3, to nearest even, saturating at +-448) */
+static inline void kv_put(const tm_cpu_backend *c, void *dst, const float *x, int32_t n) {
+    if (!c->kv_fp8) {
+        memcpy(dst, x, (size_t)n * sizeof(float));
+        return;
+    }
+    uint8_t *d = dst;
+    for (int32_t i = 0; i < n; i++) d[i] = tm_fp8_from_f32(x[i]);
 }
 
 typedef struct { tm_cpu_backend *c; const tm_attn_cfg *a; int32_t layer; const tm_batch *b; float *q, *k; const float *v; } rope_task;
@@ -331,8 +349,8 @@ static void rope_fn(void *p, int ith, int nth) {
         int64_t slot = t->b->slot_mapping[i];
         int64_t blk = slot / t->c->kv.block_size, off = slot % t->c->kv.block_size;
         for (int32_t h = 0; h < a->n_kv_heads; h++) {
-            memcpy(kv_slot(t->c, t->c->kv_k, t->layer, blk, h, off), t->k + i * kw + h * hd, (size_t)hd * sizeof(float));
-            memcpy(kv_slot(t->c, t->c->kv_v, t->layer, blk, h, off), t->v + i * kw + h * hd, (size_t)hd * sizeof(float));
+            kv_put(t->c, kv_slot(t->c, t->c->kv_k, t->layer, blk, h, off), t->k + i * kw + h * hd, hd);
+            kv_put(t->c, kv_slot(t->c, t->c->kv_v, t->layer, blk, h, off), t->v + i * kw + h * hd, hd);
         }
     }
 }
@@ -348,46 +366,68 @@ static void cpu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t laye
 
 typedef struct { tm_cpu_backend *c; const tm_attn_cfg *a; int32_t layer; const tm_batch *b; const float *q; float *out; } attn_task;
 
-/* one (token i, head h) pair: online softmax over the token's sequence's KV blocks up to itself */
-static void attn_item(const attn_task *t, int32_t i, int32_t h, float *scores /* (block_size) */) {
+/* Query heads ha .. hb - 1 (all of KV head kvh) of token i: online softmax over the token's sequence's KV
+ * blocks up to itself, one state per head. Each block is visited once for all the heads (and an fp8 block
+ * widened to f32 once); every head's state sees the same sequence of blocks as if it ran alone. */
+#define TM_ATTN_HEADS 8 /* heads carried at once */
+static void attn_heads(const attn_task *t, int32_t i, int32_t kvh, int32_t ha, int32_t hb,
+                       float *scores /* (block_size) */, float *wide /* fp8: (2, block_size, head_dim) */) {
     const tm_attn_cfg *a = t->a;
     const tm_batch *b = t->b;
     const tm_cpu_backend *c = t->c;
-    int32_t hd = a->head_dim, kvh = h / (a->n_heads / a->n_kv_heads), bs = c->kv.block_size;
+    int32_t hd = a->head_dim, bs = c->kv.block_size;
     int32_t s = b->seq_index[i];
     int32_t cidx = b->context_len[s] - (b->query_start[s + 1] - i); /* this token's cache index */
     const int32_t *bt = b->block_table + (size_t)s * (size_t)b->max_blocks;
-    const float *qi = t->q + ((size_t)i * (size_t)a->n_heads + (size_t)h) * (size_t)hd;
-    float *o = t->out + ((size_t)i * (size_t)a->n_heads + (size_t)h) * (size_t)hd;
-    tm_cpu_attn_state st;
-    tm_cpu_attn_begin(&st, o, hd);
-    for (int32_t j0 = 0; j0 <= cidx; j0 += bs) {
-        int32_t blk = bt[j0 / bs], cnt = cidx - j0 + 1 < bs ? cidx - j0 + 1 : bs;
-        const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
-        const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
-        c->k.attn_block(&st, qi, kb, vb, cnt, hd, a->attn_scale, scores);
+    for (int32_t h0 = ha; h0 < hb; h0 += TM_ATTN_HEADS) {
+        const int32_t nh = hb - h0 < TM_ATTN_HEADS ? hb - h0 : TM_ATTN_HEADS;
+        tm_cpu_attn_state st[TM_ATTN_HEADS];
+        for (int32_t h = 0; h < nh; h++)
+            tm_cpu_attn_begin(&st[h], t->out + ((size_t)i * (size_t)a->n_heads + (size_t)(h0 + h)) * (size_t)hd, hd);
+        for (int32_t j0 = 0; j0 <= cidx; j0 += bs) {
+            int32_t blk = bt[j0 / bs], cnt = cidx - j0 + 1 < bs ? cidx - j0 + 1 : bs;
+            const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
+            const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
+            if (c->kv_fp8) { /* widen the block's cnt entries (exact), then the f32 kernel */
+                c->k.fp8_to_f32((const uint8_t *)kb, wide, (int64_t)cnt * hd);
+                c->k.fp8_to_f32((const uint8_t *)vb, wide + (size_t)bs * (size_t)hd, (int64_t)cnt * hd);
+                kb = wide;
+                vb = wide + (size_t)bs * (size_t)hd;
+            }
+            for (int32_t h = 0; h < nh; h++) {
+                const float *qi = t->q + ((size_t)i * (size_t)a->n_heads + (size_t)(h0 + h)) * (size_t)hd;
+                c->k.attn_block(&st[h], qi, kb, vb, cnt, hd, a->attn_scale, scores);
+            }
+        }
+        for (int32_t h = 0; h < nh; h++) tm_cpu_attn_end(&st[h]);
     }
-    tm_cpu_attn_end(&st);
 }
 
 /* Each thread takes a contiguous range of every token's heads: the heads of one KV head stay together, so a
  * thread reads the K/V of about n_kv_heads / nth + 1 KV heads instead of all of them (decode reads K/V from
- * DRAM: the weight stream evicts it), and every thread gets a share of every token (causal prefill stays
- * balanced). More threads than heads: (token, head) pairs round-robin. A pair's arithmetic never depends on
- * the split. */
+ * DRAM: the weight stream evicts it), once for all its heads of that KV head, and every thread gets a share of
+ * every token (causal prefill stays balanced). More threads than heads: (token, head) pairs round-robin. A
+ * pair's arithmetic never depends on the split. */
 static void attn_fn(void *p, int ith, int nth) {
     attn_task *t = p;
-    const int32_t nh = t->a->n_heads, nt = t->b->n_tokens;
+    const int32_t nh = t->a->n_heads, nt = t->b->n_tokens, group = nh / t->a->n_kv_heads;
     float *scores = t->c->att_tmp + (size_t)ith * t->c->att_tmp_per; /* (block_size) */
+    float *wide = scores + ((size_t)t->c->kv.block_size + 15) / 16 * 16; /* fp8: (2, block_size, head_dim) */
     if (nth <= nh) {
         int64_t h0, h1;
         tm_split_range(nh, ith, nth, &h0, &h1);
         for (int32_t i = 0; i < nt; i++)
-            for (int64_t h = h0; h < h1; h++) attn_item(t, i, (int32_t)h, scores);
+            for (int32_t ha = (int32_t)h0; ha < (int32_t)h1;) { /* the range's heads, KV head by KV head */
+                const int32_t kvh = ha / group, end = (kvh + 1) * group < (int32_t)h1 ? (kvh + 1) * group : (int32_t)h1;
+                attn_heads(t, i, kvh, ha, end, scores, wide);
+                ha = end;
+            }
         return;
     }
-    for (int64_t item = ith; item < (int64_t)nt * nh; item += nth)
-        attn_item(t, (int32_t)(item / nh), (int32_t)(item % nh), scores);
+    for (int64_t item = ith; item < (int64_t)nt * nh; item += nth) {
+        const int32_t h = (int32_t)(item % nh);
+        attn_heads(t, (int32_t)(item / nh), h / group, h, h + 1, scores, wide);
+    }
 }
 
 static void cpu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, const void *q,

@@ -1,5 +1,6 @@
 /* tm_cpu_kernels.c -- row kernels of the CPU backend (portable C the compiler vectorises). */
 #include "tm_cpu_kernels.h"
+#include "core/tm_fp8.h"
 
 #include <math.h>
 
@@ -83,10 +84,14 @@ void tm_cpu_attn_end(tm_cpu_attn_state *st) {
     for (int32_t d = 0; d < st->hd; d++) st->acc[d] *= inv;
 }
 
+void tm_cpu_fp8_to_f32(const uint8_t *x, float *out, int64_t n) { tm_fp8_row_to_f32(x, out, n); }
+
 tm_cpu_kernel_table tm_cpu_kernels_select(bool avx2) {
-    tm_cpu_kernel_table t = {tm_cpu_rmsnorm_row, tm_cpu_add_rmsnorm_row, tm_cpu_swiglu, tm_cpu_attn_block};
+    tm_cpu_kernel_table t = {tm_cpu_rmsnorm_row, tm_cpu_add_rmsnorm_row, tm_cpu_swiglu, tm_cpu_attn_block,
+                             tm_cpu_fp8_to_f32};
 #if defined(__x86_64__) || defined(__i386__)
     if (avx2) {
+        t.fp8_to_f32 = tm_cpu_fp8_to_f32_avx2;
         t.rmsnorm_row = tm_cpu_rmsnorm_row_avx2;
         t.add_rmsnorm_row = tm_cpu_add_rmsnorm_row_avx2;
         t.swiglu = tm_cpu_swiglu_avx2;

@@ -33,6 +33,10 @@ void tm_cpu_swiglu_avx2(const float *g, const float *u, float *out, int64_t n);
 void tm_cpu_attn_block_avx2(tm_cpu_attn_state *st, const float *q, const float *k, const float *v, int32_t cnt,
                             int32_t hd, float scale, float *scores);
 
+/* n fp8 e4m3 bytes -> f32, exactly (NaN stays NaN); the AVX2 version widens through F16C */
+void tm_cpu_fp8_to_f32(const uint8_t *x, float *out, int64_t n);
+void tm_cpu_fp8_to_f32_avx2(const uint8_t *x, float *out, int64_t n);
+
 /* The row kernels one backend uses, chosen once at creation. */
 typedef struct tm_cpu_kernel_table {
     void (*rmsnorm_row)(const float *x, const float *w, float eps, int32_t dim, float *out);
@@ -40,6 +44,7 @@ typedef struct tm_cpu_kernel_table {
     void (*swiglu)(const float *g, const float *u, float *out, int64_t n);
     void (*attn_block)(tm_cpu_attn_state *st, const float *q, const float *k, const float *v, int32_t cnt, int32_t hd,
                        float scale, float *scores);
+    void (*fp8_to_f32)(const uint8_t *x, float *out, int64_t n);
 } tm_cpu_kernel_table;
 tm_cpu_kernel_table tm_cpu_kernels_select(bool avx2);
 

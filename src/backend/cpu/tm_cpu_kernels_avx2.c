@@ -128,6 +128,24 @@ void tm_cpu_attn_block_avx2(tm_cpu_attn_state *st, const float *q, const float *
     }
 }
 
+/* e4m3 byte b, with its sign moved to bit 15 and the other 7 bits to bits 7..13, is an f16 whose value is
+ * b's value times 2^-8, for normal and subnormal b alike (bias 15 vs 7, the same 3 mantissa bits); 0x7f / 0xff
+ * (NaN) would read as +-480, so they are blended to NaN. */
+void tm_cpu_fp8_to_f32_avx2(const uint8_t *x, float *out, int64_t n) {
+    int64_t i = 0;
+    const __m128i m7f = _mm_set1_epi16(0x7f), m80 = _mm_set1_epi16(0x80);
+    const __m256 k256 = _mm256_set1_ps(256.0f), nan = _mm256_set1_ps(NAN);
+    for (; i + 8 <= n; i += 8) {
+        const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(x + i)));
+        const __m128i mag = _mm_and_si128(w, m7f);
+        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, m80), 8), _mm_slli_epi16(mag, 7));
+        const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), k256);
+        const __m256 is_nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, m7f)));
+        _mm256_storeu_ps(out + i, _mm256_blendv_ps(f, nan, is_nan));
+    }
+    if (i < n) tm_cpu_fp8_to_f32(x + i, out + i, n - i);
+}
+
 #else
 typedef int tm_cpu_kernels_avx2_unused; /* non-x86 builds: the scalar kernels are used */
 #endif
