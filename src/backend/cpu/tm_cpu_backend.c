@@ -366,48 +366,59 @@ static void cpu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t laye
 
 typedef struct { tm_cpu_backend *c; const tm_attn_cfg *a; int32_t layer; const tm_batch *b; const float *q; float *out; } attn_task;
 
-/* Query heads ha .. hb - 1 (all of KV head kvh) of token i: online softmax over the token's sequence's KV
- * blocks up to itself, one state per head. Each block is visited once for all the heads (and an fp8 block
- * widened to f32 once); every head's state sees the same sequence of blocks as if it ran alone. */
-#define TM_ATTN_HEADS 8 /* heads carried at once */
-static void attn_heads(const attn_task *t, int32_t i, int32_t kvh, int32_t ha, int32_t hb,
+/* Query heads ha .. hb - 1 (all of KV head kvh) of tokens i0 .. i1 - 1 (all of one sequence, in cache order):
+ * online softmax over each token's KV blocks up to itself, one state per (token, head). Each block is visited
+ * once for all of them (an fp8 block widened to f32 once): a tile of up to TM_ATTN_PAIRS pairs at a time. Every
+ * pair's state sees the same blocks, with the same counts, in the same order as if it ran alone. */
+#define TM_ATTN_HEADS 8  /* heads carried at once */
+#define TM_ATTN_PAIRS 32 /* (token, head) states carried at once */
+static void attn_heads(const attn_task *t, int32_t i0, int32_t i1, int32_t kvh, int32_t ha, int32_t hb,
                        float *scores /* (block_size) */, float *wide /* fp8: (2, block_size, head_dim) */) {
     const tm_attn_cfg *a = t->a;
     const tm_batch *b = t->b;
     const tm_cpu_backend *c = t->c;
-    int32_t hd = a->head_dim, bs = c->kv.block_size;
-    int32_t s = b->seq_index[i];
-    int32_t cidx = b->context_len[s] - (b->query_start[s + 1] - i); /* this token's cache index */
+    const int32_t hd = a->head_dim, bs = c->kv.block_size, s = b->seq_index[i0];
+    const int32_t last = b->context_len[s] - b->query_start[s + 1]; /* cache index of token i is last + i */
     const int32_t *bt = b->block_table + (size_t)s * (size_t)b->max_blocks;
+    tm_cpu_attn_state st[TM_ATTN_PAIRS];
     for (int32_t h0 = ha; h0 < hb; h0 += TM_ATTN_HEADS) {
-        const int32_t nh = hb - h0 < TM_ATTN_HEADS ? hb - h0 : TM_ATTN_HEADS;
-        tm_cpu_attn_state st[TM_ATTN_HEADS];
-        for (int32_t h = 0; h < nh; h++)
-            tm_cpu_attn_begin(&st[h], t->out + ((size_t)i * (size_t)a->n_heads + (size_t)(h0 + h)) * (size_t)hd, hd);
-        for (int32_t j0 = 0; j0 <= cidx; j0 += bs) {
-            int32_t blk = bt[j0 / bs], cnt = cidx - j0 + 1 < bs ? cidx - j0 + 1 : bs;
-            const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
-            const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
-            if (c->kv_fp8) { /* widen the block's cnt entries (exact), then the f32 kernel */
-                c->k.fp8_to_f32((const uint8_t *)kb, wide, (int64_t)cnt * hd);
-                c->k.fp8_to_f32((const uint8_t *)vb, wide + (size_t)bs * (size_t)hd, (int64_t)cnt * hd);
-                kb = wide;
-                vb = wide + (size_t)bs * (size_t)hd;
+        const int32_t nh = hb - h0 < TM_ATTN_HEADS ? hb - h0 : TM_ATTN_HEADS, tt = TM_ATTN_PAIRS / nh;
+        for (int32_t k0 = i0; k0 < i1; k0 += tt) {
+            const int32_t k1 = i1 - k0 < tt ? i1 : k0 + tt, cmax = last + k1 - 1; /* the tile's last cache index */
+            for (int32_t k = k0; k < k1; k++)
+                for (int32_t h = 0; h < nh; h++)
+                    tm_cpu_attn_begin(&st[(k - k0) * nh + h],
+                                      t->out + ((size_t)k * (size_t)a->n_heads + (size_t)(h0 + h)) * (size_t)hd, hd);
+            for (int32_t j0 = 0; j0 <= cmax; j0 += bs) {
+                const int32_t blk = bt[j0 / bs], cnt_max = cmax - j0 + 1 < bs ? cmax - j0 + 1 : bs;
+                const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
+                const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
+                if (c->kv_fp8) { /* widen the entries any token of the tile reads (exact), then the f32 kernel */
+                    c->k.fp8_to_f32((const uint8_t *)kb, wide, (int64_t)cnt_max * hd);
+                    c->k.fp8_to_f32((const uint8_t *)vb, wide + (size_t)bs * (size_t)hd, (int64_t)cnt_max * hd);
+                    kb = wide;
+                    vb = wide + (size_t)bs * (size_t)hd;
+                }
+                for (int32_t k = k0; k < k1; k++) {
+                    const int32_t cidx = last + k; /* token k's own cache index */
+                    if (cidx < j0) continue;
+                    const int32_t cnt = cidx - j0 + 1 < bs ? cidx - j0 + 1 : bs;
+                    for (int32_t h = 0; h < nh; h++) {
+                        const float *qk = t->q + ((size_t)k * (size_t)a->n_heads + (size_t)(h0 + h)) * (size_t)hd;
+                        c->k.attn_block(&st[(k - k0) * nh + h], qk, kb, vb, cnt, hd, a->attn_scale, scores);
+                    }
+                }
             }
-            for (int32_t h = 0; h < nh; h++) {
-                const float *qi = t->q + ((size_t)i * (size_t)a->n_heads + (size_t)(h0 + h)) * (size_t)hd;
-                c->k.attn_block(&st[h], qi, kb, vb, cnt, hd, a->attn_scale, scores);
-            }
+            for (int32_t k = 0; k < (k1 - k0) * nh; k++) tm_cpu_attn_end(&st[k]);
         }
-        for (int32_t h = 0; h < nh; h++) tm_cpu_attn_end(&st[h]);
     }
 }
 
 /* Each thread takes a contiguous range of every token's heads: the heads of one KV head stay together, so a
  * thread reads the K/V of about n_kv_heads / nth + 1 KV heads instead of all of them (decode reads K/V from
- * DRAM: the weight stream evicts it), once for all its heads of that KV head, and every thread gets a share of
- * every token (causal prefill stays balanced). More threads than heads: (token, head) pairs round-robin. A
- * pair's arithmetic never depends on the split. */
+ * DRAM: the weight stream evicts it), once for all its heads of that KV head and for a tile of the sequence's
+ * tokens, and every thread gets a share of every token (causal prefill stays balanced). More threads than
+ * heads: (token, head) pairs round-robin. A pair's arithmetic never depends on the split or the tiling. */
 static void attn_fn(void *p, int ith, int nth) {
     attn_task *t = p;
     const int32_t nh = t->a->n_heads, nt = t->b->n_tokens, group = nh / t->a->n_kv_heads;
@@ -416,17 +427,21 @@ static void attn_fn(void *p, int ith, int nth) {
     if (nth <= nh) {
         int64_t h0, h1;
         tm_split_range(nh, ith, nth, &h0, &h1);
-        for (int32_t i = 0; i < nt; i++)
+        for (int32_t i = 0; i < nt;) {
+            int32_t i1 = i + 1; /* the run of tokens of i's sequence */
+            while (i1 < nt && t->b->seq_index[i1] == t->b->seq_index[i]) i1++;
             for (int32_t ha = (int32_t)h0; ha < (int32_t)h1;) { /* the range's heads, KV head by KV head */
                 const int32_t kvh = ha / group, end = (kvh + 1) * group < (int32_t)h1 ? (kvh + 1) * group : (int32_t)h1;
-                attn_heads(t, i, kvh, ha, end, scores, wide);
+                attn_heads(t, i, i1, kvh, ha, end, scores, wide);
                 ha = end;
             }
+            i = i1;
+        }
         return;
     }
     for (int64_t item = ith; item < (int64_t)nt * nh; item += nth) {
-        const int32_t h = (int32_t)(item % nh);
-        attn_heads(t, (int32_t)(item / nh), h / group, h, h + 1, scores, wide);
+        const int32_t i = (int32_t)(item / nh), h = (int32_t)(item % nh);
+        attn_heads(t, i, i + 1, h / group, h, h + 1, scores, wide);
     }
 }
 
