@@ -393,6 +393,17 @@ static void attn_heads(const attn_task *t, int32_t i0, int32_t i1, int32_t kvh, 
                 const int32_t blk = bt[j0 / bs], cnt_max = cmax - j0 + 1 < bs ? cmax - j0 + 1 : bs;
                 const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
                 const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
+                if (j0 + bs <= cmax) { /* the next block of this KV head lies a page or more away (the other KV
+                                        * heads' entries sit between): fetch it while this one is used */
+                    const int32_t nc = cmax - j0 - bs + 1 < bs ? cmax - j0 - bs + 1 : bs;
+                    const char *nk = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs + 1], kvh, 0);
+                    const char *nv = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs + 1], kvh, 0);
+                    const size_t nbytes = (size_t)nc * (size_t)hd * (c->kv_fp8 ? 1 : sizeof(float));
+                    for (size_t o = 0; o < nbytes; o += 64) {
+                        __builtin_prefetch(nk + o);
+                        __builtin_prefetch(nv + o);
+                    }
+                }
                 if (c->kv_fp8) { /* widen the entries any token of the tile reads (exact), then the f32 kernel */
                     c->k.fp8_to_f32((const uint8_t *)kb, wide, (int64_t)cnt_max * hd);
                     c->k.fp8_to_f32((const uint8_t *)vb, wide + (size_t)bs * (size_t)hd, (int64_t)cnt_max * hd);
