@@ -166,12 +166,6 @@ __device__ __forceinline__ void mma_rows8_f16(float &c0, float &c1, uint32_t a0,
         : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
-/* two e4m3 bytes (bits 0..15 of two; the low byte first) -> f16x2 (exact) */
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
-}
-
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return (uint32_t)__half_as_ushort(__low2half(h)) | ((uint32_t)__half_as_ushort(__high2half(h)) << 16);
@@ -441,9 +435,16 @@ template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_
     /* per-lane ldmatrix offsets (bytes) inside a warp's 16-token slice */
     const uint32_t k_off = (uint32_t)((((lane & 7) + (lane >> 4) * 8) * C::RS + ((lane >> 3) & 1) * 8) * 2);
     const uint32_t v_off = (uint32_t)((((lane & 7) + ((lane >> 3) & 1) * 8) * C::RS + (lane >> 4) * 8) * 2);
-    /* copies: thread owns chunk cp_ch of rows cp_r0 + k * RPP of each stage */
-    const int cp_ch = FP8 ? tid % C::TPR8 : tid % C::TPR, cp_r0 = FP8 ? tid / C::TPR8 : tid / C::TPR;
-    const uint32_t cp_dst = FP8 ? (uint32_t)(cp_r0 * C::RS8 + cp_ch * 16) : (uint32_t)((cp_r0 * C::RS + cp_ch * 8) * 2);
+    /* the ring in bytes: a shared row (ROWB), a K (or V) stage (STAGEB); copies of 16 bytes = CHE elements of ES
+     * bytes, TPRx threads per row of CHx chunks, RPPx rows per pass, PASSESx passes per stage */
+    constexpr int ES = FP8 ? 1 : 2, CHE = 16 / ES;
+    constexpr int ROWB = FP8 ? C::RS8 : C::RS * 2, STAGEB = FP8 ? (int)C::RAW_STAGE : C::STAGE * 2;
+    constexpr int CHx = FP8 ? C::CH8 : C::CH, TPRx = FP8 ? C::TPR8 : C::TPR;
+    constexpr int RPPx = FP8 ? C::RPP8 : C::RPP, PASSESx = FP8 ? C::PASSES8 : C::PASSES;
+    /* copies: thread owns chunk cp_ch of rows cp_r0 + k * RPPx of each stage */
+    const int cp_ch = tid % TPRx, cp_r0 = tid / TPRx;
+    const uint32_t cp_dst = (uint32_t)(cp_r0 * ROWB + cp_ch * 16);
+    const uint8_t *const kcb = (const uint8_t *)p.kc, *const vcb = (const uint8_t *)p.vc;
 
     for (int c0 = tb; c0 < te; c0 += p.chunk_tok) {
         const int c1 = min(te, c0 + p.chunk_tok);
@@ -459,38 +460,19 @@ template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_
          * zero-filled (src-size 0) from an in-bounds address of block tbl[0]. Cache rows (block, kv head, slot)
          * are counted in 32 bits: 2^32 rows would be >= 512 GB of cache. */
         auto issue = [&](int st) {
-            if constexpr (FP8) { /* raw rows: 16 bytes = 16 elements per copy */
-                const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * C::RAW_STAGE) + cp_dst;
-                const int tok_a = c0 + st * DEC_STAGE_TOK + cp_r0;
-                const uint8_t *kc8 = (const uint8_t *)p.kc, *vc8 = (const uint8_t *)p.vc;
-#pragma unroll
-                for (int k = 0; k < C::PASSES8; k++) {
-                    const int tok = tok_a + k * C::RPP8;
-                    const bool ok = tok < c1;
-                    const uint32_t blk = (uint32_t)tbl[ok ? (tok >> bsl) - b0 : 0];
-                    const uint32_t row = ((blk * n_kv + kvh) << bsl) + (uint32_t)(tok & bmask);
-                    const size_t off = (size_t)row * HD + (size_t)cp_ch * 16;
-                    const uint32_t dst = sk + (uint32_t)(k * C::RPP8 * C::RS8);
-                    if (C::TPR8 == C::CH8 || cp_ch < C::CH8) {
-                        cp_async16(dst, kc8 + off, ok ? 16 : 0);
-                        cp_async16(dst + (uint32_t)C::RAW_STAGE, vc8 + off, ok ? 16 : 0);
-                    }
-                }
-                return;
-            }
-            const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * C::STAGE * 2) + cp_dst;
+            const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * STAGEB) + cp_dst;
             const int tok_a = c0 + st * DEC_STAGE_TOK + cp_r0;
 #pragma unroll
-            for (int k = 0; k < C::PASSES; k++) {
-                const int tok = tok_a + k * C::RPP;
+            for (int k = 0; k < PASSESx; k++) {
+                const int tok = tok_a + k * RPPx;
                 const bool ok = tok < c1;
                 const uint32_t blk = (uint32_t)tbl[ok ? (tok >> bsl) - b0 : 0];
                 const uint32_t row = ((blk * n_kv + kvh) << bsl) + (uint32_t)(tok & bmask);
-                const size_t off = (size_t)row * HD + (size_t)cp_ch * 8;
-                const uint32_t dst = sk + (uint32_t)(k * C::RPP * C::RS * 2);
-                if (C::TPR == C::CH || cp_ch < C::CH) {
-                    cp_async16(dst, p.kc + off, ok ? 16 : 0);
-                    cp_async16(dst + (uint32_t)(C::STAGE * 2), p.vc + off, ok ? 16 : 0);
+                const size_t off = ((size_t)row * HD + (size_t)cp_ch * CHE) * ES; /* bytes */
+                const uint32_t dst = sk + (uint32_t)(k * RPPx * ROWB);
+                if (TPRx == CHx || cp_ch < CHx) {
+                    cp_async16(dst, kcb + off, ok ? 16 : 0);
+                    cp_async16(dst + (uint32_t)STAGEB, vcb + off, ok ? 16 : 0);
                 }
             }
         };
@@ -506,9 +488,8 @@ template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_
             cp_async_commit();
             const int wt0 = c0 + st * DEC_STAGE_TOK + warp * 16; /* this warp's first token */
             if (wt0 < c1) {                                       /* warp-uniform */
-                const uint32_t sk = ring_s + (uint32_t)(FP8 ? (st % DEC_NST) * 2 * C::RAW_STAGE + warp * 16 * C::RS8
-                                                             : (st % DEC_NST) * 2 * C::STAGE * 2 + warp * 16 * C::RS * 2);
-                const uint32_t sv = sk + (uint32_t)(FP8 ? C::RAW_STAGE : C::STAGE * 2);
+                const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * STAGEB + warp * 16 * ROWB);
+                const uint32_t sv = sk + (uint32_t)STAGEB;
                 /* fp8: this warp's raw K and V rows (16 tokens, RS8 bytes apart) */
                 const unsigned char *k8 = smem + (sk - ring_s), *v8 = smem + (sv - ring_s);
                 /* S = Q K^T: n-tile 0 = tokens 0..7 of the slice, n-tile 1 = tokens 8..15 */
@@ -518,8 +499,8 @@ template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_
                     if constexpr (FP8) { /* token g (8 + g): dims 16 ks + 4 t4 .. + 3 as (b0, b1), Q permuted alike */
                         const uint32_t w0 = *(const uint32_t *)(k8 + g * C::RS8 + ks * 16 + 4 * t4);
                         const uint32_t w1 = *(const uint32_t *)(k8 + (g + 8) * C::RS8 + ks * 16 + 4 * t4);
-                        mma_rows8_f16(s0[0], s0[1], qa0[ks], qa2[ks], e4m3x2_to_f16x2(w0), e4m3x2_to_f16x2(w0 >> 16));
-                        mma_rows8_f16(s1[0], s1[1], qa0[ks], qa2[ks], e4m3x2_to_f16x2(w1), e4m3x2_to_f16x2(w1 >> 16));
+                        mma_rows8_f16(s0[0], s0[1], qa0[ks], qa2[ks], tm_fp8x2_to_f16x2(w0), tm_fp8x2_to_f16x2(w0 >> 16));
+                        mma_rows8_f16(s1[0], s1[1], qa0[ks], qa2[ks], tm_fp8x2_to_f16x2(w1), tm_fp8x2_to_f16x2(w1 >> 16));
                     } else {
                         uint32_t b0r, b1r, b2r, b3r;
                         ldsm_x4(sk + k_off + (uint32_t)(ks * 32), b0r, b1r, b2r, b3r);
@@ -551,8 +532,8 @@ template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_
 #pragma unroll
                     for (int j = 0; j < HD / 8; j++) {
                         const unsigned char *c = va + 8 * j;
-                        const uint32_t b0 = e4m3x2_to_f16x2((uint32_t)c[0] | ((uint32_t)c[C::RS8] << 8));
-                        const uint32_t b1 = e4m3x2_to_f16x2((uint32_t)c[8 * C::RS8] | ((uint32_t)c[9 * C::RS8] << 8));
+                        const uint32_t b0 = tm_fp8x2_to_f16x2((uint32_t)c[0] | ((uint32_t)c[C::RS8] << 8));
+                        const uint32_t b1 = tm_fp8x2_to_f16x2((uint32_t)c[8 * C::RS8] | ((uint32_t)c[9 * C::RS8] << 8));
                         acc[j][0] *= alpha;
                         acc[j][1] *= alpha;
                         mma_rows8_f16(acc[j][0], acc[j][1], pa0, pa2, b0, b1);

@@ -20,10 +20,15 @@ __device__ __forceinline__ float tm_fp8_to_f32(uint8_t b) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
     return __half2float(__half(h));
 }
+/* two e4m3 bytes (bits 0..15 of two, the low byte first) -> f16x2 bits (exact: one conversion) */
+__device__ __forceinline__ uint32_t tm_fp8x2_to_f16x2(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
 /* two e4m3 bytes (lo byte first) -> bf16x2 bits (exact) */
 __device__ __forceinline__ uint32_t tm_fp8x2_to_bf16x2(uint16_t two) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
-    const float2 f = __half22float2(__half2(h));
+    const uint32_t h = tm_fp8x2_to_f16x2(two);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
     const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
     return (uint32_t)__bfloat16_as_ushort(b.x) | ((uint32_t)__bfloat16_as_ushort(b.y) << 16);
 }
