@@ -59,6 +59,10 @@ static void cpu_release(tm_backend *be, void *buf) {
     tm_aligned_free(buf);
 }
 
+/* floats of a thread's softmax scratch before its fp8 widening area: one block of scores and slack, rounded to
+ * 64 bytes (the widened rows start aligned) */
+static inline size_t att_scores_len(int32_t block_size) { return ((size_t)block_size + 16 + 15) / 16 * 16; }
+
 static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err) {
     tm_cpu_backend *c = cpu(be);
     if (cfg->dtype != TM_DT_F32 && cfg->dtype != TM_DT_FP8_E4M3)
@@ -74,9 +78,8 @@ static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err
     tm_aligned_free(c->kv_v);
     c->kv_k = tm_aligned_alloc(64, total * es);
     c->kv_v = tm_aligned_alloc(64, total * es);
-    /* one block of scores (+ fp8: the block's K and V widened to f32), 64-byte multiples */
-    size_t att_per = ((size_t)cfg->block_size + 16 + (fp8 ? 2 * (size_t)cfg->block_size * (size_t)cfg->head_dim : 0) + 15) /
-                     16 * 16;
+    /* one block of scores, then (fp8) the block's K and V widened to f32 */
+    size_t att_per = att_scores_len(cfg->block_size) + (fp8 ? 2 * (size_t)cfg->block_size * (size_t)cfg->head_dim : 0);
     float *att = tm_aligned_alloc(64, (size_t)tm_threadpool_size(c->tp) * att_per * sizeof(float));
     if (!c->kv_k || !c->kv_v || !att) {
         tm_aligned_free(c->kv_k);
@@ -434,7 +437,7 @@ static void attn_fn(void *p, int ith, int nth) {
     attn_task *t = p;
     const int32_t nh = t->a->n_heads, nt = t->b->n_tokens, group = nh / t->a->n_kv_heads;
     float *scores = t->c->att_tmp + (size_t)ith * t->c->att_tmp_per; /* (block_size) */
-    float *wide = scores + ((size_t)t->c->kv.block_size + 15) / 16 * 16; /* fp8: (2, block_size, head_dim) */
+    float *wide = scores + att_scores_len(t->c->kv.block_size); /* fp8: (2, block_size, head_dim) */
     if (nth <= nh) {
         int64_t h0, h1;
         tm_split_range(nh, ith, nth, &h0, &h1);
