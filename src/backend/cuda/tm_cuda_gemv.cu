@@ -52,8 +52,8 @@
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
  * falls back to one launch per job (each job exactly as tm_cuda_gemv would run it).
  *
- * TM_CUDA_PDL=1 (every kernel of the step) or TM_CUDA_PDL=gemv (the GEMVs only) launches v2 with programmatic
- * dependent launch (cudaLaunchKernelEx with cudaLaunchAttributeProgrammaticStreamSerialization): the kernel may
+ * v2 is launched with programmatic dependent launch by default (TM_CUDA_PDL=0: not; tm_cuda_launch.cuh), i.e.
+ * cudaLaunchKernelEx with cudaLaunchAttributeProgrammaticStreamSerialization: the kernel may
  * start while the previous kernel on the stream is still running. Each lane issues its first step's weight loads
  * into registers (weights are never written by earlier kernels), then waits for the previous kernel
  * (griddepcontrol.wait: returns once the preceding grid has completed and its memory is visible) before it reads
