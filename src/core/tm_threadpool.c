@@ -19,6 +19,12 @@
 
 enum { TM_SPIN_ITERS = 1 << 17 }; /* ~ a millisecond of pause instructions before sleeping */
 
+/* the items [lo, hi) of one thread's part, packed lo | hi << 32, on a cache line of its own (the owner
+ * updates it per grain; others read it only when their own part is done) */
+typedef struct {
+    _Alignas(64) atomic_uint_fast64_t r;
+} tm_range_slot;
+
 struct tm_threadpool {
     int n;                         /* threads including the caller */
     pthread_t *threads;            /* (n - 1) workers */
@@ -29,6 +35,7 @@ struct tm_threadpool {
     atomic_int n_sleeping;         /* workers blocked (or about to block) on cv_work */
     atomic_bool stop;
     atomic_int *claim;             /* (n) share i of the current run taken (by worker i or the caller) */
+    tm_range_slot *slots;          /* (n) each thread's part of the current range run */
     tm_task_fn fn;
     void *arg;
 };
@@ -80,7 +87,8 @@ tm_status tm_threadpool_create(int n_threads, tm_threadpool **out, tm_error *err
     atomic_init(&tp->stop, false);
     tp->threads = calloc((size_t)n_threads, sizeof(pthread_t));
     tp->claim = calloc((size_t)n_threads, sizeof(atomic_int));
-    if (!tp->threads || !tp->claim) {
+    tp->slots = tm_aligned_alloc(64, (size_t)n_threads * sizeof(tm_range_slot));
+    if (!tp->threads || !tp->claim || !tp->slots) {
         tm_threadpool_free(tp);
         return tm_err(err, TM_ERR_NOMEM, "out of memory creating thread pool");
     }
@@ -110,6 +118,7 @@ void tm_threadpool_free(tm_threadpool *tp) {
     pthread_cond_destroy(&tp->cv_work);
     free(tp->threads);
     free((void *)tp->claim);
+    tm_aligned_free(tp->slots);
     free(tp);
 }
 
@@ -146,4 +155,79 @@ void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg) {
 void tm_threadpool_run_each(tm_threadpool *tp, tm_task_fn fn, void *arg) {
     if (!tp || tp->n == 1) fn(arg, 0, 1);
     else run(tp, fn, arg, false);
+}
+
+/* ---- range runs ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    tm_threadpool *tp;
+    int64_t n, grain;
+    tm_range_fn fn;
+    void *arg;
+} range_run;
+
+static inline uint64_t range_pack(int64_t lo, int64_t hi) { return (uint64_t)lo | (uint64_t)hi << 32; }
+static inline int64_t range_lo(uint64_t r) { return (int64_t)(r & 0xffffffffu); }
+static inline int64_t range_hi(uint64_t r) { return (int64_t)(r >> 32); }
+
+static void range_task(void *p, int ith, int nth) {
+    range_run *rr = p;
+    tm_range_slot *slots = rr->tp->slots;
+    atomic_uint_fast64_t *own = &slots[ith].r;
+    for (;;) {
+        uint64_t cur = atomic_load_explicit(own, memory_order_acquire);
+        while (range_lo(cur) < range_hi(cur)) { /* the front of this thread's part, a grain at a time */
+            int64_t lo = range_lo(cur), hi = range_hi(cur), e = hi - lo < rr->grain ? hi : lo + rr->grain;
+            if (atomic_compare_exchange_weak_explicit(own, &cur, range_pack(e, hi), memory_order_acq_rel,
+                                                      memory_order_acquire)) {
+                rr->fn(rr->arg, lo, e, ith);
+                cur = atomic_load_explicit(own, memory_order_acquire);
+            }
+        }
+        /* done: take the back half of the largest part left (two items at least: one stays with its owner) */
+        int best = -1;
+        int64_t best_n = 1;
+        for (int v = 0; v < nth; v++) {
+            if (v == ith) continue;
+            uint64_t r = atomic_load_explicit(&slots[v].r, memory_order_relaxed);
+            if (range_hi(r) - range_lo(r) > best_n) {
+                best = v;
+                best_n = range_hi(r) - range_lo(r);
+            }
+        }
+        if (best < 0) return;
+        uint64_t r = atomic_load_explicit(&slots[best].r, memory_order_acquire);
+        int64_t lo = range_lo(r), hi = range_hi(r);
+        if (hi - lo < 2) continue; /* taken meanwhile: look again */
+        int64_t mid = hi - (hi - lo) / 2;
+        if (atomic_compare_exchange_strong_explicit(&slots[best].r, &r, range_pack(lo, mid), memory_order_acq_rel,
+                                                    memory_order_acquire))
+            atomic_store_explicit(own, range_pack(mid, hi), memory_order_release); /* others may take from it */
+    }
+}
+
+static void range_static_task(void *p, int ith, int nth) { /* parts beyond the packing: no stealing */
+    range_run *rr = p;
+    int64_t lo, hi;
+    tm_split_range(rr->n, ith, nth, &lo, &hi);
+    for (; lo < hi; lo += rr->grain) rr->fn(rr->arg, lo, hi - lo < rr->grain ? hi : lo + rr->grain, ith);
+}
+
+void tm_threadpool_run_range(tm_threadpool *tp, int64_t n, int64_t grain, tm_range_fn fn, void *arg) {
+    range_run rr = {tp, n, grain < 1 ? 1 : grain, fn, arg};
+    if (n <= 0) return;
+    if (!tp || tp->n == 1) {
+        range_static_task(&rr, 0, 1);
+        return;
+    }
+    if (n >= ((int64_t)1 << 31)) {
+        run(tp, range_static_task, &rr, true);
+        return;
+    }
+    for (int i = 0; i < tp->n; i++) {
+        int64_t lo, hi;
+        tm_split_range(n, i, tp->n, &lo, &hi);
+        atomic_store_explicit(&tp->slots[i].r, range_pack(lo, hi), memory_order_relaxed);
+    }
+    run(tp, range_task, &rr, true); /* the generation bump publishes the slots */
 }

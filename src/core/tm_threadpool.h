@@ -20,6 +20,15 @@ void tm_threadpool_run(tm_threadpool *tp, tm_task_fn fn, void *arg);
  * collectives) and a thread keeps its per-thread state (a current GPU, a graph capture) across runs. */
 void tm_threadpool_run_each(tm_threadpool *tp, tm_task_fn fn, void *arg);
 
+/* fn(arg, lo, hi, ith): items [lo, hi) of a range run, on thread ith. */
+typedef void (*tm_range_fn)(void *arg, int64_t lo, int64_t hi, int ith);
+/* Run fn over the items [0, n): thread i owns the i-th near-equal contiguous part (tm_split_range) and takes it
+ * front to back, up to grain items per call; a thread whose part is done takes the back half of the largest
+ * part left (its stream stays contiguous) until nothing is left. Every item is passed exactly once. For work
+ * whose share time varies by thread (memory contention, a descheduled core): no thread waits for another
+ * longer than about one grain. */
+void tm_threadpool_run_range(tm_threadpool *tp, int64_t n, int64_t grain, tm_range_fn fn, void *arg);
+
 /* Split [0, n) into nth near-equal parts; returns the part of thread ith as [*lo, *hi). */
 static inline void tm_split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
     int64_t per = n / nth, rem = n % nth;

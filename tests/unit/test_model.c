@@ -213,27 +213,27 @@ static void test_chunked_prefill_is_exact(void **st) {
 }
 
 /* Several sequences in one ragged batch (prefill chunks and decode tokens mixed) give exactly the
- * logits each sequence gets alone. */
-static void test_ragged_batch_equals_alone(void **st) {
-    (void)st;
+ * logits each sequence gets alone: its prompt's last token there runs prefill attention, in the batch the
+ * appended tokens run decode attention (context chunks spread over the threads, merged in order). */
+enum { RAG_S = 3, RAG_MAX = 200 };
+static void ragged_batch_equals_alone(const int lens[RAG_S], int32_t block_size) {
     tiny_opts o = tiny_default();
     o.wtype = TM_DT_Q4_1;
     const char *path = write_tiny(&o);
     tm_model *m = load(path);
     int V = m->hp.n_vocab;
-    enum { S = 3 };
-    const int lens[S] = {23, 5, 40};
-    int32_t ids[S][48];
-    for (int s = 0; s < S; s++) make_ids(ids[s], 48, V, 11 + (unsigned)s);
+    enum { S = RAG_S };
+    static int32_t ids[S][RAG_MAX];
+    for (int s = 0; s < S; s++) make_ids(ids[s], RAG_MAX, V, 11 + (unsigned)s);
     /* alone: logits after the prompt and after each of 3 appended tokens */
     float alone[S][4][300];
     tm_error err = {0};
-    tm_runner *r = runner(m, 2, 64, 1, 16);
+    tm_runner *r = runner(m, 2, 64, 1, block_size);
     for (int s = 0; s < S; s++)
         for (int k = 0; k < 4; k++) assert_int_equal(tm_runner_prompt_logits(r, ids[s], (size_t)lens[s] + k, alone[s][k], &err), TM_OK);
     tm_runner_free(r);
     /* together: step 1 = all prompts (as chunks) in one batch; then 3 decode steps of all three */
-    r = runner(m, 2, 128, S, 16);
+    r = runner(m, 2, 512, S, block_size);
     tm_kv_seq seqs[S] = {{0}};
     tm_kv_seq *sp[S] = {&seqs[0], &seqs[1], &seqs[2]};
     const int32_t *np[S];
@@ -260,6 +260,14 @@ static void test_ragged_batch_equals_alone(void **st) {
     tm_runner_free(r);
     tm_model_free(m);
     unlink(path);
+}
+
+static void test_ragged_batch_equals_alone(void **st) {
+    (void)st;
+    const int short_lens[RAG_S] = {23, 5, 40}, long_lens[RAG_S] = {130, 5, 191}; /* one chunk; up to four */
+    ragged_batch_equals_alone(short_lens, 16);
+    ragged_batch_equals_alone(long_lens, 16);
+    ragged_batch_equals_alone(long_lens, 5); /* chunks of 20 tokens, blocks not a power of two */
 }
 
 static void expect_load_error(const tiny_opts *o, tm_status code, const char *needle) {

@@ -6,6 +6,8 @@
 #include <cmocka.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "core/tm_threadpool.h"
@@ -104,12 +106,69 @@ static void test_single_and_null(void **st) {
     run_many(1, 100, -1);
 }
 
+/* run_range: every item is passed exactly once, in calls of at most `grain` items, whatever the thread count,
+ * also when a thread is slow (its part is then taken over: the slow share runs fewer items than its part) */
+typedef struct {
+    atomic_int hits[1000];
+    atomic_int calls_by[8];
+    atomic_int items_by[8];
+    atomic_int bad;
+    int64_t grain;
+    int slow;
+} range_task_t;
+
+static void range_fn(void *p, int64_t lo, int64_t hi, int ith) {
+    range_task_t *t = p;
+    if (lo < 0 || hi <= lo || hi - lo > t->grain || ith < 0 || ith >= 8) atomic_fetch_add(&t->bad, 1);
+    for (int64_t i = lo; i < hi && i < 1000; i++) atomic_fetch_add(&t->hits[i], 1);
+    atomic_fetch_add(&t->calls_by[ith], 1);
+    atomic_fetch_add(&t->items_by[ith], (int)(hi - lo));
+    if (ith == t->slow) {
+        struct timespec ts = {0, 200000}; /* 0.2 ms per call */
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void test_run_range_each_item_once(void **st) {
+    (void)st;
+    const int64_t ns[] = {0, 1, 2, 7, 64, 999};
+    const int64_t grains[] = {1, 3, 1000};
+    for (int nth = 1; nth <= 4; nth++) {
+        tm_threadpool *tp = NULL;
+        tm_error err;
+        assert_int_equal(tm_threadpool_create(nth, &tp, &err), TM_OK);
+        for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+            for (size_t g = 0; g < sizeof grains / sizeof grains[0]; g++)
+                for (int slow = -1; slow < nth; slow++) {
+                    static range_task_t t;
+                    memset(&t, 0, sizeof t);
+                    t.grain = grains[g];
+                    t.slow = slow;
+                    tm_threadpool_run_range(tp, ns[a], grains[g], range_fn, &t);
+                    assert_int_equal(atomic_load(&t.bad), 0);
+                    for (int64_t i = 0; i < 1000; i++) assert_int_equal(atomic_load(&t.hits[i]), i < ns[a] ? 1 : 0);
+                    /* a slow thread's part is shared out: with grain 1 and 999 items it runs well under its part */
+                    if (nth > 1 && slow >= 0 && ns[a] == 999 && grains[g] == 1)
+                        assert_true(atomic_load(&t.items_by[slow]) < 999 / nth);
+                }
+        tm_threadpool_free(tp);
+    }
+    static range_task_t t; /* no pool: in grains, in order, on the caller */
+    memset(&t, 0, sizeof t);
+    t.grain = 4;
+    t.slow = -1;
+    tm_threadpool_run_range(NULL, 10, 4, range_fn, &t);
+    assert_int_equal(atomic_load(&t.calls_by[0]), 3);
+    for (int64_t i = 0; i < 10; i++) assert_int_equal(atomic_load(&t.hits[i]), 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_share_once),
         cmocka_unit_test(test_oversubscribed),
         cmocka_unit_test(test_single_and_null),
         cmocka_unit_test(test_run_each_pins_shares),
+        cmocka_unit_test(test_run_range_each_item_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

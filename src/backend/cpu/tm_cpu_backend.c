@@ -7,6 +7,7 @@
 #include "core/tm_threadpool.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,12 @@ typedef struct tm_cpu_backend {
     size_t rope_cs_cap;
     float *att_tmp;          /* (n_threads, att_tmp_per) softmax scratch per thread */
     size_t att_tmp_per;
+    struct attn_dec *att_dec; /* (att_dec_cap) a pass's one-token sequences (decode attention) */
+    size_t att_dec_cap;
+    float *att_part;         /* (att_part_cap) their chunk states: (item, head of the group, att_part_stride) */
+    size_t att_part_cap;
+    atomic_int *att_done;    /* (att_done_cap) chunks ended per (one-token sequence, KV head) */
+    size_t att_done_cap;
 } tm_cpu_backend;
 
 static tm_cpu_backend *cpu(tm_backend *be) { return (tm_cpu_backend *)be; }
@@ -61,7 +68,19 @@ static void cpu_release(tm_backend *be, void *buf) {
 
 /* floats of a thread's softmax scratch before its fp8 widening area: one block of scores and slack, rounded to
  * 64 bytes (the widened rows start aligned) */
+/* Per-thread attention scratch (att_tmp): a block of scores, then (fp8) the block's K and V widened to f32, then
+ * the chunk accumulators of a prefill tile (TM_ATTN_PAIRS, head_dim). Decode chunk states: att_part, slots of
+ * att_part_stride floats (head_dim accumulators, then m and l). */
+#define TM_ATTN_HEADS 8  /* heads carried at once */
+#define TM_ATTN_PAIRS 32 /* (token, head) states carried at once */
 static inline size_t att_scores_len(int32_t block_size) { return ((size_t)block_size + 16 + 15) / 16 * 16; }
+static inline size_t att_wide_len(int32_t block_size, int32_t head_dim, bool fp8) {
+    return fp8 ? 2 * (size_t)block_size * (size_t)head_dim : 0;
+}
+static inline size_t att_tmp_len(int32_t block_size, int32_t head_dim, bool fp8) {
+    return att_scores_len(block_size) + att_wide_len(block_size, head_dim, fp8) + TM_ATTN_PAIRS * (size_t)head_dim;
+}
+static inline size_t att_part_stride(int32_t head_dim) { return ((size_t)head_dim + 2 + 15) / 16 * 16; }
 
 static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err) {
     tm_cpu_backend *c = cpu(be);
@@ -78,8 +97,7 @@ static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err
     tm_aligned_free(c->kv_v);
     c->kv_k = tm_aligned_alloc(64, total * es);
     c->kv_v = tm_aligned_alloc(64, total * es);
-    /* one block of scores, then (fp8) the block's K and V widened to f32 */
-    size_t att_per = att_scores_len(cfg->block_size) + (fp8 ? 2 * (size_t)cfg->block_size * (size_t)cfg->head_dim : 0);
+    size_t att_per = att_tmp_len(cfg->block_size, cfg->head_dim, fp8);
     float *att = tm_aligned_alloc(64, (size_t)tm_threadpool_size(c->tp) * att_per * sizeof(float));
     if (!c->kv_k || !c->kv_v || !att) {
         tm_aligned_free(c->kv_k);
@@ -264,11 +282,9 @@ static void matmul_blocks(matmul_task *t, int64_t blo, int64_t bhi) {
     }
 }
 
-static void matmul_fn(void *p, int ith, int nth) {
-    matmul_task *t = p;
-    int64_t blo, bhi;
-    tm_split_range(t->blk_start[t->n_jobs], ith, nth, &blo, &bhi);
-    matmul_blocks(t, blo, bhi);
+static void matmul_fn(void *p, int64_t blo, int64_t bhi, int ith) {
+    (void)ith;
+    matmul_blocks(p, blo, bhi);
 }
 
 static const tm_quant_ops *cpu_dot_ops(const tm_cpu_backend *c, tm_dtype t) {
@@ -306,7 +322,12 @@ static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs
         if (n < 4) quant_act_fn(&t, 0, 1); /* a few rows: converting them here beats a dispatch */
         else tm_threadpool_run(c->tp, quant_act_fn, &t);
     }
-    tm_threadpool_run(c->tp, matmul_fn, &t);
+    /* each thread's row blocks as one contiguous stream (static parts beat interleaved chunks: the hardware
+     * prefetcher follows one stream per thread), the back half of a slow thread's rest taken by a done one */
+    const int64_t nblk = t.blk_start[n_jobs];
+    /* decode: a row block per claim; prefill: a quarter of a part (each call re-reads the activation tiles) */
+    const int64_t grain = n <= 2 ? 1 : nblk;
+    tm_threadpool_run_range(c->tp, nblk, grain, matmul_fn, &t);
 }
 
 /* ---- rope + kv write --------------------------------------------------------------------------- */
@@ -367,23 +388,72 @@ static void cpu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t laye
 
 /* ---- attention --------------------------------------------------------------------------------- */
 
-typedef struct { tm_cpu_backend *c; const tm_attn_cfg *a; int32_t layer; const tm_batch *b; const float *q; float *out; } attn_task;
+/* A (token, head) pair's attention is a fold over its context in chunks of TM_ATTN_CHUNK blocks, in order: the
+ * first chunk's online softmax runs in the output row, each later chunk's from an empty state, merged into the
+ * running state when the chunk ends (tm_cpu_attn_merge). Prefill tiles walk a sequence's chunks one after the
+ * other; a sequence with one token in the pass (decode) spreads its (KV head, chunk) items over the threads, as
+ * FlashDecoding does, and whichever thread ends a (sequence, KV head)'s last chunk merges its chunks in order.
+ * The arithmetic is the same either way: a pair's result does not depend on the batch, the pass or the threads. */
+enum { TM_ATTN_CHUNK = 4 }; /* blocks per chunk (64 tokens at the default block size) */
+
+typedef struct attn_dec {
+    int32_t seq, tok;   /* batch sequence, its token */
+    int32_t n_chunks;   /* ceil(context / chunk tokens) */
+    int64_t item0;      /* its first item: items (KV head, chunk), KV head major */
+} attn_dec;
+
+typedef struct {
+    tm_cpu_backend *c;
+    const tm_attn_cfg *a;
+    int32_t layer;
+    const tm_batch *b;
+    const float *q;
+    float *out;
+    const attn_dec *dec;  /* (n_dec) the one-token sequences */
+    int32_t n_dec;
+} attn_task;
+
+/* the K and V rows of block `blk` (logical block j0 / bs of the table bt) of KV head kvh, cnt entries of which are
+ * read: f32 in the cache, or fp8 widened into `wide`; the next block (when it is read too, up to key index cmax)
+ * is prefetched: it lies a page or more away (the other KV heads' entries sit between) */
+static void kv_block(const attn_task *t, const int32_t *bt, int32_t j0, int32_t cmax, int32_t kvh, float *wide,
+                     const float **kb, const float **vb) {
+    const tm_cpu_backend *c = t->c;
+    const int32_t bs = c->kv.block_size, hd = t->a->head_dim, cnt = cmax - j0 + 1 < bs ? cmax - j0 + 1 : bs;
+    *kb = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs], kvh, 0);
+    *vb = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs], kvh, 0);
+    if (j0 + bs <= cmax) {
+        const int32_t nc = cmax - j0 - bs + 1 < bs ? cmax - j0 - bs + 1 : bs;
+        const char *nk = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs + 1], kvh, 0);
+        const char *nv = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs + 1], kvh, 0);
+        const size_t nbytes = (size_t)nc * (size_t)hd * (c->kv_fp8 ? 1 : sizeof(float));
+        for (size_t o = 0; o < nbytes; o += 64) {
+            __builtin_prefetch(nk + o);
+            __builtin_prefetch(nv + o);
+        }
+    }
+    if (c->kv_fp8) { /* widen the entries anyone reads (exact), then the f32 kernel */
+        c->k.fp8_to_f32((const uint8_t *)*kb, wide, (int64_t)cnt * hd);
+        c->k.fp8_to_f32((const uint8_t *)*vb, wide + (size_t)bs * (size_t)hd, (int64_t)cnt * hd);
+        *kb = wide;
+        *vb = wide + (size_t)bs * (size_t)hd;
+    }
+}
 
 /* Query heads ha .. hb - 1 (all of KV head kvh) of tokens i0 .. i1 - 1 (all of one sequence, in cache order):
- * online softmax over each token's KV blocks up to itself, one state per (token, head). Each block is visited
- * once for all of them (an fp8 block widened to f32 once): a tile of up to TM_ATTN_PAIRS pairs at a time. Every
- * pair's state sees the same blocks, with the same counts, in the same order as if it ran alone. */
-#define TM_ATTN_HEADS 8  /* heads carried at once */
-#define TM_ATTN_PAIRS 32 /* (token, head) states carried at once */
+ * each block is visited once for all of them (an fp8 block widened once), a tile of up to TM_ATTN_PAIRS pairs at
+ * a time; a pair past its first chunk runs the chunk in `part` (TM_ATTN_PAIRS, head_dim) and merges it at the
+ * chunk's end or its own last key. */
 static void attn_heads(const attn_task *t, int32_t i0, int32_t i1, int32_t kvh, int32_t ha, int32_t hb,
-                       float *scores /* (block_size) */, float *wide /* fp8: (2, block_size, head_dim) */) {
+                       float *scores /* (block_size) */, float *wide /* fp8: (2, block_size, head_dim) */,
+                       float *part /* (TM_ATTN_PAIRS, head_dim) */) {
     const tm_attn_cfg *a = t->a;
     const tm_batch *b = t->b;
     const tm_cpu_backend *c = t->c;
-    const int32_t hd = a->head_dim, bs = c->kv.block_size, s = b->seq_index[i0];
+    const int32_t hd = a->head_dim, bs = c->kv.block_size, chunk = bs * TM_ATTN_CHUNK, s = b->seq_index[i0];
     const int32_t last = b->context_len[s] - b->query_start[s + 1]; /* cache index of token i is last + i */
     const int32_t *bt = b->block_table + (size_t)s * (size_t)b->max_blocks;
-    tm_cpu_attn_state st[TM_ATTN_PAIRS];
+    tm_cpu_attn_state st[TM_ATTN_PAIRS], ps[TM_ATTN_PAIRS];
     for (int32_t h0 = ha; h0 < hb; h0 += TM_ATTN_HEADS) {
         const int32_t nh = hb - h0 < TM_ATTN_HEADS ? hb - h0 : TM_ATTN_HEADS, tt = TM_ATTN_PAIRS / nh;
         for (int32_t k0 = i0; k0 < i1; k0 += tt) {
@@ -393,33 +463,23 @@ static void attn_heads(const attn_task *t, int32_t i0, int32_t i1, int32_t kvh, 
                     tm_cpu_attn_begin(&st[(k - k0) * nh + h],
                                       t->out + ((size_t)k * (size_t)a->n_heads + (size_t)(h0 + h)) * (size_t)hd, hd);
             for (int32_t j0 = 0; j0 <= cmax; j0 += bs) {
-                const int32_t blk = bt[j0 / bs], cnt_max = cmax - j0 + 1 < bs ? cmax - j0 + 1 : bs;
-                const float *kb = kv_slot(c, c->kv_k, t->layer, blk, kvh, 0);
-                const float *vb = kv_slot(c, c->kv_v, t->layer, blk, kvh, 0);
-                if (j0 + bs <= cmax) { /* the next block of this KV head lies a page or more away (the other KV
-                                        * heads' entries sit between): fetch it while this one is used */
-                    const int32_t nc = cmax - j0 - bs + 1 < bs ? cmax - j0 - bs + 1 : bs;
-                    const char *nk = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs + 1], kvh, 0);
-                    const char *nv = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs + 1], kvh, 0);
-                    const size_t nbytes = (size_t)nc * (size_t)hd * (c->kv_fp8 ? 1 : sizeof(float));
-                    for (size_t o = 0; o < nbytes; o += 64) {
-                        __builtin_prefetch(nk + o);
-                        __builtin_prefetch(nv + o);
-                    }
-                }
-                if (c->kv_fp8) { /* widen the entries any token of the tile reads (exact), then the f32 kernel */
-                    c->k.fp8_to_f32((const uint8_t *)kb, wide, (int64_t)cnt_max * hd);
-                    c->k.fp8_to_f32((const uint8_t *)vb, wide + (size_t)bs * (size_t)hd, (int64_t)cnt_max * hd);
-                    kb = wide;
-                    vb = wide + (size_t)bs * (size_t)hd;
-                }
+                const float *kb, *vb;
+                kv_block(t, bt, j0, cmax, kvh, wide, &kb, &vb);
+                const bool later = j0 >= chunk, starts = j0 % chunk == 0, ends = (j0 + bs) % chunk == 0;
                 for (int32_t k = k0; k < k1; k++) {
                     const int32_t cidx = last + k; /* token k's own cache index */
                     if (cidx < j0) continue;
                     const int32_t cnt = cidx - j0 + 1 < bs ? cidx - j0 + 1 : bs;
                     for (int32_t h = 0; h < nh; h++) {
+                        const int32_t pi = (k - k0) * nh + h;
                         const float *qk = t->q + ((size_t)k * (size_t)a->n_heads + (size_t)(h0 + h)) * (size_t)hd;
-                        c->k.attn_block(&st[(k - k0) * nh + h], qk, kb, vb, cnt, hd, a->attn_scale, scores);
+                        tm_cpu_attn_state *cur = &st[pi];
+                        if (later) {
+                            cur = &ps[pi];
+                            if (starts) tm_cpu_attn_begin(cur, part + (size_t)pi * (size_t)hd, hd);
+                        }
+                        c->k.attn_block(cur, qk, kb, vb, cnt, hd, a->attn_scale, scores);
+                        if (later && (ends || cidx < j0 + bs)) tm_cpu_attn_merge(&st[pi], cur);
                     }
                 }
             }
@@ -428,25 +488,27 @@ static void attn_heads(const attn_task *t, int32_t i0, int32_t i1, int32_t kvh, 
     }
 }
 
-/* Each thread takes a contiguous range of every token's heads: the heads of one KV head stay together, so a
- * thread reads the K/V of about n_kv_heads / nth + 1 KV heads instead of all of them (decode reads K/V from
- * DRAM: the weight stream evicts it), once for all its heads of that KV head and for a tile of the sequence's
- * tokens, and every thread gets a share of every token (causal prefill stays balanced). More threads than
- * heads: (token, head) pairs round-robin. A pair's arithmetic never depends on the split or the tiling. */
+/* Prefill (sequences with two or more tokens in the pass, and the one-token ones when the decode path does not
+ * take them: t->n_dec == 0): each thread takes a contiguous range of every token's
+ * heads: the heads of one KV head stay together, so a thread reads the K/V of about n_kv_heads / nth + 1 KV heads
+ * instead of all of them, once for all its heads of that KV head and for a tile of the sequence's tokens, and
+ * every thread gets a share of every token (causal prefill stays balanced). More threads than heads: (token,
+ * head) pairs round-robin. */
 static void attn_fn(void *p, int ith, int nth) {
     attn_task *t = p;
     const int32_t nh = t->a->n_heads, nt = t->b->n_tokens, group = nh / t->a->n_kv_heads;
     float *scores = t->c->att_tmp + (size_t)ith * t->c->att_tmp_per; /* (block_size) */
-    float *wide = scores + att_scores_len(t->c->kv.block_size); /* fp8: (2, block_size, head_dim) */
+    float *wide = scores + att_scores_len(t->c->kv.block_size);    /* fp8: (2, block_size, head_dim) */
+    float *part = wide + att_wide_len(t->c->kv.block_size, t->a->head_dim, t->c->kv_fp8); /* (PAIRS, head_dim) */
     if (nth <= nh) {
         int64_t h0, h1;
         tm_split_range(nh, ith, nth, &h0, &h1);
         for (int32_t i = 0; i < nt;) {
             int32_t i1 = i + 1; /* the run of tokens of i's sequence */
             while (i1 < nt && t->b->seq_index[i1] == t->b->seq_index[i]) i1++;
-            for (int32_t ha = (int32_t)h0; ha < (int32_t)h1;) { /* the range's heads, KV head by KV head */
+            for (int32_t ha = (int32_t)h0; ha < (int32_t)h1 && !(t->n_dec && i1 - i == 1);) { /* by KV head */
                 const int32_t kvh = ha / group, end = (kvh + 1) * group < (int32_t)h1 ? (kvh + 1) * group : (int32_t)h1;
-                attn_heads(t, i, i1, kvh, ha, end, scores, wide);
+                attn_heads(t, i, i1, kvh, ha, end, scores, wide, part);
                 ha = end;
             }
             i = i1;
@@ -454,15 +516,126 @@ static void attn_fn(void *p, int ith, int nth) {
         return;
     }
     for (int64_t item = ith; item < (int64_t)nt * nh; item += nth) {
-        const int32_t i = (int32_t)(item / nh), h = (int32_t)(item % nh);
-        attn_heads(t, i, i + 1, h / group, h, h + 1, scores, wide);
+        const int32_t i = (int32_t)(item / nh), h = (int32_t)(item % nh), s = t->b->seq_index[i];
+        if (!t->n_dec || t->b->query_start[s + 1] - t->b->query_start[s] > 1)
+            attn_heads(t, i, i + 1, h / group, h, h + 1, scores, wide, part);
     }
+}
+
+/* Decode items [lo, hi): (sequence, KV head, chunk). A chunk's state: the first chunk's accumulator is the output
+ * row, a later one's is its slot of c->att_part; m and l of every chunk go to its slot. */
+static void attn_dec_fn(void *p, int64_t lo, int64_t hi, int ith) {
+    attn_task *t = p;
+    tm_cpu_backend *c = t->c;
+    const tm_attn_cfg *a = t->a;
+    const int32_t hd = a->head_dim, bs = c->kv.block_size, chunk = bs * TM_ATTN_CHUNK;
+    const int32_t group = a->n_heads / a->n_kv_heads, ps = (int32_t)att_part_stride(hd);
+    float *scores = c->att_tmp + (size_t)ith * c->att_tmp_per;
+    float *wide = scores + att_scores_len(bs);
+    tm_cpu_attn_state st[TM_ATTN_PAIRS];
+    int32_t d = 0, dh = t->n_dec; /* the sequence of item lo: the last with item0 <= lo */
+    while (dh - d > 1) {
+        const int32_t mid = (d + dh) / 2;
+        if (t->dec[mid].item0 <= lo) d = mid;
+        else dh = mid;
+    }
+    for (int64_t it = lo; it < hi; it++) {
+        while (it >= t->dec[d].item0 + (int64_t)a->n_kv_heads * t->dec[d].n_chunks) d++;
+        const attn_dec *dd = &t->dec[d];
+        const int32_t kvh = (int32_t)((it - dd->item0) / dd->n_chunks), ch = (int32_t)((it - dd->item0) % dd->n_chunks);
+        const int32_t ctx = t->b->context_len[dd->seq], j1 = (ch + 1) * chunk < ctx ? (ch + 1) * chunk : ctx;
+        const int32_t *bt = t->b->block_table + (size_t)dd->seq * (size_t)t->b->max_blocks;
+        float *slot = c->att_part + (size_t)(dd->item0 + (int64_t)kvh * dd->n_chunks) * (size_t)group * (size_t)ps;
+        for (int32_t h = 0; h < group; h++) { /* group <= TM_ATTN_PAIRS: checked in cpu_attention */
+            float *acc = ch == 0 ? t->out + ((size_t)dd->tok * (size_t)a->n_heads + (size_t)(kvh * group + h)) * (size_t)hd
+                                 : slot + ((size_t)ch * (size_t)group + (size_t)h) * (size_t)ps;
+            tm_cpu_attn_begin(&st[h], acc, hd);
+        }
+        for (int32_t j0 = ch * chunk; j0 < j1; j0 += bs) {
+            const float *kb, *vb;
+            kv_block(t, bt, j0, j1 - 1, kvh, wide, &kb, &vb);
+            const int32_t cnt = j1 - j0 < bs ? j1 - j0 : bs;
+            for (int32_t h = 0; h < group; h++) {
+                const float *qh = t->q + ((size_t)dd->tok * (size_t)a->n_heads + (size_t)(kvh * group + h)) * (size_t)hd;
+                c->k.attn_block(&st[h], qh, kb, vb, cnt, hd, a->attn_scale, scores);
+            }
+        }
+        for (int32_t h = 0; h < group; h++) {
+            float *ml = slot + ((size_t)ch * (size_t)group + (size_t)h) * (size_t)ps + hd;
+            ml[0] = st[h].m;
+            ml[1] = st[h].l;
+        }
+        /* the last of the (sequence, KV head)'s chunks to end merges them all, in chunk order */
+        if (atomic_fetch_add_explicit(&c->att_done[d * a->n_kv_heads + kvh], 1, memory_order_acq_rel) + 1 < dd->n_chunks)
+            continue;
+        for (int32_t h = 0; h < group; h++) {
+            tm_cpu_attn_state tot = {slot[(size_t)h * (size_t)ps + (size_t)hd], slot[(size_t)h * (size_t)ps + (size_t)hd + 1],
+                                     t->out + ((size_t)dd->tok * (size_t)a->n_heads + (size_t)(kvh * group + h)) * (size_t)hd, hd};
+            for (int32_t k = 1; k < dd->n_chunks; k++) {
+                float *sk = slot + ((size_t)k * (size_t)group + (size_t)h) * (size_t)ps;
+                tm_cpu_attn_state pk = {sk[hd], sk[hd + 1], sk, hd};
+                tm_cpu_attn_merge(&tot, &pk);
+            }
+            tm_cpu_attn_end(&tot);
+        }
+    }
+}
+
+/* room for n_dec one-token sequences with `items` decode items; false (nothing changed) when out of memory */
+static bool attn_reserve(tm_cpu_backend *c, const tm_attn_cfg *a, int32_t n_dec, int64_t items) {
+    const size_t dec = (size_t)n_dec, done = dec * (size_t)a->n_kv_heads;
+    const size_t part = (size_t)items * (size_t)(a->n_heads / a->n_kv_heads) * att_part_stride(a->head_dim);
+    if (dec > c->att_dec_cap) {
+        attn_dec *nd = malloc(2 * dec * sizeof *nd);
+        if (!nd) return false;
+        free(c->att_dec);
+        c->att_dec = nd;
+        c->att_dec_cap = 2 * dec;
+    }
+    if (done > c->att_done_cap) {
+        atomic_int *nd = malloc(2 * done * sizeof *nd);
+        if (!nd) return false;
+        free(c->att_done);
+        c->att_done = nd;
+        c->att_done_cap = 2 * done;
+    }
+    if (part > c->att_part_cap) {
+        float *np = tm_aligned_alloc(64, 2 * part * sizeof(float));
+        if (!np) return false;
+        tm_aligned_free(c->att_part);
+        c->att_part = np;
+        c->att_part_cap = 2 * part;
+    }
+    return true;
 }
 
 static void cpu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, const void *q,
                           void *out) {
-    attn_task t = {cpu(be), a, layer, b, q, out};
-    tm_threadpool_run(cpu(be)->tp, attn_fn, &t);
+    tm_cpu_backend *c = cpu(be);
+    const int32_t chunk = c->kv.block_size * TM_ATTN_CHUNK;
+    attn_task t = {c, a, layer, b, q, out, NULL, 0};
+    int32_t n_dec = 0;
+    int64_t items = 0;
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        if (b->query_start[s + 1] - b->query_start[s] == 1) {
+            n_dec++;
+            items += (int64_t)a->n_kv_heads * ((b->context_len[s] + chunk - 1) / chunk);
+        }
+    if (n_dec > 0 && a->n_heads / a->n_kv_heads <= TM_ATTN_PAIRS && attn_reserve(c, a, n_dec, items)) {
+        items = 0;
+        for (int32_t s = 0; s < b->n_seqs; s++)
+            if (b->query_start[s + 1] - b->query_start[s] == 1) {
+                attn_dec *d = &c->att_dec[t.n_dec++];
+                *d = (attn_dec){s, b->query_start[s], (b->context_len[s] + chunk - 1) / chunk, items};
+                items += (int64_t)a->n_kv_heads * d->n_chunks;
+            }
+        t.dec = c->att_dec;
+    }
+    if (b->n_tokens > t.n_dec) tm_threadpool_run(c->tp, attn_fn, &t); /* prefill tokens (or every token) */
+    if (t.n_dec) {
+        for (int64_t i = 0; i < (int64_t)t.n_dec * a->n_kv_heads; i++) atomic_init(&c->att_done[i], 0);
+        tm_threadpool_run_range(c->tp, items, 1, attn_dec_fn, &t);
+    }
 }
 
 /* ---- swiglu, rows, copies ---------------------------------------------------------------------- */
@@ -516,6 +689,9 @@ static void cpu_free(tm_backend *be) {
     tm_aligned_free(c->kv_v);
     tm_aligned_free(c->rope_cs);
     tm_aligned_free(c->att_tmp);
+    free(c->att_dec);
+    tm_aligned_free(c->att_part);
+    free(c->att_done);
     free(c);
 }
 

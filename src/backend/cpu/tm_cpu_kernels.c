@@ -79,6 +79,15 @@ void tm_cpu_attn_block(tm_cpu_attn_state *st, const float *q, const float *k, co
     }
 }
 
+void tm_cpu_attn_merge(tm_cpu_attn_state *st, const tm_cpu_attn_state *p) {
+    const float m = p->m > st->m ? p->m : st->m;
+    if (m == -INFINITY) return; /* neither has seen a finite score */
+    const float a = expf(st->m - m), b = expf(p->m - m);
+    st->l = st->l * a + p->l * b;
+    for (int32_t d = 0; d < st->hd; d++) st->acc[d] = st->acc[d] * a + p->acc[d] * b;
+    st->m = m;
+}
+
 void tm_cpu_attn_end(tm_cpu_attn_state *st) {
     float inv = st->l > 0.0f ? 1.0f / st->l : 0.0f;
     for (int32_t d = 0; d < st->hd; d++) st->acc[d] *= inv;

@@ -25,6 +25,8 @@ void tm_cpu_attn_begin(tm_cpu_attn_state *st, float *out, int32_t hd);
 void tm_cpu_attn_block(tm_cpu_attn_state *st, const float *q, const float *k, const float *v, int32_t cnt, int32_t hd,
                        float scale, float *scores);
 void tm_cpu_attn_end(tm_cpu_attn_state *st);
+/* fold the state of the keys that follow st's (p) into st: st ends as if it had seen both key ranges */
+void tm_cpu_attn_merge(tm_cpu_attn_state *st, const tm_cpu_attn_state *p);
 
 /* AVX2/FMA versions (tm_cpu_kernels_avx2.c); call only when tm_cpu_use_avx2(). */
 void tm_cpu_rmsnorm_row_avx2(const float *x, const float *w, float eps, int32_t dim, float *out);
