@@ -9,6 +9,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 typedef struct req_result {
     double ttft, tpot, e2e;
@@ -188,12 +190,24 @@ static double gemm_ceiling(tm_engine *e, int32_t n) {
     return best;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void pause_ms(int ms) {
+    struct timespec ts = {0, (long)ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_error *err) {
     int32_t B = c->num_prompts, I = c->input_len, O = c->output_len;
     if (B < 1 || I < 1 || O < 2) return tm_err(err, TM_ERR_INVALID, "bad batch %d / input %d / output %d (>= 2)", B, I, O);
     tm_model *m = NULL;
     tm_engine *e = NULL;
     int32_t *prompts = NULL;
+    double *gbw = NULL, *gms = NULL; /* --bw auto: (groups + 1) probes, (groups) step times */
+    int32_t n_groups = 0;
     tm_device dev;
     int32_t ordinal;
     tm_status s = tm_device_parse(c->device, &dev, &ordinal, err);
@@ -243,23 +257,58 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
         for (int32_t i = 0; i < e->sched.n_running && all_decoding; i++)
             if (e->sched.running[i]->n_computed < e->sched.running[i]->n_prompt) all_decoding = false;
     }
-    /* --bw auto: the read bandwidth measured just before and just after the decode phase, with the same
-     * threads (this machine's bandwidth drifts by tens of percent within minutes; the mean of the two
-     * brackets the conditions the decode ran under) */
-    double bw_before = 0.0, bw_after = 0.0;
-    if (bw_gb_s < 0 && (s = tm_membw_measure(e->runner->cfg.n_threads, (size_t)256 << 20, 3, &bw_before, err)) != TM_OK)
-        goto done;
-    double t1 = tm_time_s();
+    /* --bw auto: the read bandwidth measured next to every group of TM_BW_GROUP decode steps (this machine's
+     * bandwidth drifts by tens of percent within seconds): a probe before each group and after the last, each
+     * group's step time compared with the mean of the two probes around it; the % of floor reported is the
+     * median over the groups. The probe's threads and the engine's spin for a while after their work, so each
+     * probe is separated from the steps by a short sleep (outside the timed spans). */
+    enum { TM_BW_GROUP = 8, TM_BW_MAX_GROUPS = 4096 };
+    double t1 = tm_time_s(), dec_time = 0.0, t2 = t1; /* t1: the prefill's end */
     int64_t dec_steps = 0;
-    while (tm_engine_has_work(e)) {
-        if ((s = tm_engine_step(e, err)) != TM_OK) goto done;
-        dec_steps++;
-    }
-    double t2 = tm_time_s();
+    tm_membw_probe *probe = NULL;
     if (bw_gb_s < 0) {
-        if ((s = tm_membw_measure(e->runner->cfg.n_threads, (size_t)256 << 20, 3, &bw_after, err)) != TM_OK) goto done;
-        bw_gb_s = 0.5 * (bw_before + bw_after);
+        gbw = tm_malloc_array(TM_BW_MAX_GROUPS + 1, sizeof(double));
+        gms = tm_malloc_array(TM_BW_MAX_GROUPS, sizeof(double));
+        if (!gbw || !gms) {
+            s = tm_err(err, TM_ERR_NOMEM, "out of memory");
+            goto probe_done;
+        }
+        if ((s = tm_membw_probe_create(e->runner->cfg.n_threads, (size_t)128 << 20, &probe, err)) != TM_OK) goto probe_done;
+        pause_ms(3);
+        gbw[0] = tm_membw_probe_run(probe, 2);
+        pause_ms(3);
     }
+    while (tm_engine_has_work(e)) {
+        double g0 = tm_time_s();
+        int32_t k = 0;
+        for (; k < TM_BW_GROUP && tm_engine_has_work(e); k++)
+            if ((s = tm_engine_step(e, err)) != TM_OK) goto probe_done;
+        double gt = tm_time_s() - g0;
+        dec_time += gt;
+        dec_steps += k;
+        if (probe && n_groups < TM_BW_MAX_GROUPS) {
+            gms[n_groups] = gt / k * 1e3;
+            pause_ms(3);
+            gbw[++n_groups] = tm_membw_probe_run(probe, 2);
+            pause_ms(3);
+        }
+    }
+    t2 = t1 + dec_time; /* the decode steps' own time, without the probes */
+    if (probe && n_groups > 0) { /* the reported bandwidth: the median probe */
+        double *sorted = tm_malloc_array((size_t)n_groups + 1, sizeof(double));
+        if (!sorted) {
+            s = tm_err(err, TM_ERR_NOMEM, "out of memory");
+            goto probe_done;
+        }
+        memcpy(sorted, gbw, ((size_t)n_groups + 1) * sizeof(double));
+        qsort(sorted, (size_t)n_groups + 1, sizeof(double), cmp_double);
+        bw_gb_s = sorted[(n_groups + 1) / 2];
+        free(sorted);
+    }
+probe_done:
+    tm_membw_probe_free(probe);
+    probe = NULL;
+    if (s != TM_OK) goto done;
     double pp = (double)B * I / (t1 - t0), step_ms = (t2 - t1) / (double)dec_steps * 1e3;
     double tg = (double)B * (double)dec_steps / (t2 - t1);
     /* FLOPs (2 per MAC): matmuls per token, the output projection per logits row, attention per
@@ -276,19 +325,34 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     double mem_ms = bw_gb_s > 0 ? (double)m->weight_bytes / (bw_gb_s * 1e9) * 1e3 : 0.0;
     double comp_ms = step_flops / ceiling * 1e3;
     double floor_ms = mem_ms > comp_ms ? mem_ms : comp_ms;
+    double pct = 100.0 * floor_ms / step_ms, pct_lo = pct, pct_hi = pct;
+    if (n_groups > 0) { /* each group against the floor at its own bandwidth; the median group */
+        for (int32_t g = 0; g < n_groups; g++) {
+            double gmem = (double)m->weight_bytes / (0.5 * (gbw[g] + gbw[g + 1]) * 1e9) * 1e3;
+            gms[g] = 100.0 * (gmem > comp_ms ? gmem : comp_ms) / gms[g];
+        }
+        qsort(gms, (size_t)n_groups, sizeof(double), cmp_double);
+        pct = gms[n_groups / 2];
+        pct_lo = gms[0];
+        pct_hi = gms[n_groups - 1];
+    }
     if (c->json)
         printf("{\"model\": \"%s\", \"prefill_gflop_s\": %.2f, \"batch\": %d, \"input_len\": %d, \"output_len\": %d, \"threads\": %d, "
                "\"pp_tok_s\": %.2f, \"ceiling_gflop_s\": %.2f, \"step_gflop\": %.4f, \"tg_tok_s\": %.2f, \"step_ms\": %.3f, \"floor_mem_ms\": %.3f, "
-               "\"floor_compute_ms\": %.3f, \"floor_ms\": %.3f, \"pct_of_floor\": %.1f, \"bound\": \"%s\", \"bw_gb_s\": %.2f}\n",
+               "\"floor_compute_ms\": %.3f, \"floor_ms\": %.3f, \"pct_of_floor\": %.1f, \"pct_of_floor_min\": %.1f, "
+               "\"pct_of_floor_max\": %.1f, \"bw_groups\": %d, \"bound\": \"%s\", \"bw_gb_s\": %.2f}\n",
                m->name, pre_flops / (t1 - t0) / 1e9, B, I, O, e->runner->cfg.n_threads, pp, ceiling / 1e9, step_flops / 1e9, tg, step_ms, mem_ms, comp_ms,
-               floor_ms,
-               100.0 * floor_ms / step_ms, mem_ms >= comp_ms ? "memory" : "compute", bw_gb_s);
+               floor_ms, pct, pct_lo, pct_hi, n_groups, mem_ms >= comp_ms ? "memory" : "compute", bw_gb_s);
     else
         printf("batch %d: pp %.1f tok/s (%.1f GFLOP/s), tg %.1f tok/s, decode step %.2f ms (floor %.2f ms: memory %.2f, "
                "compute %.2f; %.0f%% of floor, %s bound)\n",
-               B, pp, ceiling / 1e9, tg, step_ms, floor_ms, mem_ms, comp_ms, 100.0 * floor_ms / step_ms,
-               mem_ms >= comp_ms ? "memory" : "compute");
+               B, pp, ceiling / 1e9, tg, step_ms, floor_ms, mem_ms, comp_ms, pct, mem_ms >= comp_ms ? "memory" : "compute");
+    if (!c->json && n_groups > 0)
+        printf("  bandwidth probed next to each of %d groups of %d steps: %% of floor per group %.0f (median), %.0f .. %.0f\n",
+               n_groups, TM_BW_GROUP, pct, pct_lo, pct_hi);
 done:
+    free(gbw);
+    free(gms);
     free(prompts);
     tm_engine_free(e);
     tm_model_free(m);

@@ -25,28 +25,57 @@ static void read_fn(void *p, int ith, int nth) {
     t->sums[ith % 64] = a + b + c + d;
 }
 
-tm_status tm_membw_measure(int n_threads, size_t bytes, int reps, double *gb_s, tm_error *err) {
-    tm_threadpool *tp = NULL;
-    tm_status s = tm_threadpool_create(n_threads, &tp, err);
-    if (s != TM_OK) return s;
-    uint64_t *buf = tm_aligned_alloc(4096, bytes);
-    if (!buf) {
-        tm_threadpool_free(tp);
+struct tm_membw_probe {
+    tm_threadpool *tp;
+    uint64_t *buf; /* (n) words */
+    size_t n;
+};
+
+tm_status tm_membw_probe_create(int n_threads, size_t bytes, tm_membw_probe **out, tm_error *err) {
+    *out = NULL;
+    tm_membw_probe *p = calloc(1, sizeof *p);
+    if (!p) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+    tm_status s = tm_threadpool_create(n_threads, &p->tp, err);
+    if (s != TM_OK) {
+        free(p);
+        return s;
+    }
+    p->buf = tm_aligned_alloc(4096, bytes);
+    if (!p->buf) {
+        tm_membw_probe_free(p);
         return tm_err(err, TM_ERR_NOMEM, "cannot allocate %zu bytes", bytes);
     }
-    size_t n = bytes / sizeof(uint64_t);
-    for (size_t i = 0; i < n; i++) buf[i] = i * 0x9e3779b97f4a7c15ull;
-    read_task t = {buf, n, {0}};
-    tm_threadpool_run(tp, read_fn, &t); /* warm-up */
+    p->n = bytes / sizeof(uint64_t);
+    for (size_t i = 0; i < p->n; i++) p->buf[i] = i * 0x9e3779b97f4a7c15ull;
+    *out = p;
+    return TM_OK;
+}
+
+double tm_membw_probe_run(tm_membw_probe *p, int reps) {
+    read_task t = {p->buf, p->n, {0}};
+    tm_threadpool_run(p->tp, read_fn, &t); /* warm-up: threads awake, TLBs filled */
     double best = 0.0;
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = tm_time_ns();
-        tm_threadpool_run(tp, read_fn, &t);
-        double gbs = (double)(n * sizeof(uint64_t)) / (double)(tm_time_ns() - t0);
+        tm_threadpool_run(p->tp, read_fn, &t);
+        double gbs = (double)(p->n * sizeof(uint64_t)) / (double)(tm_time_ns() - t0);
         if (gbs > best) best = gbs;
     }
-    *gb_s = best;
-    tm_aligned_free(buf);
-    tm_threadpool_free(tp);
+    return best;
+}
+
+void tm_membw_probe_free(tm_membw_probe *p) {
+    if (!p) return;
+    tm_aligned_free(p->buf);
+    tm_threadpool_free(p->tp);
+    free(p);
+}
+
+tm_status tm_membw_measure(int n_threads, size_t bytes, int reps, double *gb_s, tm_error *err) {
+    tm_membw_probe *p = NULL;
+    tm_status s = tm_membw_probe_create(n_threads, bytes, &p, err);
+    if (s != TM_OK) return s;
+    *gb_s = tm_membw_probe_run(p, reps);
+    tm_membw_probe_free(p);
     return TM_OK;
 }
