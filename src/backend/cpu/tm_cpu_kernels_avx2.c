@@ -106,25 +106,92 @@ static inline void scale(float *acc, float c, int32_t n) {
     for (; i < n; i++) acc[i] *= c;
 }
 
+/* [sum(s0), sum(s1), ..., sum(s7)]: the eight horizontal sums in one transposing tree */
+static inline __m256 hsum8(const __m256 s[8]) {
+    const __m256 t0 = _mm256_hadd_ps(s[0], s[1]), t1 = _mm256_hadd_ps(s[2], s[3]);
+    const __m256 t2 = _mm256_hadd_ps(s[4], s[5]), t3 = _mm256_hadd_ps(s[6], s[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* (s0..s3 low, s0..s3 high), ... */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* The block's keys eight at a time: scores by eight dot products sharing each q load and one transposing sum
+ * (a group's missing keys repeat its last one and are dropped); probabilities by the vector exp; then each
+ * 8-dim slice of the accumulator is loaded once, rescaled, and takes every key's p * v in key order. head_dim
+ * not a multiple of 8 (or above 256) takes the one-key-at-a-time loop. Deterministic: a key's arithmetic
+ * depends only on the block's count and its place in it. */
 void tm_cpu_attn_block_avx2(tm_cpu_attn_state *st, const float *q, const float *k, const float *v, int32_t cnt,
                             int32_t hd, float sc, float *scores) {
+    if (hd % 8 != 0 || hd > 256 || cnt <= 0) {
+        float bm = -INFINITY;
+        for (int32_t j = 0; j < cnt; j++) {
+            float s = dot_f32(q, k + (size_t)j * (size_t)hd, hd) * sc;
+            scores[j] = s;
+            if (s > bm) bm = s;
+        }
+        float m_new = bm > st->m ? bm : st->m;
+        float corr = expf(st->m - m_new);
+        if (corr != 1.0f) {
+            st->l *= corr;
+            scale(st->acc, corr, hd);
+        }
+        st->m = m_new;
+        for (int32_t j = 0; j < cnt; j++) {
+            float p = expf(scores[j] - m_new);
+            st->l += p;
+            axpy(st->acc, p, v + (size_t)j * (size_t)hd, hd);
+        }
+        return;
+    }
+    const int32_t nv = hd / 8;
+    const __m256 vsc = _mm256_set1_ps(sc);
     float bm = -INFINITY;
-    for (int32_t j = 0; j < cnt; j++) {
-        float s = dot_f32(q, k + (size_t)j * (size_t)hd, hd) * sc;
-        scores[j] = s;
-        if (s > bm) bm = s;
+    for (int32_t j0 = 0; j0 < cnt; j0 += 8) {
+        const float *kr[8];
+        for (int i = 0; i < 8; i++) kr[i] = k + (size_t)(j0 + i < cnt ? j0 + i : cnt - 1) * (size_t)hd;
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+        for (int32_t c = 0; c < nv; c++) {
+            const __m256 qc = _mm256_loadu_ps(q + 8 * c);
+            for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[i] + 8 * c), a[i]);
+        }
+        _mm256_storeu_ps(scores + j0, _mm256_mul_ps(hsum8(a), vsc));
+        for (int32_t j = j0; j < cnt && j < j0 + 8; j++) bm = scores[j] > bm ? scores[j] : bm;
     }
-    float m_new = bm > st->m ? bm : st->m;
-    float corr = expf(st->m - m_new);
-    if (corr != 1.0f) {
-        st->l *= corr;
-        scale(st->acc, corr, hd);
-    }
+    const float m_new = bm > st->m ? bm : st->m, corr = expf(st->m - m_new);
+    const __m256 vm = _mm256_set1_ps(m_new);
+    for (int32_t j0 = 0; j0 < cnt; j0 += 8) /* p = exp(s - m); the group's dropped keys come out too, unread */
+        _mm256_storeu_ps(scores + j0, exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + j0), vm)));
+    float l = st->l * corr;
+    for (int32_t j = 0; j < cnt; j++) l += scores[j];
+    st->l = l;
     st->m = m_new;
-    for (int32_t j = 0; j < cnt; j++) {
-        float p = expf(scores[j] - m_new);
-        st->l += p;
-        axpy(st->acc, p, v + (size_t)j * (size_t)hd, hd);
+    /* acc = acc * corr + sum_j p_j v_j, keys in order per element; 64 dims at a time in 8 registers, so that
+     * the 8 FMA chains run side by side (one chain per slice would wait out the FMA latency key after key) */
+    const __m256 vc = _mm256_set1_ps(corr);
+    int32_t c0 = 0;
+    for (; c0 + 8 <= nv; c0 += 8) {
+        float *acc = st->acc + 8 * c0;
+        const float *vr = v + 8 * c0;
+        __m256 r[8];
+        for (int i = 0; i < 8; i++) r[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * i), vc);
+        for (int32_t j = 0; j < cnt; j++, vr += hd) {
+            const __m256 pj = _mm256_broadcast_ss(scores + j);
+            for (int i = 0; i < 8; i++) r[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * i), r[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(acc + 8 * i, r[i]);
+    }
+    for (; c0 < nv; c0 += 2) { /* the rest, two slices at a time (nv - c0 is then even or the last one) */
+        const int two = c0 + 1 < nv;
+        __m256 r0 = _mm256_mul_ps(_mm256_loadu_ps(st->acc + 8 * c0), vc), r1 = _mm256_setzero_ps();
+        if (two) r1 = _mm256_mul_ps(_mm256_loadu_ps(st->acc + 8 * c0 + 8), vc);
+        for (int32_t j = 0; j < cnt; j++) {
+            const __m256 pj = _mm256_broadcast_ss(scores + j);
+            const float *vr = v + (size_t)j * (size_t)hd + 8 * c0;
+            r0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr), r0);
+            if (two) r1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8), r1);
+        }
+        _mm256_storeu_ps(st->acc + 8 * c0, r0);
+        if (two) _mm256_storeu_ps(st->acc + 8 * c0 + 8, r1);
     }
 }
 
