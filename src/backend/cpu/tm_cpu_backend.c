@@ -25,6 +25,9 @@ typedef struct tm_cpu_backend {
     bool kv_fp8;             /* the cache holds fp8 e4m3 (kv dtype TM_DT_FP8_E4M3): a quarter of f32's bytes */
     float *rope_cs;          /* (rope_cs_cap) floats: per token rope_dim interleaved cos, sin */
     size_t rope_cs_cap;
+    int32_t *rope_pos;       /* (rope_cs_cap) the position row i of rope_cs holds (INT32_MIN: none): layers after
+                              * the first reuse the pass's rows instead of 2 * rope_dim / 2 libm calls a token */
+    const float *rope_key;   /* the inv_freq table the rows were made with */
     float *att_tmp;          /* (n_threads, att_tmp_per) softmax scratch per thread */
     size_t att_tmp_per;
     struct attn_dec *att_dec; /* (att_dec_cap) a pass's one-token sequences (decode attention) */
@@ -53,9 +56,17 @@ static void *cpu_alloc(tm_backend *be, size_t n) {
     /* rope tables need (tokens, rope_dim) <= any (tokens, dim) activation */
     if (n > c->rope_cs_cap) {
         float *cs = tm_aligned_alloc(64, n * sizeof(float));
-        if (!cs) return NULL;
+        int32_t *pos = malloc(n * sizeof(int32_t));
+        if (!cs || !pos) {
+            tm_aligned_free(cs);
+            free(pos);
+            return NULL;
+        }
+        for (size_t i = 0; i < n; i++) pos[i] = INT32_MIN;
         tm_aligned_free(c->rope_cs);
+        free(c->rope_pos);
         c->rope_cs = cs;
+        c->rope_pos = pos;
         c->rope_cs_cap = n;
     }
     return tm_aligned_alloc(64, n * sizeof(float));
@@ -163,13 +174,15 @@ static void norm_fn(void *p, int ith, int nth) {
 
 static void cpu_rmsnorm(tm_backend *be, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
     norm_task t = {&cpu(be)->k, NULL, x, w->data, eps, n, (int32_t)w->cols, out};
-    tm_threadpool_run(cpu(be)->tp, norm_fn, &t);
+    if (n < 2) norm_fn(&t, 0, 1); /* rows are split over the threads: one row runs here */
+    else tm_threadpool_run(cpu(be)->tp, norm_fn, &t);
 }
 
 static void cpu_add_rmsnorm(tm_backend *be, void *residual, const void *x, const tm_weight *w, float eps, int32_t n,
                             void *out) {
     norm_task t = {&cpu(be)->k, residual, x, w->data, eps, n, (int32_t)w->cols, out};
-    tm_threadpool_run(cpu(be)->tp, norm_fn, &t);
+    if (n < 2) norm_fn(&t, 0, 1);
+    else tm_threadpool_run(cpu(be)->tp, norm_fn, &t);
 }
 
 /* ---- matmul ------------------------------------------------------------------------------------ */
@@ -362,11 +375,14 @@ static void rope_fn(void *p, int ith, int nth) {
     int32_t qw = a->n_heads * hd, kw = a->n_kv_heads * hd;
     for (int64_t i = lo; i < hi; i++) {
         float *cs = t->c->rope_cs + (size_t)i * (size_t)a->rope_dim;
-        float pos = (float)t->b->positions[i];
-        for (int32_t j = 0; j < half; j++) {
-            float th = pos * a->rope_inv_freq[j];
-            cs[2 * j] = cosf(th);
-            cs[2 * j + 1] = sinf(th);
+        if (t->c->rope_pos[i] != t->b->positions[i]) { /* else made by an earlier layer of this pass */
+            float pos = (float)t->b->positions[i];
+            for (int32_t j = 0; j < half; j++) {
+                float th = pos * a->rope_inv_freq[j];
+                cs[2 * j] = cosf(th);
+                cs[2 * j + 1] = sinf(th);
+            }
+            t->c->rope_pos[i] = t->b->positions[i];
         }
         for (int32_t h = 0; h < a->n_heads; h++) tm_cpu_rope_head(t->q + i * qw + h * hd, cs, half, a->rope_neox);
         for (int32_t h = 0; h < a->n_kv_heads; h++) tm_cpu_rope_head(t->k + i * kw + h * hd, cs, half, a->rope_neox);
@@ -383,7 +399,12 @@ static void cpu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t laye
                               const void *v) {
     tm_cpu_backend *c = cpu(be);
     rope_task t = {c, a, layer, b, q, k, v};
-    tm_threadpool_run(c->tp, rope_fn, &t);
+    if (c->rope_key != a->rope_inv_freq) { /* another table: no row is valid */
+        for (size_t i = 0; i < c->rope_cs_cap; i++) c->rope_pos[i] = INT32_MIN;
+        c->rope_key = a->rope_inv_freq;
+    }
+    if (b->n_tokens < 2) rope_fn(&t, 0, 1); /* one token: a dispatch costs more than the work */
+    else tm_threadpool_run(c->tp, rope_fn, &t);
 }
 
 /* ---- attention --------------------------------------------------------------------------------- */
@@ -551,6 +572,19 @@ static void attn_dec_fn(void *p, int64_t lo, int64_t hi, int ith) {
                                  : slot + ((size_t)ch * (size_t)group + (size_t)h) * (size_t)ps;
             tm_cpu_attn_begin(&st[h], acc, hd);
         }
+        { /* the whole chunk's K and V into L2 up front: the blocks lie apart, and one block at a time leaves too
+           * few lines in flight (decode attention is bound by the latency of these loads, not their bytes) */
+            const size_t rb = (size_t)hd * (c->kv_fp8 ? 1 : sizeof(float));
+            for (int32_t j0 = ch * chunk; j0 < j1; j0 += bs) {
+                const char *kp = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs], kvh, 0);
+                const char *vp = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs], kvh, 0);
+                const size_t nb = (size_t)(j1 - j0 < bs ? j1 - j0 : bs) * rb;
+                for (size_t o = 0; o < nb; o += 64) {
+                    __builtin_prefetch(kp + o, 0, 2);
+                    __builtin_prefetch(vp + o, 0, 2);
+                }
+            }
+        }
         for (int32_t j0 = ch * chunk; j0 < j1; j0 += bs) {
             const float *kb, *vb;
             kv_block(t, bt, j0, j1 - 1, kvh, wide, &kb, &vb);
@@ -688,6 +722,7 @@ static void cpu_free(tm_backend *be) {
     tm_aligned_free(c->kv_k);
     tm_aligned_free(c->kv_v);
     tm_aligned_free(c->rope_cs);
+    free(c->rope_pos);
     tm_aligned_free(c->att_tmp);
     free(c->att_dec);
     tm_aligned_free(c->att_part);
