@@ -261,10 +261,11 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
      * bandwidth drifts by tens of percent within seconds): a probe before each group and after the last, each
      * group's step time compared with the mean of the two probes around it; the % of floor reported is the
      * median over the groups. The probe's threads and the engine's spin for a while after their work, so each
-     * probe is separated from the steps by a short sleep (outside the timed spans). */
+     * probe is separated from the steps by a sleep longer than the spin (~4 ms here), and one untimed step follows it (outside the timed
+     * spans: tg and the step time count the timed steps). */
     enum { TM_BW_GROUP = 8, TM_BW_MAX_GROUPS = 4096 };
     double t1 = tm_time_s(), dec_time = 0.0, t2 = t1; /* t1: the prefill's end */
-    int64_t dec_steps = 0;
+    int64_t dec_steps = 0, all_steps = 0; /* timed steps; all decode steps (with --bw auto's warm-up ones) */
     tm_membw_probe *probe = NULL;
     if (bw_gb_s < 0) {
         gbw = tm_malloc_array(TM_BW_MAX_GROUPS + 1, sizeof(double));
@@ -274,11 +275,17 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
             goto probe_done;
         }
         if ((s = tm_membw_probe_create(e->runner->cfg.n_threads, (size_t)128 << 20, &probe, err)) != TM_OK) goto probe_done;
-        pause_ms(3);
+        pause_ms(12);
         gbw[0] = tm_membw_probe_run(probe, 2);
-        pause_ms(3);
+        pause_ms(12);
     }
     while (tm_engine_has_work(e)) {
+        if (probe) { /* a warm-up step after each probe, untimed: the probe evicted the caches and let the
+                      * workers fall asleep, which a real decode never sees */
+            if ((s = tm_engine_step(e, err)) != TM_OK) goto probe_done;
+            all_steps++;
+            if (!tm_engine_has_work(e)) break;
+        }
         double g0 = tm_time_s();
         int32_t k = 0;
         for (; k < TM_BW_GROUP && tm_engine_has_work(e); k++)
@@ -286,12 +293,17 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
         double gt = tm_time_s() - g0;
         dec_time += gt;
         dec_steps += k;
+        all_steps += k;
         if (probe && n_groups < TM_BW_MAX_GROUPS) {
             gms[n_groups] = gt / k * 1e3;
-            pause_ms(3);
+            pause_ms(12);
             gbw[++n_groups] = tm_membw_probe_run(probe, 2);
-            pause_ms(3);
+            pause_ms(12);
         }
+    }
+    if (dec_steps == 0) {
+        s = tm_err(err, TM_ERR_INVALID, "--bw auto times the decode steps after a warm-up one: --output-len >= 3");
+        goto probe_done;
     }
     t2 = t1 + dec_time; /* the decode steps' own time, without the probes */
     if (probe && n_groups > 0) { /* the reported bandwidth: the median probe */
@@ -319,7 +331,7 @@ probe_done:
     double mm = (double)hp->n_layers * ((double)hp->dim * (2 * qd + 2 * kvd) + 3.0 * hp->dim * hp->ffn_dim);
     double out = (double)hp->n_vocab * hp->dim, attn_tok = 2.0 * qd * hp->n_layers; /* x context length */
     double pre_flops = 2.0 * ((double)B * I * mm + (double)B * out + (double)B * attn_tok * I * (I + 1) / 2.0);
-    double avg_ctx = I + dec_steps / 2.0;
+    double avg_ctx = I + all_steps / 2.0;
     double step_flops = 2.0 * ((double)B * (mm + out) + (double)B * attn_tok * avg_ctx);
     double ceiling = c->ceiling_gflop_s > 0 ? c->ceiling_gflop_s * 1e9 : gemm_ceiling(e, 64);
     double mem_ms = bw_gb_s > 0 ? (double)m->weight_bytes / (bw_gb_s * 1e9) * 1e3 : 0.0;

@@ -178,13 +178,16 @@ def test_bench_throughput_and_batched_latency_json():
     assert j["batch"] == 2 and j["tg_tok_s"] > 0 and j["bound"] in ("memory", "compute")
     assert j["floor_ms"] == max(j["floor_mem_ms"], j["floor_compute_ms"])
     assert j["bw_groups"] == 0 and j["pct_of_floor_min"] == j["pct_of_floor"] == j["pct_of_floor_max"]
-    # --bw auto: the bandwidth probed next to every group of 8 decode steps (19 steps: 3 groups, 4 probes)
+    # --bw auto: the bandwidth probed next to every group of 8 timed decode steps, each after an untimed one
+    # (19 steps: 1 + 8, 1 + 8, 1: 2 groups, 3 probes)
     r = tm("bench", "latency", "-m", MODEL, "--batch", "1", "--input-len", "8", "--output-len", "20", "--bw", "auto",
            "--json")
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
-    assert j["bw_groups"] == 3 and j["bw_gb_s"] > 0.1
+    assert j["bw_groups"] == 2 and j["bw_gb_s"] > 0.1
     assert 0 < j["pct_of_floor_min"] <= j["pct_of_floor"] <= j["pct_of_floor_max"]
+    r = tm("bench", "latency", "-m", MODEL, "--batch", "1", "--input-len", "8", "--output-len", "2", "--bw", "auto")
+    assert r.returncode != 0 and "--output-len >= 3" in r.stderr
 
 
 def test_bench_rejects_bad_shapes():
