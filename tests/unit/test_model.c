@@ -264,10 +264,10 @@ static void ragged_batch_equals_alone(const int lens[RAG_S], int32_t block_size)
 
 static void test_ragged_batch_equals_alone(void **st) {
     (void)st;
-    const int short_lens[RAG_S] = {23, 5, 40}, long_lens[RAG_S] = {130, 5, 191}; /* one chunk; up to four */
+    const int short_lens[RAG_S] = {23, 5, 40}, long_lens[RAG_S] = {130, 5, 191}; /* up to 2 chunks; up to 7 */
     ragged_batch_equals_alone(short_lens, 16);
     ragged_batch_equals_alone(long_lens, 16);
-    ragged_batch_equals_alone(long_lens, 5); /* chunks of 20 tokens, blocks not a power of two */
+    ragged_batch_equals_alone(long_lens, 5); /* chunks of 10 tokens, blocks not a power of two */
 }
 
 static void expect_load_error(const tiny_opts *o, tm_status code, const char *needle) {

@@ -415,7 +415,7 @@ static void cpu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t laye
  * other; a sequence with one token in the pass (decode) spreads its (KV head, chunk) items over the threads, as
  * FlashDecoding does, and whichever thread ends a (sequence, KV head)'s last chunk merges its chunks in order.
  * The arithmetic is the same either way: a pair's result does not depend on the batch, the pass or the threads. */
-enum { TM_ATTN_CHUNK = 4 }; /* blocks per chunk (64 tokens at the default block size) */
+enum { TM_ATTN_CHUNK = 2 }; /* blocks per chunk (32 tokens at the default block size) */
 
 typedef struct attn_dec {
     int32_t seq, tok;   /* batch sequence, its token */
@@ -694,7 +694,8 @@ static void swiglu_fn(void *p, int ith, int nth) {
 
 static void cpu_swiglu(tm_backend *be, const void *gate, const void *up, int32_t n, int32_t ffn, void *out) {
     swiglu_task t = {&cpu(be)->k, gate, up, out, n, ffn};
-    tm_threadpool_run(cpu(be)->tp, swiglu_fn, &t);
+    if ((int64_t)n * ffn <= 4096) swiglu_fn(&t, 0, 1); /* a decode row or two: less work than a dispatch */
+    else tm_threadpool_run(cpu(be)->tp, swiglu_fn, &t);
 }
 
 static void cpu_get_rows(tm_backend *be, const void *x, const int32_t *idx, int32_t n_idx, int32_t width, void *out) {
