@@ -53,12 +53,12 @@
  *    and the block's r0^2 + r1^2 of the new residual to partials[b, block]. No counter, no fence, no last block:
  *    the consumers finish the reduction.
  * Scaled input (tm_cuda_gemv_group_scaled, _swiglu_scaled, _qkv_rope_scaled; EPI_PLAIN, EPI_SWIGLU, EPI_ROPE, a
- * run-time switch: dn_partials set): x is a producer's norm_out. After the main loop (past the PDL wait), warp w
- * sums the partials of tokens b = w, w + W, ... (defer_scales: an order fixed by the partial count alone, so every
- * consumer and every n gets the same scale for a token) into 1 / rms in shared memory, and the epilogue multiplies
- * the f32 sums by it before the bias, RoPE, SwiGLU and the rounding. Each consumer block reads the n * rows / 2
- * partials from L2, as many bytes as it reads of x. Compared with rmsnorm-then-GEMV only the bf16 rounding of x
- * moves (before the scale instead of after).
+ * run-time switch: dn_partials set): x is a producer's norm_out. After the main loop (past the PDL wait), the
+ * block sums each token's partials (defer_scales: all threads load, over 128 virtual lanes, in an order fixed by
+ * the partial count alone, so every consumer and every n gets the same scale for a token) into 1 / rms in shared
+ * memory (one more barrier), and the epilogue multiplies the f32 sums by it before the bias, RoPE, SwiGLU and the
+ * rounding. Each consumer block reads the n * rows / 2 partials from L2, as many bytes as it reads of x. Compared
+ * with rmsnorm-then-GEMV only the bf16 rounding of x moves (before the scale instead of after).
  *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
@@ -354,26 +354,44 @@ template <int N> __device__ __forceinline__ void norm_finish(const v2_args &a, i
     if (tid == 0) atomicExch(a.counter, 0u); /* every other block has counted itself: ready for the next launch */
 }
 
-/* Scaled input: dscale[b] = 1 / sqrtf(sum(dn_partials[b, :]) / dn_dim + dn_eps) for the N tokens, token b by warp
- * b % nwarps: lane l sums the float4 chunks l, l + 32, ... in order (one running sum per component), then
- * (x + y) + (z + w), then the warp butterfly. The order depends on dn_count only (not on n, the block size or the
- * consumer), so every consumer of one producer computes the same scale for a token, whatever the batch. The
- * partials were written by the previous kernel: read through L2 (__ldcg), after the PDL wait. */
+/* Scaled input: dscale[b] = 1 / sqrtf(sum(dn_partials[b, :]) / dn_dim + dn_eps) for the N tokens. The sum runs
+ * over kDnLanes = 128 virtual lanes whatever the block size: virtual lane v sums the float4 chunks v, v + 128, ...
+ * of the token's partials in order (one running sum per component, then (x + y) + (z + w)); thread t plays the
+ * virtual lanes t, t + blockDim, ...; then one warp per token adds virtual lanes l, l + 32, l + 64, l + 96 in order
+ * and finishes with the butterfly. The order depends on dn_count only (not on n, the block size or the consumer),
+ * so every consumer of one producer computes the same scale for a token, whatever the batch; every thread of the
+ * block has loads in flight, so the block's tail waits for about one L2 round trip. The partials were written by
+ * the previous kernel: read through L2 (__ldcg), after the PDL wait. Ends with dscale written by one thread per
+ * token (the caller's barrier publishes it). */
+constexpr int kDnLanes = 128;
+
 template <int N>
 __device__ __forceinline__ void defer_scales(const v2_args &a, int warp, int lane, int nwarps, float *dscale) {
+    __shared__ float dn_red[N][kDnLanes];
     const int nc = a.dn_count >> 2;
-    for (int b = warp; b < N; b += nwarps) {
-        const float4 *p = reinterpret_cast<const float4 *>(a.dn_partials + (int64_t)b * a.dn_count);
-        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int v = (int)threadIdx.x; v < kDnLanes; v += (int)blockDim.x) {
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const float4 *p = reinterpret_cast<const float4 *>(a.dn_partials + (int64_t)b * a.dn_count);
+            float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
-        for (int c = lane; c < nc; c += 32) {
-            const float4 v = __ldcg(p + c);
-            t.x += v.x;
-            t.y += v.y;
-            t.z += v.z;
-            t.w += v.w;
+            for (int c = v; c < nc; c += kDnLanes) {
+                const float4 u = __ldcg(p + c);
+                t.x += u.x;
+                t.y += u.y;
+                t.z += u.z;
+                t.w += u.w;
+            }
+            dn_red[b][v] = (t.x + t.y) + (t.z + t.w);
         }
-        const float s = warp_sum((t.x + t.y) + (t.z + t.w));
+    }
+    __syncthreads();
+    for (int b = warp; b < N; b += nwarps) {
+        float s = dn_red[b][lane];
+        s += dn_red[b][lane + 32];
+        s += dn_red[b][lane + 64];
+        s += dn_red[b][lane + 96];
+        s = warp_sum(s);
         if (lane == 0) dscale[b] = 1.0f / sqrtf(s / (float)a.dn_dim + a.dn_eps);
     }
 }
