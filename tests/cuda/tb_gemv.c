@@ -34,6 +34,13 @@
  * residual add + RMSNorm, or the bf16 rounding + RoPE in double + cache slots with a poisoned cache) and against
  * the unfused pair (bit-identical GEMV outputs, residual and v; the norm and the rotation within one bf16 step).
  * They are timed first, at n = 1 (and 8 on the 8B shape), single launches and in a graph, against the pairs.
+ * Deferred RMSNorm (tm_cuda_gemv_add_norm_defer + tm_cuda_gemv_swiglu_scaled / _qkv_rope_scaled / _group_scaled)
+ * on bf16 (1B and 8B shapes) and q4_K (1B): the o projection feeding gate/up and the down projection feeding
+ * QKV + RoPE and the plain group, n = 8, 2, 1, direct and as a replayed graph: the producer's residual, x' and
+ * partials exactly against the CPU (given tm_cuda_gemv's o), the consumers against a double reference of the
+ * unfused math (norm then GEMV), bit-identity across n and graph replay, and the unfused GPU chain within bf16
+ * tolerance (check_defer). Timed before everything else: producer + consumer against GEMV + add_rmsnorm +
+ * consumer, single calls and in a graph (time_defer).
  * Robustness (tb_guard.h): every host allocation is checked; each case prints "CASE <name>" before it starts; a
  * crash or a hang (watchdog TB_WATCHDOG_S, default 170 s) prints "# CRASH|TIMEOUT in case <name>"; the timing
  * stops once the run has used TB_BUDGET_S seconds (default 25), printing how many timing cases it skipped. */
@@ -972,7 +979,495 @@ static void check_fused(void) {
     }
 }
 
+/* ---- deferred RMSNorm: the producer (o / down GEMV + residual add) and the scaled consumers --------------------- */
+
+/* ref (n, rows) = x (n, cols, double) . wf^T (+ bias) in double, four running sums per row (the 8B shapes) */
+static void ref_gemv_dx(const float *wf, const double *xd, const float *bias, int64_t rows, int64_t cols, int n,
+                        double *ref) {
+    for (int b = 0; b < n; b++)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *wr = wf + (size_t)r * cols;
+            const double *xr = xd + (size_t)b * cols;
+            double s[4] = {0.0, 0.0, 0.0, 0.0};
+            int64_t j = 0;
+            for (; j + 4 <= cols; j += 4)
+                for (int k = 0; k < 4; k++) s[k] += (double)wr[j + k] * xr[j + k];
+            for (; j < cols; j++) s[0] += (double)wr[j] * xr[j];
+            ref[(size_t)b * rows + r] = (s[0] + s[1]) + (s[2] + s[3]) + (bias ? (double)bias[r] : 0.0);
+        }
+}
+
+typedef struct defer_shape {
+    const char *name;
+    int64_t dim, ffn;
+    int H, KV, hd;
+} defer_shape;
+
+enum { DC_SWIGLU, DC_QKV_ROPE, DC_GROUP };
+
+/* one producer launch and one scaled consumer launch (in_graph: the residual reset and the poison first, on the
+ * stream, so that a captured graph can be replayed) */
+typedef struct defer_run {
+    const void *pw;               /* producer (dim, pcols) */
+    int32_t t;
+    int64_t dim, pcols;
+    const uint16_t *px;           /* (n, pcols) */
+    const float *pbias, *nw, *res0;
+    float *res, *part;
+    uint16_t *nout, *o;
+    int n, kind;
+    const void *cw[3];            /* consumer weights: gate, up or q, k, v, each (crows[j], dim) */
+    int64_t crows[3];
+    const float *cbias[3];
+    void *cout[3];                /* swiglu: out; qkv_rope: q (k, v NULL: the cache only); group: f32 q, k, v */
+    tm_cuda_rope_args rope;
+    size_t cache_bytes;
+    bool in_graph;
+} defer_run;
+
+static void defer_launch(void *p, cudaStream_t s) {
+    defer_run *r = p;
+    const size_t nd = (size_t)r->n * (size_t)r->dim;
+    const int nj = r->kind == DC_SWIGLU ? 1 : 3;
+    if (r->in_graph) {
+        TB_CHECK(cudaMemcpyAsync(r->res, r->res0, nd * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        TB_CHECK(cudaMemsetAsync(r->nout, 0xFF, nd * 2, s));
+        TB_CHECK(cudaMemsetAsync(r->o, 0xFF, nd * 2, s));
+        TB_CHECK(cudaMemsetAsync(r->part, 0xFF, (size_t)r->n * (size_t)TM_CUDA_DEFER_PARTIALS(r->dim) * 4, s));
+        for (int j = 0; j < nj; j++)
+            if (r->cout[j])
+                TB_CHECK(cudaMemsetAsync(r->cout[j], 0xFF, (size_t)r->n * (size_t)r->crows[j] * (r->kind == DC_GROUP ? 4 : 2), s));
+        if (r->kind == DC_QKV_ROPE) {
+            TB_CHECK(cudaMemsetAsync(r->rope.k_cache, 0xFF, r->cache_bytes, s));
+            TB_CHECK(cudaMemsetAsync(r->rope.v_cache, 0xFF, r->cache_bytes, s));
+        }
+    }
+    TB_CHECK(tm_cuda_gemv_add_norm_defer(r->pw, r->t, r->dim, r->pcols, r->px, r->n, r->pbias, r->o, r->res, r->nw,
+                                         r->nout, r->part, s));
+    const tm_cuda_defer_norm dn = {r->part, (int32_t)TM_CUDA_DEFER_PARTIALS(r->dim), (int32_t)r->dim, NORM_EPS};
+    if (r->kind == DC_SWIGLU) {
+        TB_CHECK(tm_cuda_gemv_swiglu_scaled(r->cw[0], r->cw[1], r->t, r->crows[0], r->dim, r->nout, r->n, r->cout[0],
+                                            &dn, s));
+        return;
+    }
+    tm_cuda_gemv_job jobs[3];
+    for (int j = 0; j < 3; j++) jobs[j] = (tm_cuda_gemv_job){r->cw[j], r->crows[j], r->cbias[j], r->cout[j]};
+    if (r->kind == DC_GROUP) {
+        TB_CHECK(tm_cuda_gemv_group_scaled(jobs, 3, r->t, r->dim, r->nout, r->n, true, &dn, s));
+    } else {
+        tm_cuda_rope_args ra = r->rope;
+        ra.n_tokens = r->n;
+        TB_CHECK(tm_cuda_gemv_qkv_rope_scaled(jobs, r->t, r->dim, r->nout, r->n, &ra, &dn, s));
+    }
+}
+
+/* Deferred RMSNorm on one model shape: pair 0 is the o projection (producer cols = H * hd, with a bias) feeding the
+ * gate/up SwiGLU GEMV; pair 1 the down projection (cols = ffn) feeding the QKV + RoPE GEMV (biases on q, k, v; a
+ * KV cache write, one padding token) and the plain grouped GEMV on the same q, k, v (f32 outputs). For n = 8, 2, 1,
+ * each run directly and as a captured graph (residual reset + poison + producer + consumer) replayed 3 times:
+ *  - producer, exactly: o equals tm_cuda_gemv's (n = 8 run), residual = residual0 + o (f32), x' = bf16(residual *
+ *    norm_w); the partials against fmaf(r1, r1, r0 * r0) (relative, f32 tolerance);
+ *  - consumers against a double reference of the unfused math on the exact residual: x = residual / rms * norm_w
+ *    in double (no rounding), then the GEMV (+ bias), then SwiGLU, or the bf16 rounding + RoPE + cache slots;
+ *  - every output bit-identical to the direct n = 8 run's rows (batch invariance, graph replay, PDL);
+ *  - the direct n = 8 run against the unfused GPU chain (tm_cuda_gemv + tm_cuda_add_rmsnorm + the plain consumer),
+ *    within bf16 tolerance (the rounding of x moves). */
+static void check_defer(int32_t t, const defer_shape *sh, int pair) {
+    const bool down = pair == 1;
+    const int64_t dim = sh->dim, pcols = down ? sh->ffn : (int64_t)sh->H * sh->hd, np = TM_CUDA_DEFER_PARTIALS(dim);
+    const int H = sh->H, KV = sh->KV, hd = sh->hd, bs = 16, nblk = 5;
+    const int64_t rq = (int64_t)H * hd, rk = (int64_t)KV * hd;
+    const int nj = down ? 3 : 2;
+    const int64_t crows[3] = {down ? rq : sh->ffn, down ? rk : sh->ffn, down ? rk : 0};
+    char tag[96];
+    snprintf(tag, sizeof tag, "%s %s %s", type_name(t), sh->name, down ? "down>qkv" : "o>gate/up");
+    tb_case("defer_norm %s", tag);
+    const size_t nd = (size_t)MAX_N * (size_t)dim, nx = (size_t)MAX_N * (size_t)pcols, npart = (size_t)MAX_N * np;
+    /* producer inputs */
+    uint8_t *pw = make_weights(t, dim, pcols, false);
+    uint16_t *pxh = tb_xmalloc(nx * 2);
+    float *res0 = tb_xmalloc(nd * sizeof(float)), *nw = tb_xmalloc((size_t)dim * sizeof(float));
+    float *pbias = tb_xmalloc((size_t)dim * sizeof(float));
+    tb_fill_bf16(pxh, NULL, nx, 1.0f);
+    tb_fill_f32(res0, nd, 1.0f);
+    tb_fill_f32(pbias, (size_t)dim, 0.5f);
+    for (int64_t i = 0; i < dim; i++) nw[i] = 1.0f + 0.25f * tb_normal();
+    void *pw_d = tb_upload(pw, row_bytes_of(t, pcols) * (size_t)dim);
+    uint16_t *px_d = tb_upload(pxh, nx * 2);
+    float *res0_d = tb_upload(res0, nd * sizeof(float)), *nw_d = tb_upload(nw, (size_t)dim * sizeof(float));
+    float *pbias_d = tb_upload(pbias, (size_t)dim * sizeof(float));
+    const float *pb_d = down ? NULL : pbias_d;
+    float *res_d = tb_dev(nd * sizeof(float)), *part_d = tb_dev(npart * sizeof(float));
+    uint16_t *nout_d = tb_dev(nd * 2), *o_d = tb_dev(nd * 2), *og_d = tb_dev(nd * 2);
+    /* o as tm_cuda_gemv computes it (bf16), then the exact residual, x' and partials, and x in double */
+    TB_RUN(tm_cuda_gemv(pw_d, t, dim, pcols, px_d, MAX_N, pb_d, og_d, false, 0));
+    uint16_t *og = tb_xmalloc(nd * 2), *xq = tb_xmalloc(nd * 2);
+    float *resx = tb_xmalloc(nd * sizeof(float)), *partx = tb_xmalloc(npart * sizeof(float));
+    double *xn = tb_xmalloc(nd * sizeof(double));
+    tb_download(og, og_d, nd * 2);
+    for (int b = 0; b < MAX_N; b++) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < dim; i++) {
+            const size_t k = (size_t)b * dim + i;
+            resx[k] = res0[k] + tb_bf16_to_f32(og[k]);
+            xq[k] = tb_f32_to_bf16(resx[k] * nw[i]);
+            ss += (double)resx[k] * (double)resx[k];
+        }
+        for (int64_t k = 0; k < np; k++) {
+            const float r0 = resx[(size_t)b * dim + 2 * k], r1 = resx[(size_t)b * dim + 2 * k + 1];
+            partx[(size_t)b * np + k] = fmaf(r1, r1, r0 * r0);
+        }
+        const double sc = 1.0 / sqrt(ss / (double)dim + (double)NORM_EPS);
+        for (int64_t i = 0; i < dim; i++) xn[(size_t)b * dim + i] = (double)resx[(size_t)b * dim + i] * sc * nw[i];
+    }
+    /* consumers: weights, biases, double references for 8 tokens */
+    void *cw_d[3] = {NULL, NULL, NULL};
+    float *cb_d[3] = {NULL, NULL, NULL};
+    double *cref[3] = {NULL, NULL, NULL};
+    for (int j = 0; j < nj; j++) {
+        uint8_t *w = make_weights(t, crows[j], dim, false);
+        float *wf = dequant_all(t, w, crows[j], dim);
+        float *bias = tb_xmalloc((size_t)crows[j] * sizeof(float));
+        tb_fill_f32(bias, (size_t)crows[j], 0.5f);
+        cref[j] = tb_xmalloc((size_t)MAX_N * (size_t)crows[j] * sizeof(double));
+        ref_gemv_dx(wf, xn, down ? bias : NULL, crows[j], dim, MAX_N, cref[j]);
+        cw_d[j] = tb_upload(w, row_bytes_of(t, dim) * (size_t)crows[j]);
+        cb_d[j] = tb_upload(bias, (size_t)crows[j] * sizeof(float));
+        free(w);
+        free(wf);
+        free(bias);
+    }
+    const size_t ncons = (size_t)MAX_N * (size_t)crows[0]; /* the largest consumer output: gate rows or q */
+    float *want = tb_xmalloc(ncons * sizeof(float)), *got = tb_xmalloc(ncons * sizeof(float));
+    if (!down)
+        for (size_t i = 0; i < ncons; i++) want[i] = (float)(cref[0][i] / (1.0 + exp(-cref[0][i])) * cref[1][i]);
+    /* RoPE: positions, slots (token 2: padding), caches */
+    float *inv = tb_xmalloc((size_t)(hd / 2 + 1) * sizeof(float));
+    for (int j = 0; j < hd / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+    int32_t pos[MAX_N];
+    int64_t slot[MAX_N];
+    for (int b = 0; b < MAX_N; b++) {
+        slot[b] = b == 2 ? -1 : (int64_t)((b * 37 + 11) % (nblk * bs));
+        pos[b] = b == 0 ? 0 : (int32_t)(tb_rand_u64() % 140000);
+    }
+    const size_t n_slots = (size_t)nblk * bs, ncache = n_slots * (size_t)rk;
+    float *inv_d = tb_upload(inv, (size_t)(hd / 2 + 1) * sizeof(float));
+    int32_t *pos_d = tb_upload(pos, sizeof pos);
+    int64_t *slot_d = tb_upload(slot, sizeof slot);
+    uint16_t *kc_d = tb_dev(ncache * 2), *vc_d = tb_dev(ncache * 2);
+    uint16_t *kc = tb_xmalloc(ncache * 2), *vc = tb_xmalloc(ncache * 2), *kc8 = tb_xmalloc(ncache * 2),
+             *vc8 = tb_xmalloc(ncache * 2);
+    void *cout_d[3];
+    for (int j = 0; j < 3; j++) cout_d[j] = tb_dev((size_t)MAX_N * (size_t)(crows[j] ? crows[j] : 1) * 4);
+    /* host copies of the outputs, and of the direct n = 8 run's */
+    uint16_t *o_h = tb_xmalloc(nd * 2), *nout_h = tb_xmalloc(nd * 2);
+    float *res_h = tb_xmalloc(nd * sizeof(float)), *part_h = tb_xmalloc(npart * sizeof(float));
+    const size_t cbytes = (size_t)MAX_N * (size_t)(crows[0] + crows[1] + crows[2]) * 4;
+    uint8_t *c_h = tb_xmalloc(cbytes), *c8_h = tb_xmalloc(cbytes);
+    uint16_t *first8 = tb_xmalloc(ncons * 2); /* the first consumer's direct n = 8 output (swiglu, or rotated q) */
+    float *hb = tb_xmalloc((size_t)hd * sizeof(float)), *hr = tb_xmalloc((size_t)hd * sizeof(float));
+    cudaStream_t s;
+    TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const int kinds[2] = {down ? DC_QKV_ROPE : DC_SWIGLU, DC_GROUP};
+    const int ns[3] = {MAX_N, 2, 1};
+    size_t bad_p = 0, bad_inv = 0;
+    double part_err = 0.0, worst[4] = {0.0, 0.0, 0.0, 0.0}; /* swiglu or q, k-cache, v-cache, group */
+    for (int ki = 0; ki < (down ? 2 : 1); ki++) {
+        const int kind = kinds[ki];
+        const size_t es = kind == DC_GROUP ? 4 : 2;
+        for (int ni = 0; ni < 3; ni++) {
+            const int n = ns[ni];
+            const size_t cnt = (size_t)n * (size_t)dim;
+            for (int mode = 0; mode < 2; mode++) {
+                TB_CHECK(cudaMemcpy(res_d, res0, cnt * sizeof(float), cudaMemcpyHostToDevice));
+                tb_poison(nout_d, nd * 2);
+                tb_poison(o_d, nd * 2);
+                tb_poison(part_d, npart * 4);
+                for (int j = 0; j < 3; j++) tb_poison(cout_d[j], (size_t)MAX_N * (size_t)(crows[j] ? crows[j] : 1) * 4);
+                tb_poison(kc_d, ncache * 2);
+                tb_poison(vc_d, ncache * 2);
+                TB_CHECK(cudaDeviceSynchronize());
+                defer_run r = {pw_d, t, dim, pcols, px_d, pb_d, nw_d, res0_d, res_d, part_d, nout_d, o_d, n, kind,
+                               {cw_d[0], cw_d[1], cw_d[2]}, {crows[0], crows[1], crows[2]},
+                               {kind == DC_SWIGLU ? NULL : cb_d[0], kind == DC_SWIGLU ? NULL : cb_d[1],
+                                kind == DC_SWIGLU ? NULL : cb_d[2]},
+                               {cout_d[0], kind == DC_QKV_ROPE ? NULL : cout_d[1], kind == DC_GROUP ? cout_d[2] : NULL},
+                               {n, H, KV, hd, hd, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d, false},
+                               ncache * 2, mode == 1};
+                if (mode == 1)
+                    graph_replay(defer_launch, &r, s, 3);
+                else
+                    defer_launch(&r, s);
+                TB_CHECK(cudaStreamSynchronize(s));
+                TB_CHECK(cudaGetLastError());
+                /* the producer */
+                tb_download(o_h, o_d, cnt * 2);
+                tb_download(res_h, res_d, cnt * sizeof(float));
+                tb_download(nout_h, nout_d, cnt * 2);
+                tb_download(part_h, part_d, (size_t)n * np * sizeof(float));
+                bad_p += memcmp(o_h, og, cnt * 2) != 0;
+                bad_p += memcmp(res_h, resx, cnt * sizeof(float)) != 0;
+                bad_p += memcmp(nout_h, xq, cnt * 2) != 0;
+                for (size_t i = 0; i < (size_t)n * np; i++) {
+                    const double d = fabs((double)part_h[i] - (double)partx[i]) / fmax(fabs((double)partx[i]), 1e-30);
+                    if (!(d <= part_err)) part_err = d; /* NaN sticks */
+                }
+                /* the consumer's outputs, packed (job, n, rows_j) */
+                size_t off = 0;
+                for (int j = 0; j < (kind == DC_GROUP ? 3 : 1); j++) {
+                    tb_download(c_h + off, cout_d[j], (size_t)n * (size_t)crows[j] * es);
+                    off += (size_t)n * (size_t)crows[j] * es;
+                }
+                if (kind == DC_QKV_ROPE) {
+                    tb_download(kc, kc_d, ncache * 2);
+                    tb_download(vc, vc_d, ncache * 2);
+                }
+                if (n == MAX_N && mode == 0) {
+                    memcpy(c8_h, c_h, off);
+                    if (ki == 0) memcpy(first8, c_h, ncons * 2);
+                    if (kind == DC_QKV_ROPE) {
+                        memcpy(kc8, kc, ncache * 2);
+                        memcpy(vc8, vc, ncache * 2);
+                    }
+                } else { /* rows b < n equal the direct n = 8 run's */
+                    size_t o8 = 0, on = 0;
+                    for (int j = 0; j < (kind == DC_GROUP ? 3 : 1); j++) {
+                        bad_inv += memcmp(c8_h + o8, c_h + on, (size_t)n * (size_t)crows[j] * es) != 0;
+                        o8 += (size_t)MAX_N * (size_t)crows[j] * es;
+                        on += (size_t)n * (size_t)crows[j] * es;
+                    }
+                    if (kind == DC_QKV_ROPE)
+                        for (int b = 0; b < n; b++) {
+                            if (slot[b] < 0) continue;
+                            const size_t blk = (size_t)slot[b] / bs, so = (size_t)slot[b] % bs;
+                            for (int h = 0; h < KV; h++) {
+                                const size_t co = ((blk * KV + h) * bs + so) * hd;
+                                bad_inv += memcmp(kc + co, kc8 + co, (size_t)hd * 2) != 0;
+                                bad_inv += memcmp(vc + co, vc8 + co, (size_t)hd * 2) != 0;
+                            }
+                        }
+                }
+                /* against the double reference */
+                if (kind == DC_SWIGLU) {
+                    const double e = tb_rel_err_bf16((const uint16_t *)c_h, want, (size_t)n * (size_t)crows[0]);
+                    if (!(e <= worst[0])) worst[0] = e;
+                } else if (kind == DC_GROUP) {
+                    size_t o2 = 0;
+                    for (int j = 0; j < 3; j++) {
+                        const size_t cj = (size_t)n * (size_t)crows[j];
+                        for (size_t i = 0; i < cj; i++) want[i] = (float)cref[j][i];
+                        const double e = tb_rel_err((const float *)(c_h + o2), want, cj);
+                        if (!(e <= worst[3])) worst[3] = e;
+                        o2 += cj * 4;
+                    }
+                } else {
+                    const uint16_t *qh = (const uint16_t *)c_h;
+                    for (int b = 0; b < n; b++)
+                        for (int h = 0; h < H; h++) {
+                            const size_t o = (size_t)b * rq + (size_t)h * hd;
+                            for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)cref[0][o + d]));
+                            ref_rope_head(hb, want + o, inv, pos[b], hd, hd);
+                            for (int d = 0; d < hd; d++) got[o + d] = tb_bf16_to_f32(qh[o + d]);
+                        }
+                    double e = tb_rel_err(got, want, (size_t)n * (size_t)rq);
+                    if (!(e <= worst[0])) worst[0] = e;
+                    /* caches: slot by slot; slots of no token (and of the padding token) keep their poison */
+                    size_t nk = 0, nv = 0;
+                    float *gk = got, *wk = want;
+                    float *gv = tb_xmalloc(ncache * sizeof(float)), *wv = tb_xmalloc(ncache * sizeof(float));
+                    for (size_t sl = 0; sl < n_slots; sl++) {
+                        int tok = -1;
+                        for (int b = 0; b < n; b++)
+                            if (slot[b] == (int64_t)sl) tok = b;
+                        const size_t blk = sl / bs, so = sl % bs;
+                        for (int h = 0; h < KV; h++) {
+                            const size_t co = ((blk * KV + h) * bs + so) * hd;
+                            if (tok < 0) {
+                                for (int d = 0; d < hd; d++) bad_inv += (kc[co + d] != 0xFFFF) + (vc[co + d] != 0xFFFF);
+                                continue;
+                            }
+                            const size_t ko = (size_t)tok * rk + (size_t)h * hd;
+                            for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)cref[1][ko + d]));
+                            ref_rope_head(hb, hr, inv, pos[tok], hd, hd);
+                            for (int d = 0; d < hd; d++) {
+                                wk[nk] = hr[d];
+                                gk[nk++] = tb_bf16_to_f32(kc[co + d]);
+                                wv[nv] = (float)cref[2][ko + d];
+                                gv[nv++] = tb_bf16_to_f32(vc[co + d]);
+                            }
+                        }
+                    }
+                    e = nk ? tb_rel_err(gk, wk, nk) : 0.0;
+                    if (!(e <= worst[1])) worst[1] = e;
+                    e = nv ? tb_rel_err(gv, wv, nv) : 0.0;
+                    if (!(e <= worst[2])) worst[2] = e;
+                    free(gv);
+                    free(wv);
+                }
+            }
+        }
+    }
+    /* the unfused chain at n = 8: gemv + add_rmsnorm + the plain consumer (the first kind), against the deferred
+     * direct n = 8 output (first8) */
+    double vs_unfused = 0.0;
+    {
+        TB_CHECK(cudaMemcpy(res_d, res0, nd * sizeof(float), cudaMemcpyHostToDevice));
+        tb_poison(nout_d, nd * 2);
+        for (int j = 0; j < 3; j++) tb_poison(cout_d[j], (size_t)MAX_N * (size_t)(crows[j] ? crows[j] : 1) * 4);
+        TB_CHECK(cudaDeviceSynchronize());
+        TB_CHECK(tm_cuda_gemv(pw_d, t, dim, pcols, px_d, MAX_N, pb_d, o_d, false, s));
+        TB_CHECK(tm_cuda_add_rmsnorm(res_d, o_d, nw_d, NORM_EPS, MAX_N, (int32_t)dim, nout_d, s));
+        if (!down) {
+            TB_CHECK(tm_cuda_gemv_swiglu(cw_d[0], cw_d[1], t, crows[0], dim, nout_d, MAX_N, cout_d[0], s));
+        } else {
+            tm_cuda_gemv_job jobs[3];
+            for (int j = 0; j < 3; j++) jobs[j] = (tm_cuda_gemv_job){cw_d[j], crows[j], cb_d[j], j ? NULL : cout_d[0]};
+            tm_cuda_rope_args ra = {MAX_N, H, KV, hd, hd, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d, false};
+            TB_CHECK(tm_cuda_gemv_qkv_rope(jobs, t, dim, nout_d, MAX_N, &ra, s));
+        }
+        TB_CHECK(cudaStreamSynchronize(s));
+        const size_t cnt = (size_t)MAX_N * (size_t)crows[0];
+        uint16_t *u = tb_xmalloc(cnt * 2);
+        tb_download(u, cout_d[0], cnt * 2);
+        const uint16_t *d8 = first8;
+        for (size_t i = 0; i < cnt; i++) {
+            got[i] = tb_bf16_to_f32(d8[i]);
+            want[i] = tb_bf16_to_f32(u[i]);
+        }
+        vs_unfused = tb_rel_err(got, want, cnt);
+        printf("# %s: deferred vs unfused n8 %s: rel %.2e, max %d bf16 steps\n", tag, down ? "q" : "swiglu",
+               vs_unfused, max_ulps(d8, u, cnt));
+        free(u);
+    }
+    char name[160];
+    snprintf(name, sizeof name, "%s producer exact n8,2,1 direct+graph", tag);
+    tb_result("defer_norm", name, (double)bad_p, 0, 0, 0, 0, 'm');
+    snprintf(name, sizeof name, "%s partials", tag);
+    tb_result("defer_norm", name, part_err, 1e-6, 0, 0, 0, 'm');
+    if (!down) {
+        snprintf(name, sizeof name, "%s swiglu_scaled", tag);
+        tb_result("defer_norm", name, worst[0], 1e-2, 0, 0, 0, 'm');
+    } else {
+        const char *what[4] = {"qkv_rope_scaled q", "qkv_rope_scaled k-cache", "qkv_rope_scaled v-cache",
+                               "group_scaled f32+b"};
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "%s %s", tag, what[i]);
+            tb_result("defer_norm", name, worst[i], 1e-2, 0, 0, 0, 'm');
+        }
+    }
+    snprintf(name, sizeof name, "%s exact: n, graph, cache poison", tag);
+    tb_result("defer_norm", name, (double)bad_inv, 0, 0, 0, 0, 'm');
+    snprintf(name, sizeof name, "%s vs unfused n8", tag);
+    tb_result("defer_norm", name, vs_unfused, 1e-2, 0, 0, 0, 'm');
+    TB_CHECK(cudaStreamDestroy(s));
+    for (int j = 0; j < 3; j++) {
+        if (cw_d[j]) TB_CHECK(cudaFree(cw_d[j]));
+        if (cb_d[j]) TB_CHECK(cudaFree(cb_d[j]));
+        TB_CHECK(cudaFree(cout_d[j]));
+        free(cref[j]);
+    }
+    TB_CHECK(cudaFree(pw_d));
+    TB_CHECK(cudaFree(px_d));
+    TB_CHECK(cudaFree(res0_d));
+    TB_CHECK(cudaFree(nw_d));
+    TB_CHECK(cudaFree(pbias_d));
+    TB_CHECK(cudaFree(res_d));
+    TB_CHECK(cudaFree(part_d));
+    TB_CHECK(cudaFree(nout_d));
+    TB_CHECK(cudaFree(o_d));
+    TB_CHECK(cudaFree(og_d));
+    TB_CHECK(cudaFree(inv_d));
+    TB_CHECK(cudaFree(pos_d));
+    TB_CHECK(cudaFree(slot_d));
+    TB_CHECK(cudaFree(kc_d));
+    TB_CHECK(cudaFree(vc_d));
+    free(pw);
+    free(pxh);
+    free(res0);
+    free(nw);
+    free(pbias);
+    free(og);
+    free(xq);
+    free(resx);
+    free(partx);
+    free(xn);
+    free(want);
+    free(got);
+    free(inv);
+    free(kc);
+    free(vc);
+    free(kc8);
+    free(vc8);
+    free(o_h);
+    free(nout_h);
+    free(res_h);
+    free(part_h);
+    free(c_h);
+    free(c8_h);
+    free(first8);
+    free(hb);
+    free(hr);
+}
+
+static void check_defer_all(void) {
+    const defer_shape s1b = {"1b", 2048, 8192, 32, 8, 64}, s8b = {"8b", 4096, 14336, 32, 8, 128};
+    for (int pair = 0; pair < 2; pair++) {
+        check_defer(TM_DT_BF16, &s1b, pair);
+        check_defer(TM_DT_Q4_K, &s1b, pair); /* a quantized type (scales and mins) through the same epilogues */
+        check_defer(TM_DT_BF16, &s8b, pair);
+    }
+}
+
 /* ---- argument checks ------------------------------------------------------------------------------------------- */
+
+/* the deferred norm's launchers: refusals (cudaErrorNotSupported, nothing launched) and argument errors */
+static int defer_refusals(void) {
+    uint16_t *x = tb_dev(4096 * 2);
+    void *w = tb_dev(1 << 20), *o = tb_dev(1 << 16);
+    float *res = tb_dev(1 << 16), *nw = tb_dev(1 << 16), *pa = tb_dev(1 << 12);
+    int bad = 0;
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 12, 64, x, 1, NULL, NULL, res, nw, o, pa, 0) !=
+           cudaErrorNotSupported; /* rows % 8 */
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res + 1, nw, o, pa, 0) !=
+           cudaErrorNotSupported; /* residual alignment */
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, o, pa + 1, 0) !=
+           cudaErrorNotSupported; /* partials alignment */
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, o, NULL, 0) !=
+           cudaErrorInvalidValue;
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 0, NULL, NULL, res, nw, o, pa, 0) !=
+           cudaErrorInvalidValue;
+    TB_CHECK(cudaMemset(pa, 0, 1 << 12));
+    tm_cuda_defer_norm dn = {pa, 32, 64, 1e-5f};
+    tm_cuda_gemv_job job = {w, 16, NULL, o};
+    bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, &dn, 0) != cudaSuccess;
+    bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, NULL, 0) != cudaErrorInvalidValue;
+    bad += tm_cuda_gemv_swiglu_scaled(w, w, TM_DT_BF16, 16, 64, x, 1, o, NULL, 0) != cudaErrorInvalidValue;
+    dn.dim = 32; /* not the consumer's cols */
+    bad += tm_cuda_gemv_swiglu_scaled(w, w, TM_DT_BF16, 16, 64, x, 1, o, &dn, 0) != cudaErrorNotSupported;
+    dn.dim = 64;
+    dn.n_partials = 30; /* not a multiple of 4 */
+    bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, &dn, 0) != cudaErrorNotSupported;
+    dn.n_partials = 32;
+    dn.partials = pa + 1; /* unaligned */
+    bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, &dn, 0) != cudaErrorNotSupported;
+    dn.partials = pa;
+    bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 36, x, 1, false, &dn, 0) != cudaErrorNotSupported;
+    setenv("TM_CUDA_GEMV_V", "1", 1); /* v1 has no scaled mode: refused rather than run unscaled */
+    bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, &dn, 0) != cudaErrorNotSupported;
+    bad += tm_cuda_gemv_swiglu_scaled(w, w, TM_DT_BF16, 16, 64, x, 1, o, &dn, 0) != cudaErrorNotSupported;
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, o, pa, 0) !=
+           cudaErrorNotSupported;
+    unsetenv("TM_CUDA_GEMV_V");
+    TB_CHECK(cudaDeviceSynchronize());
+    TB_CHECK(cudaGetLastError());
+    TB_CHECK(cudaFree(x));
+    TB_CHECK(cudaFree(w));
+    TB_CHECK(cudaFree(o));
+    TB_CHECK(cudaFree(res));
+    TB_CHECK(cudaFree(nw));
+    TB_CHECK(cudaFree(pa));
+    return bad;
+}
 
 static void check_args(void) {
     tb_case("gemv argument checks");
@@ -1000,6 +1495,7 @@ static void check_args(void) {
     bad += tm_cuda_gemv_group(jobs, 3, TM_DT_BF16, 8, x, 1, true, 0) != cudaSuccess; /* nothing to do */
     bad += tm_cuda_weight_type_supported(TM_DT_Q5_K) || !tm_cuda_weight_type_supported(TM_DT_Q6_K);
     bad += fused_refusals();
+    bad += defer_refusals();
     TB_CHECK(cudaDeviceSynchronize());
     TB_CHECK(cudaGetLastError());
     tb_result("gemv", "argument checks", bad, 0, 0, 0, 0, 'm');
@@ -1010,8 +1506,10 @@ static void check_args(void) {
 
 /* ---- timing ---------------------------------------------------------------------------------------------------- */
 
-/* what one timed call launches; the last four: the fused epilogues and their unfused pairs */
-enum { K_GEMV, K_SWIGLU, K_GROUP, K_SEPARATE, K_NORM_FUSED, K_NORM_PAIR, K_ROPE_FUSED, K_ROPE_PAIR };
+/* what one timed call launches; then the fused epilogues and their unfused pairs; then the deferred norm (producer
+ * + scaled consumer) and the unfused chain it replaces (GEMV + add_rmsnorm + consumer) */
+enum { K_GEMV, K_SWIGLU, K_GROUP, K_SEPARATE, K_NORM_FUSED, K_NORM_PAIR, K_ROPE_FUSED, K_ROPE_PAIR, K_DEFER_SW,
+       K_DEFER_SW_UNF, K_DEFER_QKV, K_DEFER_QKV_UNF };
 
 typedef struct targ {
     int kind;
@@ -1031,6 +1529,12 @@ typedef struct targ {
     void *scratch;
     /* K_ROPE_*: geometry, positions, slots and caches (q, k, v: set per call) */
     tm_cuda_rope_args rope;
+    /* K_DEFER_*: the producer's weights (cols rows of pcols, first in each copy, then the consumer's), input
+     * (n, pcols), bf16 output of the unfused chain (n, cols) and partials; res, nw, nout as K_NORM_*; the consumer
+     * reads nout (n, cols): gate/up of rows[0] rows, or q, k, v of rows[0..2] with rope */
+    int64_t pcols;
+    uint16_t *px, *pout;
+    float *part;
 } targ;
 
 static void run_timed(void *p) {
@@ -1071,6 +1575,42 @@ static void run_timed(void *p) {
             r.v = jobs[2].out;
             TB_CHECK(tm_cuda_rope_kv_write(&r, a->stream));
         }
+        break;
+    }
+    case K_DEFER_SW:
+    case K_DEFER_SW_UNF:
+    case K_DEFER_QKV:
+    case K_DEFER_QKV_UNF: {
+        const bool defer = a->kind == K_DEFER_SW || a->kind == K_DEFER_QKV;
+        const int64_t dim = a->cols;
+        const uint8_t *wc = w + row_bytes_of(a->t, a->pcols) * (size_t)dim; /* the consumer's weights */
+        const tm_cuda_defer_norm dn = {a->part, (int32_t)TM_CUDA_DEFER_PARTIALS(dim), (int32_t)dim, 1e-5f};
+        if (defer) {
+            TB_CHECK(tm_cuda_gemv_add_norm_defer(w, a->t, dim, a->pcols, a->px, a->n, NULL, NULL, a->res, a->nw, a->nout,
+                                                 a->part, a->stream));
+        } else {
+            TB_CHECK(tm_cuda_gemv(w, a->t, dim, a->pcols, a->px, a->n, NULL, a->pout, false, a->stream));
+            TB_CHECK(tm_cuda_add_rmsnorm(a->res, a->pout, a->nw, 1e-5f, a->n, (int32_t)dim, a->nout, a->stream));
+        }
+        if (a->kind == K_DEFER_SW || a->kind == K_DEFER_SW_UNF) {
+            const uint8_t *wu = wc + rb * (size_t)a->rows[0];
+            if (defer)
+                TB_CHECK(tm_cuda_gemv_swiglu_scaled(wc, wu, a->t, a->rows[0], dim, a->nout, a->n, a->out, &dn, a->stream));
+            else
+                TB_CHECK(tm_cuda_gemv_swiglu(wc, wu, a->t, a->rows[0], dim, a->nout, a->n, a->out, a->stream));
+            break;
+        }
+        tm_cuda_gemv_job jobs[3];
+        size_t wo = 0;
+        for (int j = 0; j < 3; j++) {
+            jobs[j] = (tm_cuda_gemv_job){wc + wo, a->rows[j], NULL, j ? NULL : a->out}; /* k, v: the cache only */
+            wo += rb * (size_t)a->rows[j];
+        }
+        tm_cuda_rope_args r = a->rope;
+        if (defer)
+            TB_CHECK(tm_cuda_gemv_qkv_rope_scaled(jobs, a->t, dim, a->nout, a->n, &r, &dn, a->stream));
+        else
+            TB_CHECK(tm_cuda_gemv_qkv_rope(jobs, a->t, dim, a->nout, a->n, &r, a->stream));
         break;
     }
     case K_GROUP:
@@ -1310,8 +1850,110 @@ static void time_fused(int fused_kind, int32_t t, const int64_t *rows, int64_t c
     }
 }
 
+/* The deferred norm (producer + scaled consumer: 2 launches) against the unfused chain it replaces (GEMV +
+ * add_rmsnorm + the consumer: 3 launches), single calls and in a graph of 20 calls (per call). pair 0: o projection
+ * then gate/up SwiGLU; pair 1: down projection then QKV + RoPE + cache write. Bytes: both weights + the producer's
+ * input + the residual read and written + the norm output + the consumer's output (partials not counted). */
+static void time_defer(int32_t t, const defer_shape *sh, int pair, int n) {
+    const bool down = pair == 1;
+    const int64_t dim = sh->dim, pcols = down ? sh->ffn : (int64_t)sh->H * sh->hd;
+    const int64_t rq = (int64_t)sh->H * sh->hd, rk = (int64_t)sh->KV * sh->hd;
+    const int64_t rows[3] = {down ? rq : sh->ffn, down ? rk : 0, down ? rk : 0};
+    const int64_t crows = down ? rq + 2 * rk : 2 * sh->ffn, cout = down ? rq + 2 * rk : sh->ffn;
+    const size_t per = row_bytes_of(t, pcols) * (size_t)dim + row_bytes_of(t, dim) * (size_t)crows;
+    const size_t want = (size_t)160 << 20;
+    const int copies = per >= want ? 1 : (int)((want + per - 1) / per);
+    for (int unf = 0; unf < 2 && tb_budget_ok(); unf++) {
+        targ a;
+        memset(&a, 0, sizeof a);
+        a.kind = down ? (unf ? K_DEFER_QKV_UNF : K_DEFER_QKV) : (unf ? K_DEFER_SW_UNF : K_DEFER_SW);
+        a.t = t;
+        for (int j = 0; j < 3; j++) a.rows[j] = rows[j];
+        a.cols = dim;
+        a.pcols = pcols;
+        a.n = n;
+        a.per = per;
+        a.copies = copies;
+        char name[128];
+        snprintf(name, sizeof name, "%s %s %s %s n%d", type_name(t), sh->name, down ? "down+qkv" : "o+gate/up",
+                 unf ? "unfused" : "deferred", n);
+        tb_case("time %s", name);
+        a.w = tb_dev(per * (size_t)copies);
+        TB_CHECK(cudaMemset(a.w, 0x11, per * (size_t)copies)); /* small finite numbers in every type */
+        uint16_t *xh = tb_xmalloc((size_t)n * (size_t)pcols * 2);
+        tb_fill_bf16(xh, NULL, (size_t)n * (size_t)pcols, 1.0f);
+        a.px = tb_upload(xh, (size_t)n * (size_t)pcols * 2);
+        a.pout = tb_dev((size_t)n * (size_t)dim * 2);
+        a.res = tb_dev((size_t)n * (size_t)dim * 4);
+        a.nw = tb_dev((size_t)dim * 4);
+        a.nout = tb_dev((size_t)n * (size_t)dim * 2);
+        a.part = tb_dev((size_t)n * (size_t)TM_CUDA_DEFER_PARTIALS(dim) * 4);
+        a.out = tb_dev((size_t)n * (size_t)cout * 2);
+        TB_CHECK(cudaMemset(a.res, 0, (size_t)n * (size_t)dim * 4));
+        TB_CHECK(cudaMemset(a.nw, 0, (size_t)dim * 4));
+        int32_t *pos_d = NULL;
+        int64_t *slot_d = NULL;
+        float *inv_d = NULL;
+        if (down) {
+            const int bs = 16, nblk = 64, hd = sh->hd;
+            int32_t pos[MAX_N];
+            int64_t slot[MAX_N];
+            float inv[256];
+            for (int b = 0; b < MAX_N; b++) pos[b] = 1000 + 37 * b, slot[b] = 5 + 3 * b;
+            for (int j = 0; j < hd / 2 && j < 256; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+            pos_d = tb_upload(pos, sizeof pos);
+            slot_d = tb_upload(slot, sizeof slot);
+            inv_d = tb_upload(inv, sizeof inv);
+            const size_t cache_bytes = (size_t)nblk * bs * (size_t)rk * 2;
+            a.rope = (tm_cuda_rope_args){n, sh->H, sh->KV, hd, hd, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL,
+                                         tb_dev(cache_bytes), tb_dev(cache_bytes), false};
+            TB_CHECK(cudaMemset(a.rope.k_cache, 0, cache_bytes));
+            TB_CHECK(cudaMemset(a.rope.v_cache, 0, cache_bytes));
+        }
+        TB_CHECK(cudaStreamCreateWithFlags(&a.stream, cudaStreamNonBlocking));
+        TB_CHECK(cudaDeviceSynchronize());
+        const double bytes = (double)per + (double)n * (double)pcols * 2.0 + (double)n * (double)dim * 10.0 +
+                             (double)dim * 4.0 + (double)n * (double)cout * 2.0;
+        const double flops = 2.0 * (double)n * (double)dim * (double)(pcols + crows);
+        cudaStream_t keep = a.stream;
+        a.stream = 0; /* tb_time_us records on the legacy stream */
+        const double us = tb_time_us(run_timed, &a, 5, 40);
+        a.stream = keep;
+        timed_result("defer_norm", name, us, bytes, flops, true);
+        if (tb_budget_ok()) {
+            char full[160];
+            snprintf(full, sizeof full, "%s graph", name);
+            timed_result("defer_norm", full, time_graph_us(&a, false), bytes, flops, true);
+        }
+        TB_CHECK(cudaStreamDestroy(a.stream));
+        TB_CHECK(cudaFree(a.w));
+        TB_CHECK(cudaFree(a.px));
+        TB_CHECK(cudaFree(a.pout));
+        TB_CHECK(cudaFree(a.res));
+        TB_CHECK(cudaFree(a.nw));
+        TB_CHECK(cudaFree(a.nout));
+        TB_CHECK(cudaFree(a.part));
+        TB_CHECK(cudaFree(a.out));
+        if (down) {
+            TB_CHECK(cudaFree(a.rope.k_cache));
+            TB_CHECK(cudaFree(a.rope.v_cache));
+            TB_CHECK(cudaFree(pos_d));
+            TB_CHECK(cudaFree(slot_d));
+            TB_CHECK(cudaFree(inv_d));
+        }
+        free(xh);
+    }
+}
+
 static void time_all(void) {
     const int all = M_SINGLE | M_GRAPH | M_PDL | M_KEY;
+    /* the deferred norm against the unfused chain first (key cases): bf16, the 1B and 8B shapes */
+    const defer_shape d1b = {"1b", 2048, 8192, 32, 8, 64}, d8b = {"8b", 4096, 14336, 32, 8, 128};
+    time_defer(TM_DT_BF16, &d1b, 0, 1);
+    time_defer(TM_DT_BF16, &d1b, 1, 1);
+    time_defer(TM_DT_BF16, &d8b, 0, 1);
+    time_defer(TM_DT_BF16, &d8b, 1, 1);
+    time_defer(TM_DT_BF16, &d8b, 1, 8);
     /* the fused epilogues against their unfused pairs first (key cases), bf16 at n = 1 */
     const int64_t o1[1] = {2048}, o8[1] = {4096}, qkv1[3] = {2048, 512, 512}, qkv8[3] = {4096, 1024, 1024};
     time_fused(K_NORM_FUSED, TM_DT_BF16, o1, 2048, 0, 1, "1b-o");
@@ -1387,6 +2029,8 @@ int main(int argc, char **argv) {
     check_groups();
     check_fused();
     printf("# fused checks done in %.1f s\n", tb_elapsed_s());
+    check_defer_all();
+    printf("# deferred-norm checks done in %.1f s\n", tb_elapsed_s());
     check_chain(false);
     check_chain(true);
     printf("# all checks done in %.1f s\n", tb_elapsed_s());

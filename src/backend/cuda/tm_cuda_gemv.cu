@@ -47,6 +47,18 @@
  *    2j + 1) of a head (r0 even, head_dim even); it rounds both to bf16, rotates them in f32 with the (cos, sin)
  *    of tm_cuda_rope.cu's f32 angle (double sincospi), and stores 4 bytes: q to its output, k (rotated) and v to
  *    the cache slot of token b (none when slot < 0), the unrotated k and v to their outputs when those are set.
+ *  - EPI_DEFER (tm_cuda_gemv_add_norm_defer: the producer of a deferred RMSNorm, see tm_cuda_kernels.h): thread
+ *    b < N holds rows r0, r0 + 1 of token b; o = bf16(sum + bias) as tm_cuda_gemv stores it, residual += o in f32
+ *    as tm_cuda_add_rmsnorm adds it, norm_out = bf16(residual * norm_w) (the normalized row before its 1 / rms),
+ *    and the block's r0^2 + r1^2 of the new residual to partials[b, block]. No counter, no fence, no last block:
+ *    the consumers finish the reduction.
+ * Scaled input (tm_cuda_gemv_group_scaled, _swiglu_scaled, _qkv_rope_scaled; EPI_PLAIN, EPI_SWIGLU, EPI_ROPE, a
+ * run-time switch: dn_partials set): x is a producer's norm_out. After the main loop (past the PDL wait), the
+ * block sums each token's partials (defer_scales: all threads load, over 128 virtual lanes, in an order fixed by
+ * the partial count alone, so every consumer and every n gets the same scale for a token) into 1 / rms in shared
+ * memory (one more barrier), and the epilogue multiplies the f32 sums by it before the bias, RoPE, SwiGLU and the
+ * rounding. Each consumer block reads the n * rows / 2 partials from L2, as many bytes as it reads of x. Compared
+ * with rmsnorm-then-GEMV only the bf16 rounding of x moves (before the scale instead of after).
  *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
@@ -254,10 +266,17 @@ struct v2_args {
     uint16_t *k_cache, *v_cache;  /* (n_blocks, n_kv_heads, block_size, head_dim) bf16, or e4m3 bytes */
     bool kv_fp8;
     int head_dim, rope_dim, block_size, n_kv_heads;
+    /* EPI_DEFER (one job; also residual, norm_w, norm_out; out[0] may be NULL) */
+    float *defer_out;             /* (n, gridDim.x) the blocks' sums of squares of their new residual values */
+    /* scaled input (EPI_PLAIN, EPI_SWIGLU, EPI_ROPE; off when dn_partials is NULL): x holds bf16(residual * norm_w)
+     * and token b's sums are multiplied by 1 / sqrtf(sum(dn_partials[b, :]) / dn_dim + dn_eps) */
+    const float *dn_partials;     /* (n, dn_count), 16-byte aligned, dn_count % 4 == 0 */
+    int dn_count, dn_dim;
+    float dn_eps;
 };
 
 /* what the v2 kernel does with its sums (the GEMV part is the same for all) */
-enum { EPI_PLAIN = 0, EPI_SWIGLU = 1, EPI_NORM = 2, EPI_ROPE = 3 };
+enum { EPI_PLAIN = 0, EPI_SWIGLU = 1, EPI_NORM = 2, EPI_ROPE = 3, EPI_DEFER = 4 };
 
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
@@ -333,6 +352,48 @@ template <int N> __device__ __forceinline__ void norm_finish(const v2_args &a, i
         }
     }
     if (tid == 0) atomicExch(a.counter, 0u); /* every other block has counted itself: ready for the next launch */
+}
+
+/* Scaled input: dscale[b] = 1 / sqrtf(sum(dn_partials[b, :]) / dn_dim + dn_eps) for the N tokens. The sum runs
+ * over kDnLanes = 128 virtual lanes whatever the block size: virtual lane v sums the float4 chunks v, v + 128, ...
+ * of the token's partials in order (one running sum per component, then (x + y) + (z + w)); thread t plays the
+ * virtual lanes t, t + blockDim, ...; then one warp per token adds virtual lanes l, l + 32, l + 64, l + 96 in order
+ * and finishes with the butterfly. The order depends on dn_count only (not on n, the block size or the consumer),
+ * so every consumer of one producer computes the same scale for a token, whatever the batch; every thread of the
+ * block has loads in flight, so the block's tail waits for about one L2 round trip. The partials were written by
+ * the previous kernel: read through L2 (__ldcg), after the PDL wait. Ends with dscale written by one thread per
+ * token (the caller's barrier publishes it). */
+constexpr int kDnLanes = 128;
+
+template <int N>
+__device__ __forceinline__ void defer_scales(const v2_args &a, int warp, int lane, int nwarps, float *dscale) {
+    __shared__ float dn_red[N][kDnLanes];
+    const int nc = a.dn_count >> 2;
+    for (int v = (int)threadIdx.x; v < kDnLanes; v += (int)blockDim.x) {
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const float4 *p = reinterpret_cast<const float4 *>(a.dn_partials + (int64_t)b * a.dn_count);
+            float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+            for (int c = v; c < nc; c += kDnLanes) {
+                const float4 u = __ldcg(p + c);
+                t.x += u.x;
+                t.y += u.y;
+                t.z += u.z;
+                t.w += u.w;
+            }
+            dn_red[b][v] = (t.x + t.y) + (t.z + t.w);
+        }
+    }
+    __syncthreads();
+    for (int b = warp; b < N; b += nwarps) {
+        float s = dn_red[b][lane];
+        s += dn_red[b][lane + 32];
+        s += dn_red[b][lane + 64];
+        s += dn_red[b][lane + 96];
+        s = warp_sum(s);
+        if (lane == 0) dscale[b] = 1.0f / sqrtf(s / (float)a.dn_dim + a.dn_eps);
+    }
 }
 
 /* EPI_ROPE: (cos, sin) of the f32 angle pos * inv_freq, exactly as tm_cuda_rope.cu's load_angles */
@@ -415,7 +476,43 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             if (lane == 0) red[warp][i][b] = v;
         }
     }
+    constexpr bool CAN_SCALE = EPI == EPI_PLAIN || EPI == EPI_SWIGLU || EPI == EPI_ROPE;
+    __shared__ float dscale[N];
+    const bool scaled = CAN_SCALE && a.dn_partials != nullptr;
+    if (scaled) defer_scales<N>(a, warp, lane, nwarps, dscale);
     __syncthreads();
+    if constexpr (EPI == EPI_DEFER) {
+        /* thread b: rows r0, r0 + 1 of token b (rows even: both exist). o = bf16(sum + bias) as tm_cuda_gemv stores
+         * it; residual += o as tm_cuda_add_rmsnorm adds it; norm_out = bf16(residual * norm_w), not yet scaled by
+         * 1 / rms (the consumer multiplies its sums by it); the sum of squares of the two new residual values,
+         * v0 * v0 then + v1 * v1, to defer_out[b, block] */
+        if (threadIdx.x < N) {
+            /* one job: its fields straight from the parameters (the job selection above is dead code here, so
+             * nothing of it stays in registers through the main loop) */
+            const float *bias0 = a.bias[0];
+            void *out0 = a.out[0];
+            const int rows0 = a.rows[0], r = bid * R;
+            const int b = threadIdx.x;
+            float s0 = 0.0f, s1 = 0.0f;
+            for (int w = 0; w < nwarps; w++) {
+                s0 += red[w][0][b];
+                s1 += red[w][1][b];
+            }
+            const uint16_t o0 = bf16_bits(s0 + (bias0 ? bias0[r] : 0.0f));
+            const uint16_t o1 = bf16_bits(s1 + (bias0 ? bias0[r + 1] : 0.0f));
+            const int64_t idx = (int64_t)b * rows0 + r; /* even: 4-byte bf16 pairs, 8-byte f32 pairs */
+            if (out0) *reinterpret_cast<uint32_t *>((uint16_t *)out0 + idx) = (uint32_t)o0 | ((uint32_t)o1 << 16);
+            float2 *rp = reinterpret_cast<float2 *>(a.residual + idx);
+            float2 v = *rp;
+            v.x = v.x + tmq::bf16f(o0);
+            v.y = v.y + tmq::bf16f(o1);
+            *rp = v;
+            *reinterpret_cast<uint32_t *>(a.norm_out + idx) =
+                pack_bf16x2(__fmul_rn(v.x, a.norm_w[r]), __fmul_rn(v.y, a.norm_w[r + 1]));
+            a.defer_out[(int64_t)b * gridDim.x + bid] = __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x));
+        }
+        return;
+    }
     if constexpr (EPI == EPI_NORM) {
         /* o = bf16(sum + bias) as tm_cuda_gemv stores it; residual += o as tm_cuda_add_rmsnorm adds it */
         if (threadIdx.x < R * N) {
@@ -442,6 +539,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             for (int w = 0; w < nwarps; w++) {
                 s0 += red[w][0][b];
                 s1 += red[w][1][b];
+            }
+            if (scaled) { /* the deferred 1 / rms, before the bias */
+                s0 = __fmul_rn(s0, dscale[b]);
+                s1 = __fmul_rn(s1, dscale[b]);
             }
             const uint16_t o0 = bf16_bits(s0 + (bias ? bias[r0] : 0.0f));
             const uint16_t o1 = bf16_bits(s1 + (bias ? bias[r0 + 1] : 0.0f));
@@ -480,6 +581,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             for (int w = 0; w < nwarps; w++) {
                 s += red[w][i][b];
                 if (SWIGLU) s2 += red[w][1][b];
+            }
+            if (scaled) { /* the deferred 1 / rms, before the bias and SwiGLU */
+                s = __fmul_rn(s, dscale[b]);
+                if (SWIGLU) s2 = __fmul_rn(s2, dscale[b]);
             }
             if (SWIGLU)
                 store_out(out, false, (int64_t)b * rows + r, silu_mul(s, s2));
@@ -543,10 +648,25 @@ cudaError_t launch_v1(const tm_cuda_gemv_job &j, const void *w_up, int32_t type,
     return cudaGetLastError();
 }
 
+/* The scaled-input fields of `a` from dn (a deferred RMSNorm of x, whose width is cols); false when v2 cannot take
+ * dn (alignment, a partial count that is not a multiple of 4, a width other than cols). */
+bool set_scaled(v2_args &a, const tm_cuda_defer_norm *dn, int64_t cols) {
+    if (!dn->partials || !tm_aligned16(dn->partials) || dn->n_partials <= 0 || dn->n_partials % 4 ||
+        dn->dim != cols)
+        return false;
+    a.dn_partials = dn->partials;
+    a.dn_count = dn->n_partials;
+    a.dn_dim = dn->dim;
+    a.dn_eps = dn->eps;
+    return true;
+}
+
 /* Every launcher ends here: n_jobs products sharing type, cols and x (swiglu: exactly one job, whose w is the
- * gate, with w_up the up weights). Jobs with 0 rows are skipped. */
+ * gate, with w_up the up weights). Jobs with 0 rows are skipped. dn (or NULL): x is a deferred RMSNorm (v2 only:
+ * cudaErrorNotSupported, nothing launched, when v2 cannot run every job or take dn). */
 cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, int32_t type, int64_t cols,
-                     const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
+                     const uint16_t *x, int32_t n, bool out_f32, bool swiglu, const tm_cuda_defer_norm *dn,
+                     cudaStream_t stream) {
     tmq::info ti;
     if (!jobs || n_jobs < 1 || n_jobs > kMaxJobs || !x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 ||
         cols > INT32_MAX || !tmq::type_info(type, &ti) || cols % ti.qk || (swiglu && (n_jobs != 1 || !w_up)))
@@ -554,17 +674,20 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     for (int32_t j = 0; j < n_jobs; j++)
         if (!jobs[j].w || !jobs[j].out || jobs[j].rows < 0 || jobs[j].rows > INT32_MAX) return cudaErrorInvalidValue;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
+    v2_args a = {};
+    if (dn && !set_scaled(a, dn, cols)) return cudaErrorNotSupported;
 
     /* v2 for all jobs at once when every job meets its alignment needs, else each job on its own as
      * tm_cuda_gemv would run it (v2 or v1), so that a job's results never depend on its companions */
     bool all_v2 = !tm_env_is_1("TM_CUDA_GEMV_V");
     for (int32_t j = 0; j < n_jobs && all_v2; j++)
         if (jobs[j].rows > 0) all_v2 = v2_ok(type, jobs[j].w, swiglu ? w_up : jobs[j].w, cols, x);
+    if (!all_v2 && dn) return cudaErrorNotSupported;
     if (!all_v2) {
         for (int32_t j = 0; j < n_jobs; j++) {
             if (jobs[j].rows == 0) continue;
             cudaError_t e = (n_jobs > 1 && !tm_env_is_1("TM_CUDA_GEMV_V"))
-                                ? gemv_run(&jobs[j], 1, w_up, type, cols, x, n, out_f32, swiglu, stream)
+                                ? gemv_run(&jobs[j], 1, w_up, type, cols, x, n, out_f32, swiglu, NULL, stream)
                                 : launch_v1(jobs[j], w_up, type, cols, row_bytes, x, n, out_f32, swiglu, stream);
             if (e != cudaSuccess) return e;
         }
@@ -573,7 +696,6 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
 
     constexpr int R_PLAIN = 2, R_SWIGLU = 1; /* output rows per v2 block (R in gemv_kernel_v2) */
     const int64_t R = swiglu ? R_SWIGLU : R_PLAIN;
-    v2_args a = {};
     int nj = 0;
     int64_t blocks = 0;
     for (int32_t j = 0; j < n_jobs; j++) {
@@ -659,19 +781,51 @@ bool aligned(const void *p, uintptr_t k) { return ((uintptr_t)p & (k - 1)) == 0;
 extern "C" cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
                                     int32_t n, const float *bias, void *out, bool out_f32, cudaStream_t stream) {
     const tm_cuda_gemv_job job = {w, rows, bias, out};
-    return gemv_run(&job, 1, NULL, type, cols, x, n, out_f32, false, stream);
+    return gemv_run(&job, 1, NULL, type, cols, x, n, out_f32, false, NULL, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                           const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream) {
-    return gemv_run(jobs, n_jobs, NULL, type, cols, x, n, out_f32, false, stream);
+    return gemv_run(jobs, n_jobs, NULL, type, cols, x, n, out_f32, false, NULL, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
                                            int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
                                            cudaStream_t stream) {
     const tm_cuda_gemv_job job = {w_gate, rows, NULL, out};
-    return gemv_run(&job, 1, w_up, type, cols, x, n, false, true, stream);
+    return gemv_run(&job, 1, w_up, type, cols, x, n, false, true, NULL, stream);
+}
+
+extern "C" cudaError_t tm_cuda_gemv_group_scaled(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type,
+                                                 int64_t cols, const uint16_t *x, int32_t n, bool out_f32,
+                                                 const tm_cuda_defer_norm *dn, cudaStream_t stream) {
+    if (!dn) return cudaErrorInvalidValue;
+    return gemv_run(jobs, n_jobs, NULL, type, cols, x, n, out_f32, false, dn, stream);
+}
+
+extern "C" cudaError_t tm_cuda_gemv_swiglu_scaled(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
+                                                  int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
+                                                  const tm_cuda_defer_norm *dn, cudaStream_t stream) {
+    if (!dn) return cudaErrorInvalidValue;
+    const tm_cuda_gemv_job job = {w_gate, rows, NULL, out};
+    return gemv_run(&job, 1, w_up, type, cols, x, n, false, true, dn, stream);
+}
+
+extern "C" cudaError_t tm_cuda_gemv_add_norm_defer(const void *w, int32_t type, int64_t rows, int64_t cols,
+                                                   const uint16_t *x, int32_t n, const float *bias, uint16_t *out,
+                                                   float *residual, const float *norm_w, uint16_t *norm_out,
+                                                   float *partials, cudaStream_t stream) {
+    if (!w || !residual || !norm_w || !norm_out || !partials || rows <= 0) return cudaErrorInvalidValue;
+    if (rows % 8 || rows > INT32_MAX || !aligned(residual, 16) || !aligned(norm_out, 4) || !aligned(partials, 16) ||
+        !aligned(out, 4))
+        return cudaErrorNotSupported;
+    v2_args a = {};
+    a.residual = residual;
+    a.norm_w = norm_w;
+    a.norm_out = norm_out;
+    a.defer_out = partials;
+    const tm_cuda_gemv_job job = {w, rows, bias, out};
+    return fused_run<EPI_DEFER>(a, &job, 1, type, cols, x, n, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, int64_t cols,
@@ -691,9 +845,10 @@ extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int
     return fused_run<EPI_NORM>(a, &job, 1, type, cols, x, n, stream);
 }
 
-extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols,
-                                             const uint16_t *x, int32_t n, const tm_cuda_rope_args *rope,
-                                             cudaStream_t stream) {
+namespace {
+
+cudaError_t qkv_rope_run(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols, const uint16_t *x, int32_t n,
+                         const tm_cuda_rope_args *rope, const tm_cuda_defer_norm *dn, cudaStream_t stream) {
     if (!jobs || !rope || !jobs[0].out || !rope->positions || !rope->slot_mapping || !rope->k_cache ||
         !rope->v_cache || rope->n_tokens != n || rope->n_heads <= 0 || rope->n_kv_heads <= 0 || rope->head_dim <= 0 ||
         rope->block_size <= 0 || rope->rope_dim < 0 || rope->rope_dim > rope->head_dim ||
@@ -707,6 +862,7 @@ extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32
         if (!aligned(jobs[j].out, 4)) return cudaErrorNotSupported; /* NULL passes: k, v outputs are optional */
     if (!aligned(rope->k_cache, 4) || !aligned(rope->v_cache, 4)) return cudaErrorNotSupported;
     v2_args a = {};
+    if (dn && !set_scaled(a, dn, cols)) return cudaErrorNotSupported;
     a.inv_freq = rope->inv_freq;
     a.positions = rope->positions;
     a.slot_mapping = rope->slot_mapping;
@@ -718,4 +874,19 @@ extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32
     a.block_size = rope->block_size;
     a.n_kv_heads = rope->n_kv_heads;
     return fused_run<EPI_ROPE>(a, jobs, 3, type, cols, x, n, stream);
+}
+
+} /* namespace */
+
+extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols,
+                                             const uint16_t *x, int32_t n, const tm_cuda_rope_args *rope,
+                                             cudaStream_t stream) {
+    return qkv_rope_run(jobs, type, cols, x, n, rope, NULL, stream);
+}
+
+extern "C" cudaError_t tm_cuda_gemv_qkv_rope_scaled(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols,
+                                                    const uint16_t *x, int32_t n, const tm_cuda_rope_args *rope,
+                                                    const tm_cuda_defer_norm *dn, cudaStream_t stream) {
+    if (!dn) return cudaErrorInvalidValue;
+    return qkv_rope_run(jobs, type, cols, x, n, rope, dn, stream);
 }
