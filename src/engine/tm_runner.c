@@ -125,7 +125,10 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     for (int32_t rk = 1; rk < cfg.tp; rk++) /* each rank caches its own KV heads */
         if ((s = r->tp_be[rk]->ops->kv_init(r->tp_be[rk], &kc, err)) != TM_OK) goto fail;
     size_t T = (size_t)cfg.max_batch_tokens;
-    r->logits = tm_malloc_array((size_t)max_logits * (size_t)m->hp.n_vocab, sizeof(float));
+    /* a host backend's logits buffer is host memory already: the runner reads it in place (no copy per step) */
+    r->logits_borrowed = cfg.device == TM_DEVICE_CPU;
+    r->logits = r->logits_borrowed ? (float *)r->ws.logits
+                                   : tm_malloc_array((size_t)max_logits * (size_t)m->hp.n_vocab, sizeof(float));
     r->greedy = tm_malloc_array((size_t)max_logits, sizeof(int32_t));
     r->sample_rows = tm_malloc_array((size_t)max_logits, sizeof(tm_sample_row));
     r->b_ids = tm_malloc_array(T, sizeof(int32_t));
@@ -169,7 +172,7 @@ void tm_runner_free(tm_runner *r) {
     tm_cuda_tp_free(r->cuda_tp);
     tm_tp_host_reduce_free(r->tp_host);
     tm_kv_pool_free(&r->pool);
-    free(r->logits);
+    if (!r->logits_borrowed) free(r->logits);
     free(r->greedy);
     free(r->sample_rows);
     free(r->b_ids);

@@ -42,6 +42,7 @@ typedef struct tm_runner {
     tm_kv_pool pool;
     tm_runner_cfg cfg;
     float *logits;              /* (max_logits, n_vocab) host logits of the last pass */
+    bool logits_borrowed;       /* logits is the workspace's own buffer (a host backend): not freed here */
     int32_t *greedy;            /* (max_logits) argmax ids of the last pass when it ran with greedy_on_device */
     bool greedy_on_device;      /* the next step only: argmax on the backend, only ids to the host (r->logits
                                  * unset); cleared by tm_runner_step */

@@ -430,9 +430,40 @@ static int32_t prepare(tm_sampler *s, float *logits, const int32_t *hist, size_t
     return -1;
 }
 
+/* sanitize, then argmax, in one pass (greedy without penalties or logprobs: the decode loop's common case) */
+static int32_t sanitize_argmax(float *x, int32_t n) {
+    int32_t best = -1;
+    float bv = -INFINITY;
+    for (int32_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (isnan(v)) x[i] = v = -INFINITY;
+        else if (v == INFINITY) x[i] = v = FLT_MAX;
+        if (v > bv) {
+            bv = v;
+            best = i;
+        }
+    }
+    return best;
+}
+
+static bool penalties_apply(const tm_sampler *s, size_t n_hist) {
+    const tm_sampling_params *p = &s->p;
+    return n_hist > 0 && ((p->repeat_penalty != 1.0f && p->repeat_last_n != 0) || p->presence_penalty != 0.0f ||
+                          p->frequency_penalty != 0.0f);
+}
+
 int32_t tm_sampler_sample(tm_sampler *s, float *logits, const int32_t *hist, size_t n_hist, tm_logprob *chosen,
                           tm_logprob *top) {
     const int32_t V = s->n_vocab;
+    if (s->p.temperature == 0.0f && s->p.n_logprobs <= 0 && !penalties_apply(s, hist ? n_hist : 0)) {
+        int32_t am = sanitize_argmax(logits, V);
+        if (am < 0) am = 0; /* all -inf: the first id, as prepare() falls back */
+        if (chosen) {
+            chosen->id = am;
+            chosen->logprob = 0.0f;
+        }
+        return am;
+    }
     sanitize(logits, V);
     const bool want_lp = s->p.n_logprobs > 0;
     lse_t lse = {0.0, 0.0};
