@@ -217,6 +217,20 @@ static void test_greedy(void **state) {
     x[31] = 3.0f;
     x[900] = 3.0f;
     assert_int_equal(tm_sampler_sample(s, x, NULL, 0, NULL, NULL), 31);
+    /* the one-pass greedy path sanitizes as the general one does: NaN -> -inf (never taken), +inf -> FLT_MAX
+     * (the first +inf wins), all -inf or all NaN -> id 0 */
+    for (int i = 0; i < V; i++) x[i] = 1.0f;
+    x[3] = NAN;
+    x[10] = INFINITY;
+    x[20] = INFINITY;
+    assert_int_equal(tm_sampler_sample(s, x, NULL, 0, NULL, NULL), 10);
+    assert_true(x[3] == -INFINITY && x[10] == FLT_MAX && x[20] == FLT_MAX);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < V; i++) x[i] = pass ? NAN : -INFINITY;
+        tm_logprob chosen = {-1, 1.0f};
+        assert_int_equal(tm_sampler_sample(s, x, NULL, 0, &chosen, NULL), 0);
+        assert_true(chosen.id == 0 && chosen.logprob == 0.0f);
+    }
     tm_sampler_free(s);
 }
 
