@@ -15,7 +15,7 @@ PY=python3
 echo "$T threads, $AB-bit activations"
 mkdir -p bench/out
 for b in 1 2 4 8 16 32; do
-  build/tokenmill bench latency -m "$M" -t "$T" --batch "$b" --input-len 64 --output-len 128 --bw auto \
+  build/tokenmill bench latency -m "$M" -t "$T" --batch "$b" --input-len 64 --output-len 64 --bw auto \
     --act-bits "$AB" --json
 done | tee bench/out/batch_sweep.jsonl | $PY -c "
 import json, sys

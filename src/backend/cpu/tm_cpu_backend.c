@@ -432,6 +432,7 @@ typedef struct {
     float *out;
     const attn_dec *dec;  /* (n_dec) the one-token sequences */
     int32_t n_dec;
+    int64_t n_items;      /* their (KV head, chunk) items */
 } attn_task;
 
 /* the K and V rows of block `blk` (logical block j0 / bs of the table bt) of KV head kvh, cnt entries of which are
@@ -545,6 +546,26 @@ static void attn_fn(void *p, int ith, int nth) {
 
 /* Decode items [lo, hi): (sequence, KV head, chunk). A chunk's state: the first chunk's accumulator is the output
  * row, a later one's is its slot of c->att_part; m and l of every chunk go to its slot. */
+/* prefetch decode item it (of one-token sequence d) into L2: its chunk's K and V rows */
+static void dec_prefetch(const attn_task *t, int32_t d, int64_t it) {
+    const tm_cpu_backend *c = t->c;
+    const attn_dec *dd = &t->dec[d];
+    const int32_t hd = t->a->head_dim, bs = c->kv.block_size, chunk = bs * TM_ATTN_CHUNK;
+    const int32_t kvh = (int32_t)((it - dd->item0) / dd->n_chunks), ch = (int32_t)((it - dd->item0) % dd->n_chunks);
+    const int32_t ctx = t->b->context_len[dd->seq], j1 = (ch + 1) * chunk < ctx ? (ch + 1) * chunk : ctx;
+    const int32_t *bt = t->b->block_table + (size_t)dd->seq * (size_t)t->b->max_blocks;
+    const size_t rb = (size_t)hd * (c->kv_fp8 ? 1 : sizeof(float));
+    for (int32_t j0 = ch * chunk; j0 < j1; j0 += bs) {
+        const char *kp = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs], kvh, 0);
+        const char *vp = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs], kvh, 0);
+        const size_t nb = (size_t)(j1 - j0 < bs ? j1 - j0 : bs) * rb;
+        for (size_t o = 0; o < nb; o += 64) {
+            __builtin_prefetch(kp + o, 0, 2);
+            __builtin_prefetch(vp + o, 0, 2);
+        }
+    }
+}
+
 static void attn_dec_fn(void *p, int64_t lo, int64_t hi, int ith) {
     attn_task *t = p;
     tm_cpu_backend *c = t->c;
@@ -572,19 +593,11 @@ static void attn_dec_fn(void *p, int64_t lo, int64_t hi, int ith) {
                                  : slot + ((size_t)ch * (size_t)group + (size_t)h) * (size_t)ps;
             tm_cpu_attn_begin(&st[h], acc, hd);
         }
-        { /* the whole chunk's K and V into L2 up front: the blocks lie apart, and one block at a time leaves too
-           * few lines in flight (decode attention is bound by the latency of these loads, not their bytes) */
-            const size_t rb = (size_t)hd * (c->kv_fp8 ? 1 : sizeof(float));
-            for (int32_t j0 = ch * chunk; j0 < j1; j0 += bs) {
-                const char *kp = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs], kvh, 0);
-                const char *vp = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs], kvh, 0);
-                const size_t nb = (size_t)(j1 - j0 < bs ? j1 - j0 : bs) * rb;
-                for (size_t o = 0; o < nb; o += 64) {
-                    __builtin_prefetch(kp + o, 0, 2);
-                    __builtin_prefetch(vp + o, 0, 2);
-                }
-            }
-        }
+        /* this item's K and V, and the next item's (most often this thread's next claim), into L2 up front: the
+         * blocks lie apart, and one block at a time leaves too few lines in flight (decode attention is bound by
+         * the latency of these loads, not their bytes) */
+        if (it == lo) dec_prefetch(t, d, it);
+        if (it + 1 < t->n_items) dec_prefetch(t, it + 1 < dd->item0 + (int64_t)a->n_kv_heads * dd->n_chunks ? d : d + 1, it + 1);
         for (int32_t j0 = ch * chunk; j0 < j1; j0 += bs) {
             const float *kb, *vb;
             kv_block(t, bt, j0, j1 - 1, kvh, wide, &kb, &vb);
@@ -647,7 +660,7 @@ static void cpu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, c
                           void *out) {
     tm_cpu_backend *c = cpu(be);
     const int32_t chunk = c->kv.block_size * TM_ATTN_CHUNK;
-    attn_task t = {c, a, layer, b, q, out, NULL, 0};
+    attn_task t = {c, a, layer, b, q, out, NULL, 0, 0};
     int32_t n_dec = 0;
     int64_t items = 0;
     for (int32_t s = 0; s < b->n_seqs; s++)
@@ -664,6 +677,7 @@ static void cpu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, c
                 items += (int64_t)a->n_kv_heads * d->n_chunks;
             }
         t.dec = c->att_dec;
+        t.n_items = items;
     }
     if (b->n_tokens > t.n_dec) tm_threadpool_run(c->tp, attn_fn, &t); /* prefill tokens (or every token) */
     if (t.n_dec) {
