@@ -37,9 +37,10 @@
  * Deferred RMSNorm (tm_cuda_gemv_add_norm_defer + tm_cuda_gemv_swiglu_scaled / _qkv_rope_scaled / _group_scaled)
  * on bf16 (1B and 8B shapes) and q4_K (1B): the o projection feeding gate/up and the down projection feeding
  * QKV + RoPE and the plain group, n = 8, 2, 1, direct and as a replayed graph: the producer's residual, x' and
- * partials exactly against the CPU (given tm_cuda_gemv's o), the consumers against a double reference of the
- * unfused math (norm then GEMV), bit-identity across n and graph replay, and the unfused GPU chain within bf16
- * tolerance (check_defer). Timed before everything else: producer + consumer against GEMV + add_rmsnorm +
+ * partials exactly against the CPU (given tm_cuda_gemv's o), its per-token scale (the last block's sum) against
+ * a double reference, the counter back at 0, the consumers against a double reference of the unfused math (norm
+ * then GEMV), bit-identity of the scales and outputs across n and graph replay, and the unfused GPU chain within
+ * bf16 tolerance (check_defer). Timed before everything else: producer + consumer against GEMV + add_rmsnorm +
  * consumer, single calls and in a graph (time_defer).
  * Robustness (tb_guard.h): every host allocation is checked; each case prints "CASE <name>" before it starts; a
  * crash or a hang (watchdog TB_WATCHDOG_S, default 170 s) prints "# CRASH|TIMEOUT in case <name>"; the timing
@@ -1013,7 +1014,8 @@ typedef struct defer_run {
     int64_t dim, pcols;
     const uint16_t *px;           /* (n, pcols) */
     const float *pbias, *nw, *res0;
-    float *res, *part;
+    float *res;
+    void *scr;                    /* the producer's scratch (TM_CUDA_DEFER_SCRATCH_BYTES(dim)), counter zeroed */
     uint16_t *nout, *o;
     int n, kind;
     const void *cw[3];            /* consumer weights: gate, up or q, k, v, each (crows[j], dim) */
@@ -1033,7 +1035,9 @@ static void defer_launch(void *p, cudaStream_t s) {
         TB_CHECK(cudaMemcpyAsync(r->res, r->res0, nd * sizeof(float), cudaMemcpyDeviceToDevice, s));
         TB_CHECK(cudaMemsetAsync(r->nout, 0xFF, nd * 2, s));
         TB_CHECK(cudaMemsetAsync(r->o, 0xFF, nd * 2, s));
-        TB_CHECK(cudaMemsetAsync(r->part, 0xFF, (size_t)r->n * (size_t)TM_CUDA_DEFER_PARTIALS(r->dim) * 4, s));
+        /* the scales and partials, not the counter (the producer needs it at 0) */
+        TB_CHECK(cudaMemsetAsync((uint8_t *)r->scr + TM_CUDA_DEFER_SCALE_OFF, 0xFF,
+                                 TM_CUDA_DEFER_SCRATCH_BYTES(r->dim) - TM_CUDA_DEFER_SCALE_OFF, s));
         for (int j = 0; j < nj; j++)
             if (r->cout[j])
                 TB_CHECK(cudaMemsetAsync(r->cout[j], 0xFF, (size_t)r->n * (size_t)r->crows[j] * (r->kind == DC_GROUP ? 4 : 2), s));
@@ -1043,8 +1047,8 @@ static void defer_launch(void *p, cudaStream_t s) {
         }
     }
     TB_CHECK(tm_cuda_gemv_add_norm_defer(r->pw, r->t, r->dim, r->pcols, r->px, r->n, r->pbias, r->o, r->res, r->nw,
-                                         r->nout, r->part, s));
-    const tm_cuda_defer_norm dn = {r->part, (int32_t)TM_CUDA_DEFER_PARTIALS(r->dim), (int32_t)r->dim, NORM_EPS};
+                                         NORM_EPS, r->nout, r->scr, s));
+    const tm_cuda_defer_norm dn = {tm_cuda_defer_scale(r->scr), (int32_t)r->dim};
     if (r->kind == DC_SWIGLU) {
         TB_CHECK(tm_cuda_gemv_swiglu_scaled(r->cw[0], r->cw[1], r->t, r->crows[0], r->dim, r->nout, r->n, r->cout[0],
                                             &dn, s));
@@ -1066,10 +1070,11 @@ static void defer_launch(void *p, cudaStream_t s) {
  * KV cache write, one padding token) and the plain grouped GEMV on the same q, k, v (f32 outputs). For n = 8, 2, 1,
  * each run directly and as a captured graph (residual reset + poison + producer + consumer) replayed 3 times:
  *  - producer, exactly: o equals tm_cuda_gemv's (n = 8 run), residual = residual0 + o (f32), x' = bf16(residual *
- *    norm_w); the partials against fmaf(r1, r1, r0 * r0) (relative, f32 tolerance);
+ *    norm_w), the counter back at 0; the partials against fmaf(r1, r1, r0 * r0) (relative, f32 tolerance); the
+ *    scale of each token against 1 / sqrt(sum r^2 / dim + eps) in double (relative 1e-6);
  *  - consumers against a double reference of the unfused math on the exact residual: x = residual / rms * norm_w
  *    in double (no rounding), then the GEMV (+ bias), then SwiGLU, or the bf16 rounding + RoPE + cache slots;
- *  - every output bit-identical to the direct n = 8 run's rows (batch invariance, graph replay, PDL);
+ *  - every scale and output bit-identical to the direct n = 8 run's (batch invariance, graph replay, PDL);
  *  - the direct n = 8 run against the unfused GPU chain (tm_cuda_gemv + tm_cuda_add_rmsnorm + the plain consumer),
  *    within bf16 tolerance (the rounding of x moves). */
 static void check_defer(int32_t t, const defer_shape *sh, int pair) {
@@ -1097,13 +1102,16 @@ static void check_defer(int32_t t, const defer_shape *sh, int pair) {
     float *res0_d = tb_upload(res0, nd * sizeof(float)), *nw_d = tb_upload(nw, (size_t)dim * sizeof(float));
     float *pbias_d = tb_upload(pbias, (size_t)dim * sizeof(float));
     const float *pb_d = down ? NULL : pbias_d;
-    float *res_d = tb_dev(nd * sizeof(float)), *part_d = tb_dev(npart * sizeof(float));
+    float *res_d = tb_dev(nd * sizeof(float));
+    void *scr_d = tb_dev(TM_CUDA_DEFER_SCRATCH_BYTES(dim));
+    TB_CHECK(cudaMemset(scr_d, 0, TM_CUDA_DEFER_SCRATCH_BYTES(dim))); /* the counter: every launch leaves it at 0 */
+    float *part_d = tm_cuda_defer_partials(scr_d), *scale_d = tm_cuda_defer_scale(scr_d);
     uint16_t *nout_d = tb_dev(nd * 2), *o_d = tb_dev(nd * 2), *og_d = tb_dev(nd * 2);
-    /* o as tm_cuda_gemv computes it (bf16), then the exact residual, x' and partials, and x in double */
+    /* o as tm_cuda_gemv computes it (bf16), then the exact residual, x' and partials, the scales and x in double */
     TB_RUN(tm_cuda_gemv(pw_d, t, dim, pcols, px_d, MAX_N, pb_d, og_d, false, 0));
     uint16_t *og = tb_xmalloc(nd * 2), *xq = tb_xmalloc(nd * 2);
     float *resx = tb_xmalloc(nd * sizeof(float)), *partx = tb_xmalloc(npart * sizeof(float));
-    double *xn = tb_xmalloc(nd * sizeof(double));
+    double *xn = tb_xmalloc(nd * sizeof(double)), scx[MAX_N];
     tb_download(og, og_d, nd * 2);
     for (int b = 0; b < MAX_N; b++) {
         double ss = 0.0;
@@ -1118,6 +1126,7 @@ static void check_defer(int32_t t, const defer_shape *sh, int pair) {
             partx[(size_t)b * np + k] = fmaf(r1, r1, r0 * r0);
         }
         const double sc = 1.0 / sqrt(ss / (double)dim + (double)NORM_EPS);
+        scx[b] = sc;
         for (int64_t i = 0; i < dim; i++) xn[(size_t)b * dim + i] = (double)resx[(size_t)b * dim + i] * sc * nw[i];
     }
     /* consumers: weights, biases, double references for 8 tokens */
@@ -1171,7 +1180,8 @@ static void check_defer(int32_t t, const defer_shape *sh, int pair) {
     const int kinds[2] = {down ? DC_QKV_ROPE : DC_SWIGLU, DC_GROUP};
     const int ns[3] = {MAX_N, 2, 1};
     size_t bad_p = 0, bad_inv = 0;
-    double part_err = 0.0, worst[4] = {0.0, 0.0, 0.0, 0.0}; /* swiglu or q, k-cache, v-cache, group */
+    double part_err = 0.0, scale_err = 0.0, worst[4] = {0.0, 0.0, 0.0, 0.0}; /* swiglu or q, k-cache, v-cache, group */
+    float scale8[MAX_N]; /* the direct n = 8 run's scales */
     for (int ki = 0; ki < (down ? 2 : 1); ki++) {
         const int kind = kinds[ki];
         const size_t es = kind == DC_GROUP ? 4 : 2;
@@ -1182,12 +1192,13 @@ static void check_defer(int32_t t, const defer_shape *sh, int pair) {
                 TB_CHECK(cudaMemcpy(res_d, res0, cnt * sizeof(float), cudaMemcpyHostToDevice));
                 tb_poison(nout_d, nd * 2);
                 tb_poison(o_d, nd * 2);
+                tb_poison(scale_d, MAX_N * sizeof(float));
                 tb_poison(part_d, npart * 4);
                 for (int j = 0; j < 3; j++) tb_poison(cout_d[j], (size_t)MAX_N * (size_t)(crows[j] ? crows[j] : 1) * 4);
                 tb_poison(kc_d, ncache * 2);
                 tb_poison(vc_d, ncache * 2);
                 TB_CHECK(cudaDeviceSynchronize());
-                defer_run r = {pw_d, t, dim, pcols, px_d, pb_d, nw_d, res0_d, res_d, part_d, nout_d, o_d, n, kind,
+                defer_run r = {pw_d, t, dim, pcols, px_d, pb_d, nw_d, res0_d, res_d, scr_d, nout_d, o_d, n, kind,
                                {cw_d[0], cw_d[1], cw_d[2]}, {crows[0], crows[1], crows[2]},
                                {kind == DC_SWIGLU ? NULL : cb_d[0], kind == DC_SWIGLU ? NULL : cb_d[1],
                                 kind == DC_SWIGLU ? NULL : cb_d[2]},
@@ -1205,13 +1216,26 @@ static void check_defer(int32_t t, const defer_shape *sh, int pair) {
                 tb_download(res_h, res_d, cnt * sizeof(float));
                 tb_download(nout_h, nout_d, cnt * 2);
                 tb_download(part_h, part_d, (size_t)n * np * sizeof(float));
+                float scale_h[MAX_N];
+                unsigned int counter = 1;
+                tb_download(scale_h, scale_d, (size_t)n * sizeof(float));
+                tb_download(&counter, scr_d, sizeof counter);
                 bad_p += memcmp(o_h, og, cnt * 2) != 0;
                 bad_p += memcmp(res_h, resx, cnt * sizeof(float)) != 0;
                 bad_p += memcmp(nout_h, xq, cnt * 2) != 0;
+                bad_p += counter != 0; /* the last block reset it */
                 for (size_t i = 0; i < (size_t)n * np; i++) {
                     const double d = fabs((double)part_h[i] - (double)partx[i]) / fmax(fabs((double)partx[i]), 1e-30);
                     if (!(d <= part_err)) part_err = d; /* NaN sticks */
                 }
+                for (int b = 0; b < n; b++) {
+                    const double d = fabs((double)scale_h[b] - scx[b]) / scx[b];
+                    if (!(d <= scale_err)) scale_err = d;
+                }
+                if (n == MAX_N && mode == 0 && ki == 0)
+                    memcpy(scale8, scale_h, sizeof scale8);
+                else /* the same scale bits whatever n, the consumer kind, or graph replay */
+                    bad_inv += memcmp(scale_h, scale8, (size_t)n * sizeof(float)) != 0;
                 /* the consumer's outputs, packed (job, n, rows_j) */
                 size_t off = 0;
                 for (int j = 0; j < (kind == DC_GROUP ? 3 : 1); j++) {
@@ -1344,6 +1368,8 @@ static void check_defer(int32_t t, const defer_shape *sh, int pair) {
     tb_result("defer_norm", name, (double)bad_p, 0, 0, 0, 0, 'm');
     snprintf(name, sizeof name, "%s partials", tag);
     tb_result("defer_norm", name, part_err, 1e-6, 0, 0, 0, 'm');
+    snprintf(name, sizeof name, "%s scale (last block)", tag);
+    tb_result("defer_norm", name, scale_err, 1e-6, 0, 0, 0, 'm');
     if (!down) {
         snprintf(name, sizeof name, "%s swiglu_scaled", tag);
         tb_result("defer_norm", name, worst[0], 1e-2, 0, 0, 0, 'm');
@@ -1355,7 +1381,7 @@ static void check_defer(int32_t t, const defer_shape *sh, int pair) {
             tb_result("defer_norm", name, worst[i], 1e-2, 0, 0, 0, 'm');
         }
     }
-    snprintf(name, sizeof name, "%s exact: n, graph, cache poison", tag);
+    snprintf(name, sizeof name, "%s exact: scales, n, graph, cache poison", tag);
     tb_result("defer_norm", name, (double)bad_inv, 0, 0, 0, 0, 'm');
     snprintf(name, sizeof name, "%s vs unfused n8", tag);
     tb_result("defer_norm", name, vs_unfused, 1e-2, 0, 0, 0, 'm');
@@ -1372,7 +1398,7 @@ static void check_defer(int32_t t, const defer_shape *sh, int pair) {
     TB_CHECK(cudaFree(nw_d));
     TB_CHECK(cudaFree(pbias_d));
     TB_CHECK(cudaFree(res_d));
-    TB_CHECK(cudaFree(part_d));
+    TB_CHECK(cudaFree(scr_d));
     TB_CHECK(cudaFree(nout_d));
     TB_CHECK(cudaFree(o_d));
     TB_CHECK(cudaFree(og_d));
@@ -1424,20 +1450,22 @@ static void check_defer_all(void) {
 static int defer_refusals(void) {
     uint16_t *x = tb_dev(4096 * 2);
     void *w = tb_dev(1 << 20), *o = tb_dev(1 << 16);
-    float *res = tb_dev(1 << 16), *nw = tb_dev(1 << 16), *pa = tb_dev(1 << 12);
+    float *res = tb_dev(1 << 16), *nw = tb_dev(1 << 16);
+    uint8_t *scr = tb_dev(TM_CUDA_DEFER_SCRATCH_BYTES(64));
+    TB_CHECK(cudaMemset(scr, 0, TM_CUDA_DEFER_SCRATCH_BYTES(64)));
     int bad = 0;
-    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 12, 64, x, 1, NULL, NULL, res, nw, o, pa, 0) !=
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 12, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, scr, 0) !=
            cudaErrorNotSupported; /* rows % 8 */
-    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res + 1, nw, o, pa, 0) !=
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res + 1, nw, 1e-5f, o, scr, 0) !=
            cudaErrorNotSupported; /* residual alignment */
-    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, o, pa + 1, 0) !=
-           cudaErrorNotSupported; /* partials alignment */
-    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, o, NULL, 0) !=
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, scr + 4, 0) !=
+           cudaErrorNotSupported; /* scratch alignment */
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, NULL, 0) !=
            cudaErrorInvalidValue;
-    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 0, NULL, NULL, res, nw, o, pa, 0) !=
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 0, NULL, NULL, res, nw, 1e-5f, o, scr, 0) !=
            cudaErrorInvalidValue;
-    TB_CHECK(cudaMemset(pa, 0, 1 << 12));
-    tm_cuda_defer_norm dn = {pa, 32, 64, 1e-5f};
+    const float *sc = tm_cuda_defer_scale(scr);
+    tm_cuda_defer_norm dn = {sc, 64};
     tm_cuda_gemv_job job = {w, 16, NULL, o};
     bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, &dn, 0) != cudaSuccess;
     bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, NULL, 0) != cudaErrorInvalidValue;
@@ -1445,17 +1473,16 @@ static int defer_refusals(void) {
     dn.dim = 32; /* not the consumer's cols */
     bad += tm_cuda_gemv_swiglu_scaled(w, w, TM_DT_BF16, 16, 64, x, 1, o, &dn, 0) != cudaErrorNotSupported;
     dn.dim = 64;
-    dn.n_partials = 30; /* not a multiple of 4 */
+    dn.scale = sc + 1; /* not 16-byte aligned */
     bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, &dn, 0) != cudaErrorNotSupported;
-    dn.n_partials = 32;
-    dn.partials = pa + 1; /* unaligned */
+    dn.scale = NULL;
     bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, &dn, 0) != cudaErrorNotSupported;
-    dn.partials = pa;
+    dn.scale = sc;
     bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 36, x, 1, false, &dn, 0) != cudaErrorNotSupported;
     setenv("TM_CUDA_GEMV_V", "1", 1); /* v1 has no scaled mode: refused rather than run unscaled */
     bad += tm_cuda_gemv_group_scaled(&job, 1, TM_DT_BF16, 64, x, 1, false, &dn, 0) != cudaErrorNotSupported;
     bad += tm_cuda_gemv_swiglu_scaled(w, w, TM_DT_BF16, 16, 64, x, 1, o, &dn, 0) != cudaErrorNotSupported;
-    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, o, pa, 0) !=
+    bad += tm_cuda_gemv_add_norm_defer(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, scr, 0) !=
            cudaErrorNotSupported;
     unsetenv("TM_CUDA_GEMV_V");
     TB_CHECK(cudaDeviceSynchronize());
@@ -1465,7 +1492,7 @@ static int defer_refusals(void) {
     TB_CHECK(cudaFree(o));
     TB_CHECK(cudaFree(res));
     TB_CHECK(cudaFree(nw));
-    TB_CHECK(cudaFree(pa));
+    TB_CHECK(cudaFree(scr));
     return bad;
 }
 
@@ -1530,11 +1557,11 @@ typedef struct targ {
     /* K_ROPE_*: geometry, positions, slots and caches (q, k, v: set per call) */
     tm_cuda_rope_args rope;
     /* K_DEFER_*: the producer's weights (cols rows of pcols, first in each copy, then the consumer's), input
-     * (n, pcols), bf16 output of the unfused chain (n, cols) and partials; res, nw, nout as K_NORM_*; the consumer
-     * reads nout (n, cols): gate/up of rows[0] rows, or q, k, v of rows[0..2] with rope */
+     * (n, pcols), bf16 output of the unfused chain (n, cols) and scratch (counter zeroed); res, nw, nout as
+     * K_NORM_*; the consumer reads nout (n, cols): gate/up of rows[0] rows, or q, k, v of rows[0..2] with rope */
     int64_t pcols;
     uint16_t *px, *pout;
-    float *part;
+    void *dscr;
 } targ;
 
 static void run_timed(void *p) {
@@ -1584,10 +1611,10 @@ static void run_timed(void *p) {
         const bool defer = a->kind == K_DEFER_SW || a->kind == K_DEFER_QKV;
         const int64_t dim = a->cols;
         const uint8_t *wc = w + row_bytes_of(a->t, a->pcols) * (size_t)dim; /* the consumer's weights */
-        const tm_cuda_defer_norm dn = {a->part, (int32_t)TM_CUDA_DEFER_PARTIALS(dim), (int32_t)dim, 1e-5f};
+        const tm_cuda_defer_norm dn = {tm_cuda_defer_scale(a->dscr), (int32_t)dim};
         if (defer) {
-            TB_CHECK(tm_cuda_gemv_add_norm_defer(w, a->t, dim, a->pcols, a->px, a->n, NULL, NULL, a->res, a->nw, a->nout,
-                                                 a->part, a->stream));
+            TB_CHECK(tm_cuda_gemv_add_norm_defer(w, a->t, dim, a->pcols, a->px, a->n, NULL, NULL, a->res, a->nw, 1e-5f,
+                                                 a->nout, a->dscr, a->stream));
         } else {
             TB_CHECK(tm_cuda_gemv(w, a->t, dim, a->pcols, a->px, a->n, NULL, a->pout, false, a->stream));
             TB_CHECK(tm_cuda_add_rmsnorm(a->res, a->pout, a->nw, 1e-5f, a->n, (int32_t)dim, a->nout, a->stream));
@@ -1853,7 +1880,8 @@ static void time_fused(int fused_kind, int32_t t, const int64_t *rows, int64_t c
 /* The deferred norm (producer + scaled consumer: 2 launches) against the unfused chain it replaces (GEMV +
  * add_rmsnorm + the consumer: 3 launches), single calls and in a graph of 20 calls (per call). pair 0: o projection
  * then gate/up SwiGLU; pair 1: down projection then QKV + RoPE + cache write. Bytes: both weights + the producer's
- * input + the residual read and written + the norm output + the consumer's output (partials not counted). */
+ * input + the residual read and written + the norm output + the consumer's output (partials and scales not
+ * counted). */
 static void time_defer(int32_t t, const defer_shape *sh, int pair, int n) {
     const bool down = pair == 1;
     const int64_t dim = sh->dim, pcols = down ? sh->ffn : (int64_t)sh->H * sh->hd;
@@ -1887,7 +1915,8 @@ static void time_defer(int32_t t, const defer_shape *sh, int pair, int n) {
         a.res = tb_dev((size_t)n * (size_t)dim * 4);
         a.nw = tb_dev((size_t)dim * 4);
         a.nout = tb_dev((size_t)n * (size_t)dim * 2);
-        a.part = tb_dev((size_t)n * (size_t)TM_CUDA_DEFER_PARTIALS(dim) * 4);
+        a.dscr = tb_dev(TM_CUDA_DEFER_SCRATCH_BYTES(dim));
+        TB_CHECK(cudaMemset(a.dscr, 0, TM_CUDA_DEFER_SCRATCH_BYTES(dim)));
         a.out = tb_dev((size_t)n * (size_t)cout * 2);
         TB_CHECK(cudaMemset(a.res, 0, (size_t)n * (size_t)dim * 4));
         TB_CHECK(cudaMemset(a.nw, 0, (size_t)dim * 4));
@@ -1932,7 +1961,7 @@ static void time_defer(int32_t t, const defer_shape *sh, int pair, int n) {
         TB_CHECK(cudaFree(a.res));
         TB_CHECK(cudaFree(a.nw));
         TB_CHECK(cudaFree(a.nout));
-        TB_CHECK(cudaFree(a.part));
+        TB_CHECK(cudaFree(a.dscr));
         TB_CHECK(cudaFree(a.out));
         if (down) {
             TB_CHECK(cudaFree(a.rope.k_cache));

@@ -14,7 +14,7 @@ typedef struct cu_buf {
 } cu_buf;
 
 /* A buffer that holds a deferred RMSNorm (see dn_flush): buf (n, dim) bf16 = bf16(residual * norm_w), the 1 / rms
- * of each token still to apply, from the partial sums of squares the producer left in dn_partials. */
+ * of each token still to apply, as the producer left it in dn_scratch (tm_cuda_defer_scale). */
 typedef struct cu_defer {
     void *buf;                   /* NULL: no buffer holds a deferred norm */
     float *residual;             /* (n, dim) f32, already updated by the producer */
@@ -23,8 +23,10 @@ typedef struct cu_defer {
     int32_t n, dim;
 } cu_defer;
 
-/* partial sums of squares room: TM_CUDA_GEMV_MAX_N tokens of rows up to 16384 (larger norms are not deferred) */
-#define CU_DN_MAX_PARTIALS ((size_t)TM_CUDA_GEMV_MAX_N * TM_CUDA_DEFER_PARTIALS(16384))
+/* the producer's scratch (counter, scales, partial sums of squares; see tm_cuda_kernels.h): TM_CUDA_GEMV_MAX_N
+ * tokens of rows up to CU_DN_MAX_ROWS (larger norms are not deferred) */
+#define CU_DN_MAX_ROWS 16384
+#define CU_DN_SCRATCH_BYTES TM_CUDA_DEFER_SCRATCH_BYTES(CU_DN_MAX_ROWS)
 
 /* A captured decode pass: key = (padded tokens, padded logits, context bucket). */
 typedef struct cu_graph {
@@ -90,7 +92,8 @@ typedef struct cu_backend {
     /* deferred RMSNorm (TM_CUDA_DEFER_NORM: on unless "0"; TM_CUDA_NO_FUSE=1 and TM_CUDA_FUSE_NORM=1 turn it off):
      * small-batch matmul_add_rmsnorm leaves bf16(residual * norm_w) and the 1 / rms goes into the next product */
     bool defer_norm;
-    float *dn_partials;          /* (CU_DN_MAX_PARTIALS) the last producer's sums of squares */
+    void *dn_scratch;            /* (CU_DN_SCRATCH_BYTES) the last producer's counter, scales and partials; the
+                                  * counter zeroed at creation, every producer launch leaves it so */
     cu_defer dn;                 /* which buffer holds a deferred norm, if any */
     /* graphs */
     cu_graph graphs[CU_MAX_GRAPHS];
@@ -163,8 +166,7 @@ static void dn_write(cu_backend *c, const void *p, size_t elems) {
 /* true when x holds a deferred norm of n rows of width cols (a consumer may take it scaled): *dn describes it */
 static bool dn_input(cu_backend *c, const void *x, int32_t n, int64_t cols, tm_cuda_defer_norm *dn) {
     if (!c->dn.buf || x != c->dn.buf || n != c->dn.n || cols != c->dn.dim) return false;
-    *dn = (tm_cuda_defer_norm){.partials = c->dn_partials, .n_partials = TM_CUDA_DEFER_PARTIALS(c->dn.dim),
-                               .dim = c->dn.dim, .eps = c->dn.eps};
+    *dn = (tm_cuda_defer_norm){.scale = tm_cuda_defer_scale(c->dn_scratch), .dim = c->dn.dim};
     return true;
 }
 
@@ -715,7 +717,8 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
     const tm_weight *w = job->w;
     if (c->no_fuse || n < 1 || n > TM_CUDA_GEMV_MAX_N || job->out_f32 || norm_w->cols != w->rows) return false;
     const bool tail = c->fuse_norm && c->norm_scratch; /* the opt-in last-block epilogue */
-    const bool defer = !tail && c->defer_norm && c->dn_partials && w->rows <= 16384 && x != norm_out && x != residual;
+    const bool defer =
+        !tail && c->defer_norm && c->dn_scratch && w->rows <= CU_DN_MAX_ROWS && x != norm_out && x != residual;
     if (!tail && !defer) return false;
     if (cu_failed(c)) return true; /* ops do nothing after an error */
     const size_t elems = (size_t)n * (size_t)w->rows;
@@ -723,10 +726,10 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
     dn_write(c, norm_out, elems);
     dn_write(c, residual, elems);
     if (defer) {
-        dn_flush(c); /* another buffer's deferred norm: the partials are about to be overwritten */
+        dn_flush(c); /* another buffer's deferred norm: its scales are about to be overwritten */
         cudaError_t e = tm_cuda_gemv_add_norm_defer(w->data, (int32_t)w->type, w->rows, w->cols, x, n,
                                                     job->bias ? job->bias->data : NULL, NULL, residual, norm_w->data,
-                                                    norm_out, c->dn_partials, c->stream);
+                                                    eps, norm_out, c->dn_scratch, c->stream);
         if (e == cudaErrorNotSupported) return false;
         buf_mark(c, norm_out, false);
         if (cu_fail(c, e, "gemv_add_norm_defer")) return true;
@@ -934,7 +937,7 @@ static void cu_free(tm_backend *be) {
     cudaFree(c->d_ids_out);
     cudaFree(c->d_sparams);
     cudaFree(c->norm_scratch);
-    cudaFree(c->dn_partials);
+    cudaFree(c->dn_scratch);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     tm_cuda_blas_free(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -1086,9 +1089,10 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     }
     const char *dnv = getenv("TM_CUDA_DEFER_NORM"); /* "0": the separate add+RMSNorm kernel after the o/down GEMV */
     c->defer_norm = !(dnv && dnv[0] == '0' && dnv[1] == '\0');
-    if ((e = cudaMalloc((void **)&c->dn_partials, CU_DN_MAX_PARTIALS * sizeof(float))) != cudaSuccess) {
+    if ((e = cudaMalloc(&c->dn_scratch, CU_DN_SCRATCH_BYTES)) != cudaSuccess ||
+        (e = cudaMemsetAsync(c->dn_scratch, 0, CU_DN_SCRATCH_BYTES, c->stream)) != cudaSuccess) {
         cudaGetLastError();
-        s = tm_err(err, TM_ERR_DEVICE, "cuda deferred-norm partials: %s", cudaGetErrorString(e));
+        s = tm_err(err, TM_ERR_DEVICE, "cuda deferred-norm scratch: %s", cudaGetErrorString(e));
         goto fail;
     }
     *out = &c->base;

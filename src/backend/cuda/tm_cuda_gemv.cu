@@ -50,15 +50,21 @@
  *  - EPI_DEFER (tm_cuda_gemv_add_norm_defer: the producer of a deferred RMSNorm, see tm_cuda_kernels.h): thread
  *    b < N holds rows r0, r0 + 1 of token b; o = bf16(sum + bias) as tm_cuda_gemv stores it, residual += o in f32
  *    as tm_cuda_add_rmsnorm adds it, norm_out = bf16(residual * norm_w) (the normalized row before its 1 / rms),
- *    and the block's r0^2 + r1^2 of the new residual to partials[b, block]. No counter, no fence, no last block:
- *    the consumers finish the reduction.
+ *    and the block's r0^2 + r1^2 of the new residual to partials[b, block], then a fence; thread 0 counts the
+ *    block done (atomicAdd on the scratch's counter) and the block that sees gridDim - 1 finishes the norm
+ *    (defer_finish): the whole block sums each token's gridDim partials from L2 (__ldcg, float4, every thread with
+ *    loads in flight, over 128 virtual lanes in an order fixed by the partial count alone: not by n, the block
+ *    size, or which block came last), combines them through shared memory and warp shuffles, writes scale[b] =
+ *    1 / sqrtf(sum / rows + eps) and resets the counter (graph replays and the next launch start at 0). The tail
+ *    it adds to the grid is one block's read of n * rows / 2 floats (4 KB at 1B, n = 1) and a few barriers.
  * Scaled input (tm_cuda_gemv_group_scaled, _swiglu_scaled, _qkv_rope_scaled; EPI_PLAIN, EPI_SWIGLU, EPI_ROPE, a
- * run-time switch: dn_partials set): x is a producer's norm_out. After the main loop (past the PDL wait), the
- * block sums each token's partials (defer_scales: all threads load, over 128 virtual lanes, in an order fixed by
- * the partial count alone, so every consumer and every n gets the same scale for a token) into 1 / rms in shared
- * memory (one more barrier), and the epilogue multiplies the f32 sums by it before the bias, RoPE, SwiGLU and the
- * rounding. Each consumer block reads the n * rows / 2 partials from L2, as many bytes as it reads of x. Compared
- * with rmsnorm-then-GEMV only the bf16 rounding of x moves (before the scale instead of after).
+ * run-time switch: dn_scale set): x is a producer's norm_out and dn_scale its N scales. Right after the PDL wait
+ * (at the start without PDL) one or two threads copy the N floats into shared memory with cp.async (16 bytes
+ * each, from L2; no register is held through the main loop), so the read hides behind the weight stream; they
+ * wait for it before the epilogue's barrier, and the epilogue multiplies the f32 sums by scale[b] before the
+ * bias, RoPE, SwiGLU and the rounding. Compared with rmsnorm-then-GEMV only the bf16 rounding of x moves (before
+ * the scale instead of after). (A first version had every consumer block sum the partials itself: n * rows / 2
+ * floats per block from L2 and a reduction on the critical path, measured slower than the separate norm kernel.)
  *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
@@ -219,19 +225,37 @@ __device__ __forceinline__ void gemv_pdl_wait() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+/* Scaled input: the producer's N scales (written by the previous kernel) into shared memory, by cp.async from L2
+ * (no register is held through the main loop); called right after the PDL wait, so that the copy's latency hides
+ * behind the weight stream. Threads 0 .. ceil(N / 4) - 1 copy 16 bytes each (src: TM_CUDA_GEMV_MAX_N floats,
+ * 16-byte aligned) and wait for it (dn_scale_ready) before the epilogue's barrier. */
+template <int N> __device__ __forceinline__ void dn_scale_fetch(const float *src, float *dst) {
+    if (src && threadIdx.x < (N + 3) / 4) {
+        const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst + 4 * threadIdx.x);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + 4 * threadIdx.x) : "memory");
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+}
+__device__ __forceinline__ void dn_scale_ready() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 /* K units per lane at once: units u, u + stride, ..., all < nu (the caller checks). pdl_wait: wait for the
- * previous kernel after the weight loads are issued and before x is read */
+ * previous kernel after the weight loads are issued and before x is read, then start the copy of the deferred
+ * norm's scales (dn_src, or NULL: none) into dn_dst */
 template <class T, int N, int NR, int K>
 __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u, int stride,
                                           const uint16_t *x, int64_t cols, float (&acc)[NR][N],
-                                          bool pdl_wait = false) {
+                                          bool pdl_wait = false, const float *dn_src = nullptr,
+                                          float *dn_dst = nullptr) {
     typename T::Raw raw[K][NR];
 #pragma unroll
     for (int k = 0; k < K; k++) {
 #pragma unroll
         for (int i = 0; i < NR; i++) T::load(wr[i], u + k * stride, raw[k][i]);
     }
-    if (pdl_wait) gemv_pdl_wait();
+    if (pdl_wait) {
+        gemv_pdl_wait();
+        dn_scale_fetch<N>(dn_src, dn_dst);
+    }
 #pragma unroll
     for (int k = 0; k < K; k++) unit_dot<T, N, NR>(raw[k], u + k * stride, x, cols, acc);
 }
@@ -253,7 +277,7 @@ struct v2_args {
     int64_t row_bytes;
     int cols;
     bool out_f32, pdl;
-    /* EPI_NORM (one job; out[0] may be NULL) */
+    /* EPI_NORM and EPI_DEFER (one job; out[0] may be NULL) */
     float *residual;              /* (n, rows) f32 */
     const float *norm_w;          /* (rows) f32 */
     uint16_t *norm_out;           /* (n, rows) bf16 */
@@ -266,13 +290,12 @@ struct v2_args {
     uint16_t *k_cache, *v_cache;  /* (n_blocks, n_kv_heads, block_size, head_dim) bf16, or e4m3 bytes */
     bool kv_fp8;
     int head_dim, rope_dim, block_size, n_kv_heads;
-    /* EPI_DEFER (one job; also residual, norm_w, norm_out; out[0] may be NULL) */
-    float *defer_out;             /* (n, gridDim.x) the blocks' sums of squares of their new residual values */
-    /* scaled input (EPI_PLAIN, EPI_SWIGLU, EPI_ROPE; off when dn_partials is NULL): x holds bf16(residual * norm_w)
-     * and token b's sums are multiplied by 1 / sqrtf(sum(dn_partials[b, :]) / dn_dim + dn_eps) */
-    const float *dn_partials;     /* (n, dn_count), 16-byte aligned, dn_count % 4 == 0 */
-    int dn_count, dn_dim;
-    float dn_eps;
+    /* EPI_DEFER (one job; also residual, norm_w, norm_out, counter, eps; out[0] may be NULL) */
+    float *dn_partials;           /* (n, gridDim.x), 16-byte aligned: the blocks' sums of squares of their rows */
+    float *dn_scale_out;          /* (n) token b's 1 / rms, written by the last block */
+    /* scaled input (EPI_PLAIN, EPI_SWIGLU, EPI_ROPE; off when NULL): x holds bf16(residual * norm_w) and token b's
+     * sums are multiplied by dn_scale[b] */
+    const float *dn_scale;        /* (TM_CUDA_GEMV_MAX_N) f32, 16-byte aligned: a producer's dn_scale_out */
 };
 
 /* what the v2 kernel does with its sums (the GEMV part is the same for all) */
@@ -354,46 +377,60 @@ template <int N> __device__ __forceinline__ void norm_finish(const v2_args &a, i
     if (tid == 0) atomicExch(a.counter, 0u); /* every other block has counted itself: ready for the next launch */
 }
 
-/* Scaled input: dscale[b] = 1 / sqrtf(sum(dn_partials[b, :]) / dn_dim + dn_eps) for the N tokens. The sum runs
- * over kDnLanes = 128 virtual lanes whatever the block size: virtual lane v sums the float4 chunks v, v + 128, ...
- * of the token's partials in order (one running sum per component, then (x + y) + (z + w)); thread t plays the
- * virtual lanes t, t + blockDim, ...; then one warp per token adds virtual lanes l, l + 32, l + 64, l + 96 in order
- * and finishes with the butterfly. The order depends on dn_count only (not on n, the block size or the consumer),
- * so every consumer of one producer computes the same scale for a token, whatever the batch; every thread of the
- * block has loads in flight, so the block's tail waits for about one L2 round trip. The partials were written by
- * the previous kernel: read through L2 (__ldcg), after the PDL wait. Ends with dscale written by one thread per
- * token (the caller's barrier publishes it). */
+/* EPI_DEFER, after the block's N writers have stored and fenced their partials: count the block done; the last
+ * block of the grid sums each token's partials into scale[b] = 1 / sqrtf(sum / rows + eps), then resets the
+ * counter. The sum runs over kDnLanes = 128 virtual lanes whatever the block size: virtual lane v of token b sums
+ * the float4 chunks v, v + 128, ... of the token's P = gridDim.x partials in order (one running sum per component,
+ * then (x + y) + (z + w)); thread t plays the (token, lane) items t, t + blockDim, ... (its loads issued 4 chunks at
+ * a time, the items 2 at a time, 4 for N >= 4: at n = 1 all of a thread's loads share one L2 round trip); then
+ * one warp per token adds the virtual lanes l, l + 32, l + 64, l + 96 in order and finishes with the butterfly.
+ * The order depends on P alone: not on n, the block size, or which block came last, so a token's scale is the
+ * same whatever the batch. The other blocks' partials are read through L2 (ld.global.cg) after their writers'
+ * fences and this block's own. */
 constexpr int kDnLanes = 128;
 
-template <int N>
-__device__ __forceinline__ void defer_scales(const v2_args &a, int warp, int lane, int nwarps, float *dscale) {
+template <int N> __device__ __forceinline__ void defer_finish(const v2_args &a, int warp, int lane, int nwarps) {
+    __shared__ unsigned int is_last;
     __shared__ float dn_red[N][kDnLanes];
-    const int nc = a.dn_count >> 2;
-    for (int v = (int)threadIdx.x; v < kDnLanes; v += (int)blockDim.x) {
+    __syncthreads(); /* every writer of this block has fenced its partial */
+    if (threadIdx.x == 0) is_last = atomicAdd(a.counter, 1u) == gridDim.x - 1u ? 1u : 0u;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int P = (int)gridDim.x, nc = P >> 2; /* P % 4 == 0: rows % 8 == 0 */
+#pragma unroll(N >= 4 ? 4 : 2)
+    for (int it = (int)threadIdx.x; it < N * kDnLanes; it += (int)blockDim.x) {
+        const int b = it / kDnLanes, v = it % kDnLanes;
+        const float4 *p = reinterpret_cast<const float4 *>(a.dn_partials + (int64_t)b * P);
+        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int c0 = v; c0 < nc; c0 += 4 * kDnLanes) {
+            float4 u[4];
 #pragma unroll
-        for (int b = 0; b < N; b++) {
-            const float4 *p = reinterpret_cast<const float4 *>(a.dn_partials + (int64_t)b * a.dn_count);
-            float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-            for (int c = v; c < nc; c += kDnLanes) {
-                const float4 u = __ldcg(p + c);
-                t.x += u.x;
-                t.y += u.y;
-                t.z += u.z;
-                t.w += u.w;
+            for (int k = 0; k < 4; k++)
+                if (c0 + k * kDnLanes < nc) u[k] = __ldcg(p + c0 + k * kDnLanes);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (c0 + k * kDnLanes < nc) {
+                    t.x += u[k].x;
+                    t.y += u[k].y;
+                    t.z += u[k].z;
+                    t.w += u[k].w;
+                }
             }
-            dn_red[b][v] = (t.x + t.y) + (t.z + t.w);
         }
+        dn_red[b][v] = (t.x + t.y) + (t.z + t.w);
     }
     __syncthreads();
+    const float rows = (float)(2 * P);
     for (int b = warp; b < N; b += nwarps) {
         float s = dn_red[b][lane];
         s += dn_red[b][lane + 32];
         s += dn_red[b][lane + 64];
         s += dn_red[b][lane + 96];
         s = warp_sum(s);
-        if (lane == 0) dscale[b] = 1.0f / sqrtf(s / (float)a.dn_dim + a.dn_eps);
+        if (lane == 0) a.dn_scale_out[b] = 1.0f / sqrtf(s / rows + a.eps);
     }
+    if (threadIdx.x == 0) atomicExch(a.counter, 0u); /* every other block has counted itself: ready for the next */
 }
 
 /* EPI_ROPE: (cos, sin) of the f32 angle pos * inv_freq, exactly as tm_cuda_rope.cu's load_angles */
@@ -449,14 +486,24 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     }
     const int nu = T::units(cols), stride = nwarps * 32;
     int u = warp * 32 + lane;
+    /* scaled input: the producer's per-token scales, copied into dscale right after the wait (at the start without
+     * PDL: the previous kernel has then completed) */
+    constexpr bool CAN_SCALE = EPI == EPI_PLAIN || EPI == EPI_SWIGLU || EPI == EPI_ROPE;
+    __shared__ __align__(16) float dscale[(N + 3) / 4 * 4];
+    const float *dn_src = CAN_SCALE ? a.dn_scale : nullptr;
+    const bool scaled = dn_src != nullptr;
+    if (!a.pdl) dn_scale_fetch<N>(dn_src, dscale);
     /* under PDL the first step's weight loads are issued before the wait (weights are never written by earlier
      * kernels), so they are in flight while the previous kernel finishes */
     bool wait = a.pdl;
     for (; u + (U - 1) * stride < nu; u += U * stride) {
-        gemv_step<T, N, NR, U>(wr, u, stride, x, cols, acc, wait);
+        gemv_step<T, N, NR, U>(wr, u, stride, x, cols, acc, wait, dn_src, dscale);
         wait = false;
     }
-    if (wait) gemv_pdl_wait();
+    if (wait) {
+        gemv_pdl_wait();
+        dn_scale_fetch<N>(dn_src, dscale);
+    }
     if constexpr (U >= 4) {
         if (u + stride < nu) {
             gemv_step<T, N, NR, 2>(wr, u, stride, x, cols, acc);
@@ -476,16 +523,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             if (lane == 0) red[warp][i][b] = v;
         }
     }
-    constexpr bool CAN_SCALE = EPI == EPI_PLAIN || EPI == EPI_SWIGLU || EPI == EPI_ROPE;
-    __shared__ float dscale[N];
-    const bool scaled = CAN_SCALE && a.dn_partials != nullptr;
-    if (scaled) defer_scales<N>(a, warp, lane, nwarps, dscale);
+    if (scaled) dn_scale_ready(); /* this thread's scale copy landed (a no-op without one); the barrier publishes it */
     __syncthreads();
     if constexpr (EPI == EPI_DEFER) {
         /* thread b: rows r0, r0 + 1 of token b (rows even: both exist). o = bf16(sum + bias) as tm_cuda_gemv stores
          * it; residual += o as tm_cuda_add_rmsnorm adds it; norm_out = bf16(residual * norm_w), not yet scaled by
          * 1 / rms (the consumer multiplies its sums by it); the sum of squares of the two new residual values,
-         * v0 * v0 then + v1 * v1, to defer_out[b, block] */
+         * v0 * v0 then + v1 * v1, to dn_partials[b, block], fenced; then the last block makes the scales */
         if (threadIdx.x < N) {
             /* one job: its fields straight from the parameters (the job selection above is dead code here, so
              * nothing of it stays in registers through the main loop) */
@@ -509,8 +553,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             *rp = v;
             *reinterpret_cast<uint32_t *>(a.norm_out + idx) =
                 pack_bf16x2(__fmul_rn(v.x, a.norm_w[r]), __fmul_rn(v.y, a.norm_w[r + 1]));
-            a.defer_out[(int64_t)b * gridDim.x + bid] = __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x));
+            a.dn_partials[(int64_t)b * gridDim.x + bid] = __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x));
+            __threadfence();
         }
+        defer_finish<N>(a, warp, lane, nwarps);
         return;
     }
     if constexpr (EPI == EPI_NORM) {
@@ -648,16 +694,11 @@ cudaError_t launch_v1(const tm_cuda_gemv_job &j, const void *w_up, int32_t type,
     return cudaGetLastError();
 }
 
-/* The scaled-input fields of `a` from dn (a deferred RMSNorm of x, whose width is cols); false when v2 cannot take
- * dn (alignment, a partial count that is not a multiple of 4, a width other than cols). */
+/* The scaled-input field of `a` from dn (a deferred RMSNorm of x, whose width is cols); false when v2 cannot take
+ * dn (a scale pointer that is NULL or not 16-byte aligned, a width other than cols). */
 bool set_scaled(v2_args &a, const tm_cuda_defer_norm *dn, int64_t cols) {
-    if (!dn->partials || !tm_aligned16(dn->partials) || dn->n_partials <= 0 || dn->n_partials % 4 ||
-        dn->dim != cols)
-        return false;
-    a.dn_partials = dn->partials;
-    a.dn_count = dn->n_partials;
-    a.dn_dim = dn->dim;
-    a.dn_eps = dn->eps;
+    if (!dn->scale || !tm_aligned16(dn->scale) || dn->dim != cols) return false;
+    a.dn_scale = dn->scale;
     return true;
 }
 
@@ -813,17 +854,20 @@ extern "C" cudaError_t tm_cuda_gemv_swiglu_scaled(const void *w_gate, const void
 
 extern "C" cudaError_t tm_cuda_gemv_add_norm_defer(const void *w, int32_t type, int64_t rows, int64_t cols,
                                                    const uint16_t *x, int32_t n, const float *bias, uint16_t *out,
-                                                   float *residual, const float *norm_w, uint16_t *norm_out,
-                                                   float *partials, cudaStream_t stream) {
-    if (!w || !residual || !norm_w || !norm_out || !partials || rows <= 0) return cudaErrorInvalidValue;
-    if (rows % 8 || rows > INT32_MAX || !aligned(residual, 16) || !aligned(norm_out, 4) || !aligned(partials, 16) ||
+                                                   float *residual, const float *norm_w, float eps, uint16_t *norm_out,
+                                                   void *scratch, cudaStream_t stream) {
+    if (!w || !residual || !norm_w || !norm_out || !scratch || rows <= 0) return cudaErrorInvalidValue;
+    if (rows % 8 || rows > INT32_MAX || !aligned(residual, 16) || !aligned(norm_out, 4) || !aligned(scratch, 16) ||
         !aligned(out, 4))
         return cudaErrorNotSupported;
     v2_args a = {};
     a.residual = residual;
     a.norm_w = norm_w;
     a.norm_out = norm_out;
-    a.defer_out = partials;
+    a.counter = (unsigned int *)scratch;
+    a.eps = eps;
+    a.dn_partials = tm_cuda_defer_partials(scratch);
+    a.dn_scale_out = tm_cuda_defer_scale(scratch);
     const tm_cuda_gemv_job job = {w, rows, bias, out};
     return fused_run<EPI_DEFER>(a, &job, 1, type, cols, x, n, stream);
 }
