@@ -89,7 +89,7 @@ typedef struct cu_backend {
      * (TM_CUDA_FUSE_NORM=1): its last-block tail measured slower than the separate norm kernel on the H200 */
     bool no_fuse, fuse_norm;
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
-    /* deferred RMSNorm (TM_CUDA_DEFER_NORM: on unless "0"; TM_CUDA_NO_FUSE=1 and TM_CUDA_FUSE_NORM=1 turn it off):
+    /* deferred RMSNorm (TM_CUDA_DEFER_NORM=1 turns it on; TM_CUDA_NO_FUSE=1 and TM_CUDA_FUSE_NORM=1 keep it off):
      * small-batch matmul_add_rmsnorm leaves bf16(residual * norm_w) and the 1 / rms goes into the next product */
     bool defer_norm;
     void *dn_scratch;            /* (CU_DN_SCRATCH_BYTES) the last producer's counter, scales and partials; the
@@ -1087,8 +1087,10 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         s = tm_err(err, TM_ERR_DEVICE, "cuda fused-norm scratch: %s", cudaGetErrorString(e));
         goto fail;
     }
-    const char *dnv = getenv("TM_CUDA_DEFER_NORM"); /* "0": the separate add+RMSNorm kernel after the o/down GEMV */
-    c->defer_norm = !(dnv && dnv[0] == '0' && dnv[1] == '\0');
+    /* opt-in ("1"): measured slower end to end than the separate add+RMSNorm kernel, which PDL already overlaps
+     * with the next GEMV's first weight loads (docs/PERFORMANCE.md, fifth session) */
+    const char *dnv = getenv("TM_CUDA_DEFER_NORM");
+    c->defer_norm = dnv && dnv[0] == '1' && dnv[1] == '\0';
     if ((e = cudaMalloc(&c->dn_scratch, CU_DN_SCRATCH_BYTES)) != cudaSuccess ||
         (e = cudaMemsetAsync(c->dn_scratch, 0, CU_DN_SCRATCH_BYTES, c->stream)) != cudaSuccess) {
         cudaGetLastError();
