@@ -674,6 +674,57 @@ static void ref_rope_head(const float *x, float *out, const float *inv, int pos,
     }
 }
 
+/* QKV+RoPE results of n tokens against the double reference ref[0..2] ((n, rq) and (n, rk) rows): q is the rotated
+ * bf16 of the reference; the caches are checked slot by slot (k rotated, v plain), and slots that no token maps to
+ * (the padding token's among them) must keep their 0xFFFF poison. got, want: (n * rq) scratch floats. Returns the
+ * poison violations; e[0..2]: the q, k and v relative errors. */
+static size_t rope_errs(int n, int H, int KV, int hd, int rdim, size_t rq, size_t rk, size_t bs, size_t n_slots,
+                        const int64_t *slot, const int32_t *pos, const float *inv, double *const ref[3],
+                        const uint16_t *q, const uint16_t *kc, const uint16_t *vc, float *got, float *want,
+                        double e[3]) {
+    float *hb = tb_xmalloc((size_t)hd * sizeof(float)), *hr = tb_xmalloc((size_t)hd * sizeof(float));
+    for (int b = 0; b < n; b++)
+        for (int h = 0; h < H; h++) {
+            const size_t o = (size_t)b * rq + (size_t)h * hd;
+            for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)ref[0][o + d]));
+            ref_rope_head(hb, want + o, inv, pos[b], hd, rdim);
+            for (int d = 0; d < hd; d++) got[o + d] = tb_bf16_to_f32(q[o + d]);
+        }
+    e[0] = tb_rel_err(got, want, (size_t)n * rq);
+    size_t nk = 0, nv = 0, bad = 0;
+    const size_t ncv = (size_t)n * (size_t)KV * (size_t)hd;
+    float *gv = tb_xmalloc(ncv * sizeof(float)), *wv = tb_xmalloc(ncv * sizeof(float));
+    for (size_t sl = 0; sl < n_slots; sl++) {
+        int tok = -1;
+        for (int b = 0; b < n; b++)
+            if (slot[b] == (int64_t)sl) tok = b;
+        const size_t blk = sl / bs, so = sl % bs;
+        for (int h = 0; h < KV; h++) {
+            const size_t co = ((blk * (size_t)KV + (size_t)h) * bs + so) * (size_t)hd;
+            if (tok < 0) {
+                for (int d = 0; d < hd; d++) bad += (kc[co + d] != 0xFFFF) + (vc[co + d] != 0xFFFF);
+                continue;
+            }
+            const size_t ko = (size_t)tok * rk + (size_t)h * hd;
+            for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)ref[1][ko + d]));
+            ref_rope_head(hb, hr, inv, pos[tok], hd, rdim);
+            for (int d = 0; d < hd; d++) {
+                want[nk] = hr[d];
+                got[nk++] = tb_bf16_to_f32(kc[co + d]);
+                wv[nv] = (float)ref[2][ko + d];
+                gv[nv++] = tb_bf16_to_f32(vc[co + d]);
+            }
+        }
+    }
+    e[1] = nk ? tb_rel_err(got, want, nk) : 0.0;
+    e[2] = nv ? tb_rel_err(gv, wv, nv) : 0.0;
+    free(gv);
+    free(wv);
+    free(hb);
+    free(hr);
+    return bad;
+}
+
 /* tm_cuda_gemv_qkv_rope for n = 1..8: direct (with k, v outputs), 3 times in a row and a graph (poison + launch)
  * replayed 3 times (without). Against a CPU reference (double GEMV, rounded to bf16, rotated in double with the
  * f32 angle; k, v in the cache slots; slots outside the mapping and the padding token's keep their poison) and
@@ -765,48 +816,13 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             for (int j = 0; j < 3; j++) tb_download(oh[j], o_d[j], (size_t)n * (size_t)rows[j] * 2);
             tb_download(kc, kc_d, ncache * 2);
             tb_download(vc, vc_d, ncache * 2);
-            /* q: rotated bf16(reference) */
-            for (int b = 0; b < n; b++)
-                for (int h = 0; h < H; h++) {
-                    const size_t o = (size_t)b * rq + (size_t)h * hd;
-                    for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)rd[0][o + d]));
-                    ref_rope_head(hb, want + o, inv, pos[b], hd, rdim);
-                    for (int d = 0; d < hd; d++) got[o + d] = tb_bf16_to_f32(oh[0][o + d]);
-                }
-            double e = tb_rel_err(got, want, (size_t)n * rq);
-            if (!(e <= worst_q)) worst_q = e;
-            /* caches: slot by slot; k rotated, v plain; slots of no token (and of the padding token) poisoned */
-            size_t nk = 0, nv = 0;
-            float *gk = got, *wk = want;
-            float *gv = tb_xmalloc(nq * sizeof(float)), *wv = tb_xmalloc(nq * sizeof(float));
-            for (size_t sl = 0; sl < n_slots; sl++) {
-                int tok = -1;
-                for (int b = 0; b < n; b++)
-                    if (slot[b] == (int64_t)sl) tok = b;
-                const size_t blk = sl / bs, off = sl % bs;
-                for (int h = 0; h < KV; h++) {
-                    const size_t co = ((blk * KV + h) * bs + off) * hd;
-                    if (tok < 0) {
-                        for (int d = 0; d < hd; d++) bad += (kc[co + d] != 0xFFFF) + (vc[co + d] != 0xFFFF);
-                        continue;
-                    }
-                    const size_t ko = (size_t)tok * rk + (size_t)h * hd;
-                    for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)rd[1][ko + d]));
-                    ref_rope_head(hb, hr, inv, pos[tok], hd, rdim);
-                    for (int d = 0; d < hd; d++) {
-                        wk[nk] = hr[d];
-                        gk[nk++] = tb_bf16_to_f32(kc[co + d]);
-                        wv[nv] = (float)rd[2][ko + d];
-                        gv[nv++] = tb_bf16_to_f32(vc[co + d]);
-                    }
-                }
-            }
-            e = nk ? tb_rel_err(gk, wk, nk) : 0.0;
-            if (!(e <= worst_k)) worst_k = e;
-            e = nv ? tb_rel_err(gv, wv, nv) : 0.0;
-            if (!(e <= worst_v)) worst_v = e;
-            free(gv);
-            free(wv);
+            /* q: rotated bf16(reference); caches slot by slot, k rotated, v plain, unmapped slots poisoned */
+            double e3[3];
+            bad += rope_errs(n, H, KV, hd, rdim, (size_t)rq, (size_t)rk, (size_t)bs, n_slots, slot, pos, inv, rd, oh[0],
+                             kc, vc, got, want, e3);
+            if (!(e3[0] <= worst_q)) worst_q = e3[0];
+            if (!(e3[1] <= worst_k)) worst_k = e3[1];
+            if (!(e3[2] <= worst_v)) worst_v = e3[2];
             if (mode) {
                 /* k and v outputs were not asked for: still poisoned */
                 for (int j = 1; j < 3; j++)
@@ -1285,48 +1301,11 @@ static void check_defer(int32_t t, const defer_shape *sh, int pair) {
                         o2 += cj * 4;
                     }
                 } else {
-                    const uint16_t *qh = (const uint16_t *)c_h;
-                    for (int b = 0; b < n; b++)
-                        for (int h = 0; h < H; h++) {
-                            const size_t o = (size_t)b * rq + (size_t)h * hd;
-                            for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)cref[0][o + d]));
-                            ref_rope_head(hb, want + o, inv, pos[b], hd, hd);
-                            for (int d = 0; d < hd; d++) got[o + d] = tb_bf16_to_f32(qh[o + d]);
-                        }
-                    double e = tb_rel_err(got, want, (size_t)n * (size_t)rq);
-                    if (!(e <= worst[0])) worst[0] = e;
-                    /* caches: slot by slot; slots of no token (and of the padding token) keep their poison */
-                    size_t nk = 0, nv = 0;
-                    float *gk = got, *wk = want;
-                    float *gv = tb_xmalloc(ncache * sizeof(float)), *wv = tb_xmalloc(ncache * sizeof(float));
-                    for (size_t sl = 0; sl < n_slots; sl++) {
-                        int tok = -1;
-                        for (int b = 0; b < n; b++)
-                            if (slot[b] == (int64_t)sl) tok = b;
-                        const size_t blk = sl / bs, so = sl % bs;
-                        for (int h = 0; h < KV; h++) {
-                            const size_t co = ((blk * KV + h) * bs + so) * hd;
-                            if (tok < 0) {
-                                for (int d = 0; d < hd; d++) bad_inv += (kc[co + d] != 0xFFFF) + (vc[co + d] != 0xFFFF);
-                                continue;
-                            }
-                            const size_t ko = (size_t)tok * rk + (size_t)h * hd;
-                            for (int d = 0; d < hd; d++) hb[d] = tb_bf16_to_f32(tb_f32_to_bf16((float)cref[1][ko + d]));
-                            ref_rope_head(hb, hr, inv, pos[tok], hd, hd);
-                            for (int d = 0; d < hd; d++) {
-                                wk[nk] = hr[d];
-                                gk[nk++] = tb_bf16_to_f32(kc[co + d]);
-                                wv[nv] = (float)cref[2][ko + d];
-                                gv[nv++] = tb_bf16_to_f32(vc[co + d]);
-                            }
-                        }
-                    }
-                    e = nk ? tb_rel_err(gk, wk, nk) : 0.0;
-                    if (!(e <= worst[1])) worst[1] = e;
-                    e = nv ? tb_rel_err(gv, wv, nv) : 0.0;
-                    if (!(e <= worst[2])) worst[2] = e;
-                    free(gv);
-                    free(wv);
+                    double e3[3];
+                    bad_inv += rope_errs(n, H, KV, hd, hd, (size_t)rq, (size_t)rk, (size_t)bs, n_slots, slot, pos, inv,
+                                         cref, (const uint16_t *)c_h, kc, vc, got, want, e3);
+                    for (int i = 0; i < 3; i++)
+                        if (!(e3[i] <= worst[i])) worst[i] = e3[i];
                 }
             }
         }
