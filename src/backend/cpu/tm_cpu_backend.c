@@ -593,10 +593,10 @@ static void attn_dec_fn(void *p, int64_t lo, int64_t hi, int ith) {
                                  : slot + ((size_t)ch * (size_t)group + (size_t)h) * (size_t)ps;
             tm_cpu_attn_begin(&st[h], acc, hd);
         }
-        /* this item's K and V, and the next item's (most often this thread's next claim), into L2 up front: the
-         * blocks lie apart, and one block at a time leaves too few lines in flight (decode attention is bound by
-         * the latency of these loads, not their bytes) */
-        if (it == lo) dec_prefetch(t, d, it);
+        /* the next item's K and V (most often this thread's next claim) into L2 while this one runs: the blocks
+         * lie apart, and one block at a time leaves too few lines in flight (decode attention is bound by the
+         * latency of these loads, not their bytes). This item's were fetched by the call before (kv_block still
+         * fetches a block ahead for a thread's first item). */
         if (it + 1 < t->n_items) dec_prefetch(t, it + 1 < dd->item0 + (int64_t)a->n_kv_heads * dd->n_chunks ? d : d + 1, it + 1);
         for (int32_t j0 = ch * chunk; j0 < j1; j0 += bs) {
             const float *kb, *vb;
