@@ -52,6 +52,7 @@ typedef struct tm_load_params {
     int32_t kv_blocks;          /* KV pool size in blocks; 0: max_seqs full contexts (cuda: what fits) */
     int32_t tp;                 /* tensor-parallel ranks (Megatron sharding; cpu ranks for now); 0/1: none */
     bool kv_fp8;                /* KV cache in fp8 e4m3 (a half of cuda's bf16, a quarter of cpu's f32); false: those */
+    bool kv_f16;                /* cpu: KV cache in IEEE f16 (half of f32's bytes); not with kv_fp8 */
 } tm_load_params;
 
 tm_load_params tm_load_params_default(void);

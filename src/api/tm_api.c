@@ -34,7 +34,7 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
                                        .n_threads = p->n_threads, .n_ctx = p->n_ctx, .max_batch_tokens = p->max_batch_tokens,
                                        .block_size = p->block_size, .n_seqs = ms, .act_bits = p->act_bits,
                                        .no_prefix_cache = p->no_prefix_cache, .kv_blocks = p->kv_blocks,
-                                       .tp = p->tp, .kv_fp8 = p->kv_fp8},
+                                       .tp = p->tp, .kv_fp8 = p->kv_fp8, .kv_f16 = p->kv_f16},
                             .sched = {.max_seqs = ms}};
         s = tm_engine_create(c->model, &ec, &c->engine, err);
     }

@@ -98,7 +98,13 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     if ((s = tm_workspace_init(&r->ws, r->model, r->be, cfg.max_batch_tokens, max_logits, err)) != TM_OK) goto fail;
     r->max_blocks = (cfg.n_ctx + cfg.block_size - 1) / cfg.block_size;
     int64_t n_blocks = cfg.kv_blocks > 0 ? cfg.kv_blocks : (int64_t)r->max_blocks * cfg.n_seqs;
-    tm_dtype kv_type = cfg.kv_fp8 ? TM_DT_FP8_E4M3 : cfg.device == TM_DEVICE_CUDA ? TM_DT_BF16 : TM_DT_F32;
+    if (cfg.kv_fp8 && cfg.kv_f16) {
+        s = tm_err(err, TM_ERR_INVALID, "KV cache: fp8 and f16 both asked for");
+        goto fail;
+    }
+    tm_dtype kv_type = cfg.kv_fp8   ? TM_DT_FP8_E4M3
+                       : cfg.kv_f16 ? TM_DT_F16
+                       : cfg.device == TM_DEVICE_CUDA ? TM_DT_BF16 : TM_DT_F32;
     if (cfg.device == TM_DEVICE_CUDA && cfg.kv_blocks <= 0 && r->be->ops->mem_free) {
         /* what the device has left after weights and activations, less a margin, bounds the pool */
         /* every rank holds its share of the KV heads (r->model is rank 0's shard): the fullest GPU bounds it */

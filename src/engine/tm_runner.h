@@ -25,6 +25,7 @@ typedef struct tm_runner_cfg {
     int32_t tp;                 /* tensor-parallel ranks (<= 1: none): cpu ranks in one process (an in-process sum)
                                  * or one GPU per rank (cuda_device + r) with NCCL all-reduces */
     bool kv_fp8;                /* the KV cache holds fp8 e4m3 (else: cuda bf16, cpu f32) */
+    bool kv_f16;                /* cpu: the KV cache holds f16 (not with kv_fp8) */
 } tm_runner_cfg;
 
 typedef struct tm_runner {

@@ -118,6 +118,19 @@ def test_fp8_kv_cache_on_the_cpu():
     assert a["text"] == f32["text"] and "Paris" in a["text"]
 
 
+def test_f16_kv_cache_on_the_cpu():
+    # K and V rounded to f16 (half of the f32 cache's bytes): the f32 cache's greedy text on this prompt, and the
+    # KV cache type in the throughput report
+    args = ["-p", "The capital of France is", "-n", "24", "--temp", "0"]
+    f32 = run_json(*args, "--kv-cache-dtype", "auto")
+    h = run_json(*args, "--kv-cache-dtype", "f16")
+    assert h["tokens"] == 24 and h["text"] == f32["text"] and "Paris" in h["text"]
+    r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "2", "--input-len", "8", "--output-len", "3",
+           "--kv-cache-dtype", "f16", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["kv_cache_dtype"] == "f16"
+
+
 def test_unknown_chat_template_and_long_prompt_are_clear_errors():
     r = tm("run", "-m", MODEL, "--chat", "--chat-template", "nope", "-p", "hi")
     assert r.returncode == 1 and "nope" in r.stderr

@@ -121,7 +121,52 @@ static void fp8_widen(const tm_cpu_kernel_table *k, const char *name) {
 }
 
 static void test_norms(void **st) { (void)st; each_table(norms); }
+/* f16 (the cpu KV cache's f16 mode): every one of the 65,536 halves widens to the reference value (NaN as NaN), at
+ * every vector offset; narrowing rounds to nearest even like the reference for normal, subnormal, halfway,
+ * overflowing and zero values (NaN stays NaN) */
+static void f16_convert(const tm_cpu_kernel_table *k, const char *name) {
+    enum { N = 65536 };
+    uint16_t *h = malloc(sizeof(uint16_t) * (N + 7)), *h2 = malloc(sizeof(uint16_t) * (N + 7));
+    float *f = malloc(sizeof(float) * (N + 7)), *x = malloc(sizeof(float) * (N + 7));
+    for (int i = 0; i < N; i++) h[i] = (uint16_t)i;
+    for (int shift = 0; shift < 3; shift++) {
+        k->f16_to_f32(h + shift, f, N - shift);
+        for (int i = 0; i < N - shift; i++) {
+            const float want = tm_f16_to_f32(h[i + shift]);
+            if (isnan(want) ? !isnan(f[i]) : memcmp(&want, &f[i], sizeof want) != 0)
+                fail_msg("%s: half 0x%04x -> %.9g, want %.9g", name, h[i + shift], (double)f[i], (double)want);
+        }
+    }
+    /* narrowing: the halves' own values and the points halfway between neighbours (ties), a bit above and below,
+     * values past the largest half (65504) and below the smallest subnormal */
+    int n = 0;
+    for (int i = 0; i < N && n + 4 <= N; i += 16) {
+        const float a = tm_f16_to_f32((uint16_t)i), b = tm_f16_to_f32((uint16_t)(i + 1));
+        if (isnan(a) || isnan(b) || isinf(a) || isinf(b)) continue;
+        const float mid = (float)(((double)a + (double)b) / 2);
+        x[n++] = a;
+        x[n++] = mid;
+        x[n++] = nextafterf(mid, INFINITY);
+        x[n++] = nextafterf(mid, -INFINITY);
+    }
+    const float extra[] = {65504.0f, 65519.0f, 65520.0f, 1e6f, -1e6f, 2.9e-8f, 3.0e-8f, 1e-10f, -0.0f, 0.0f, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0] && n < N; i++) x[n++] = extra[i];
+    k->f32_to_f16(x, h2, n);
+    for (int i = 0; i < n; i++) {
+        const uint16_t want = tm_f32_to_f16(x[i]);
+        if (h2[i] != want) fail_msg("%s: %.9g -> 0x%04x, want 0x%04x", name, (double)x[i], h2[i], want);
+    }
+    x[0] = NAN;
+    k->f32_to_f16(x, h2, 1);
+    assert_true(isnan(tm_f16_to_f32(h2[0])));
+    free(h);
+    free(h2);
+    free(f);
+    free(x);
+}
+
 static void test_fp8_widen(void **st) { (void)st; each_table(fp8_widen); }
+static void test_f16_convert(void **st) { (void)st; each_table(f16_convert); }
 static void test_swiglu(void **st) { (void)st; each_table(swiglu); }
 static void test_attention_online_softmax(void **st) { (void)st; each_table(attention); }
 
@@ -131,6 +176,7 @@ int main(void) {
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_attention_online_softmax),
         cmocka_unit_test(test_fp8_widen),
+        cmocka_unit_test(test_f16_convert),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

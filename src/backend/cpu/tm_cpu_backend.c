@@ -20,9 +20,12 @@ typedef struct tm_cpu_backend {
     uint8_t *scratch;        /* (scratch_bytes) quantized activation rows for matmul */
     size_t scratch_bytes;
     tm_kv_cfg kv;
-    void *kv_k;              /* (n_layers, n_blocks, n_kv_heads, block_size, head_dim) f32, or e4m3 bytes (kv_fp8) */
+    void *kv_k;              /* (n_layers, n_blocks, n_kv_heads, block_size, head_dim) f32, f16 (kv_f16) or e4m3 bytes
+                              * (kv_fp8) */
     void *kv_v;              /* same */
     bool kv_fp8;             /* the cache holds fp8 e4m3 (kv dtype TM_DT_FP8_E4M3): a quarter of f32's bytes */
+    bool kv_f16;             /* the cache holds IEEE f16 (TM_DT_F16): half of f32's bytes */
+    size_t kv_es;            /* bytes per cache element: 4, 2 or 1 */
     float *rope_cs;          /* (rope_cs_cap) floats: per token rope_dim interleaved cos, sin */
     size_t rope_cs_cap;
     int32_t *rope_pos;       /* (rope_cs_cap) the position row i of rope_cs holds (INT32_MIN: none): layers after
@@ -79,26 +82,27 @@ static void cpu_release(tm_backend *be, void *buf) {
 
 /* floats of a thread's softmax scratch before its fp8 widening area: one block of scores and slack, rounded to
  * 64 bytes (the widened rows start aligned) */
-/* Per-thread attention scratch (att_tmp): a block of scores, then (fp8) the block's K and V widened to f32, then
+/* Per-thread attention scratch (att_tmp): a block of scores, then (fp8, f16) the block's K and V widened to f32, then
  * the chunk accumulators of a prefill tile (TM_ATTN_PAIRS, head_dim). Decode chunk states: att_part, slots of
  * att_part_stride floats (head_dim accumulators, then m and l). */
 #define TM_ATTN_HEADS 8  /* heads carried at once */
 #define TM_ATTN_PAIRS 32 /* (token, head) states carried at once */
 static inline size_t att_scores_len(int32_t block_size) { return ((size_t)block_size + 16 + 15) / 16 * 16; }
-static inline size_t att_wide_len(int32_t block_size, int32_t head_dim, bool fp8) {
-    return fp8 ? 2 * (size_t)block_size * (size_t)head_dim : 0;
+static inline size_t att_wide_len(int32_t block_size, int32_t head_dim, bool narrow /* fp8 or f16 */) {
+    return narrow ? 2 * (size_t)block_size * (size_t)head_dim : 0;
 }
-static inline size_t att_tmp_len(int32_t block_size, int32_t head_dim, bool fp8) {
-    return att_scores_len(block_size) + att_wide_len(block_size, head_dim, fp8) + TM_ATTN_PAIRS * (size_t)head_dim;
+static inline size_t att_tmp_len(int32_t block_size, int32_t head_dim, bool narrow) {
+    return att_scores_len(block_size) + att_wide_len(block_size, head_dim, narrow) + TM_ATTN_PAIRS * (size_t)head_dim;
 }
 static inline size_t att_part_stride(int32_t head_dim) { return ((size_t)head_dim + 2 + 15) / 16 * 16; }
 
 static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err) {
     tm_cpu_backend *c = cpu(be);
-    if (cfg->dtype != TM_DT_F32 && cfg->dtype != TM_DT_FP8_E4M3)
-        return tm_err(err, TM_ERR_UNSUPPORTED, "cpu KV cache supports f32 and fp8_e4m3, not %s", tm_dtype_name(cfg->dtype));
-    const bool fp8 = cfg->dtype == TM_DT_FP8_E4M3;
-    const size_t es = fp8 ? 1 : sizeof(float); /* bytes per element */
+    if (cfg->dtype != TM_DT_F32 && cfg->dtype != TM_DT_F16 && cfg->dtype != TM_DT_FP8_E4M3)
+        return tm_err(err, TM_ERR_UNSUPPORTED, "cpu KV cache supports f32, f16 and fp8_e4m3, not %s",
+                      tm_dtype_name(cfg->dtype));
+    const bool fp8 = cfg->dtype == TM_DT_FP8_E4M3, f16 = cfg->dtype == TM_DT_F16;
+    const size_t es = fp8 ? 1 : f16 ? 2 : sizeof(float); /* bytes per element */
     if (cfg->n_layers < 1 || cfg->n_kv_heads < 1 || cfg->head_dim < 1 || cfg->block_size < 1 || cfg->n_blocks < 1)
         return tm_err(err, TM_ERR_INVALID, "bad KV cache geometry");
     uint64_t per_layer = (uint64_t)cfg->n_blocks * (uint64_t)cfg->n_kv_heads * (uint64_t)cfg->block_size *
@@ -108,7 +112,7 @@ static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err
     tm_aligned_free(c->kv_v);
     c->kv_k = tm_aligned_alloc(64, total * es);
     c->kv_v = tm_aligned_alloc(64, total * es);
-    size_t att_per = att_tmp_len(cfg->block_size, cfg->head_dim, fp8);
+    size_t att_per = att_tmp_len(cfg->block_size, cfg->head_dim, fp8 || f16);
     float *att = tm_aligned_alloc(64, (size_t)tm_threadpool_size(c->tp) * att_per * sizeof(float));
     if (!c->kv_k || !c->kv_v || !att) {
         tm_aligned_free(c->kv_k);
@@ -123,6 +127,8 @@ static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err
     c->att_tmp_per = att_per;
     c->kv = *cfg;
     c->kv_fp8 = fp8;
+    c->kv_f16 = f16;
+    c->kv_es = es;
     return TM_OK;
 }
 
@@ -351,11 +357,16 @@ static inline void *kv_slot(const tm_cpu_backend *c, void *base, int32_t layer, 
     const tm_kv_cfg *k = &c->kv;
     size_t hd = (size_t)k->head_dim, bs = (size_t)k->block_size, nkv = (size_t)k->n_kv_heads;
     size_t idx = ((((size_t)layer * (size_t)k->n_blocks + (size_t)block) * nkv + (size_t)kvh) * bs + (size_t)off) * hd;
-    return (uint8_t *)base + idx * (c->kv_fp8 ? 1 : sizeof(float));
+    return (uint8_t *)base + idx * c->kv_es;
 }
 
-/* write n f32 values to a cache entry (fp8: each rounded to e4m3, to nearest even, saturating at +-448) */
+/* write n f32 values to a cache entry (f16: rounded to nearest even; fp8: each rounded to e4m3, to nearest even,
+ * saturating at +-448) */
 static inline void kv_put(const tm_cpu_backend *c, void *dst, const float *x, int32_t n) {
+    if (c->kv_f16) {
+        c->k.f32_to_f16(x, dst, n);
+        return;
+    }
     if (!c->kv_fp8) {
         memcpy(dst, x, (size_t)n * sizeof(float));
         return;
@@ -436,7 +447,7 @@ typedef struct {
 } attn_task;
 
 /* the K and V rows of block `blk` (logical block j0 / bs of the table bt) of KV head kvh, cnt entries of which are
- * read: f32 in the cache, or fp8 widened into `wide`; the next block (when it is read too, up to key index cmax)
+ * read: f32 in the cache, or fp8 / f16 widened into `wide`; the next block (when it is read too, up to key index cmax)
  * is prefetched: it lies a page or more away (the other KV heads' entries sit between) */
 static void kv_block(const attn_task *t, const int32_t *bt, int32_t j0, int32_t cmax, int32_t kvh, float *wide,
                      const float **kb, const float **vb) {
@@ -448,15 +459,21 @@ static void kv_block(const attn_task *t, const int32_t *bt, int32_t j0, int32_t 
         const int32_t nc = cmax - j0 - bs + 1 < bs ? cmax - j0 - bs + 1 : bs;
         const char *nk = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs + 1], kvh, 0);
         const char *nv = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs + 1], kvh, 0);
-        const size_t nbytes = (size_t)nc * (size_t)hd * (c->kv_fp8 ? 1 : sizeof(float));
+        const size_t nbytes = (size_t)nc * (size_t)hd * c->kv_es;
         for (size_t o = 0; o < nbytes; o += 64) {
             __builtin_prefetch(nk + o);
             __builtin_prefetch(nv + o);
         }
     }
-    if (c->kv_fp8) { /* widen the entries anyone reads (exact), then the f32 kernel */
-        c->k.fp8_to_f32((const uint8_t *)*kb, wide, (int64_t)cnt * hd);
-        c->k.fp8_to_f32((const uint8_t *)*vb, wide + (size_t)bs * (size_t)hd, (int64_t)cnt * hd);
+    if (c->kv_fp8 || c->kv_f16) { /* widen the entries anyone reads (exact), then the f32 kernel */
+        float *wk = wide, *wv = wide + (size_t)bs * (size_t)hd;
+        if (c->kv_fp8) {
+            c->k.fp8_to_f32((const uint8_t *)*kb, wk, (int64_t)cnt * hd);
+            c->k.fp8_to_f32((const uint8_t *)*vb, wv, (int64_t)cnt * hd);
+        } else {
+            c->k.f16_to_f32((const uint16_t *)*kb, wk, (int64_t)cnt * hd);
+            c->k.f16_to_f32((const uint16_t *)*vb, wv, (int64_t)cnt * hd);
+        }
         *kb = wide;
         *vb = wide + (size_t)bs * (size_t)hd;
     }
@@ -521,7 +538,7 @@ static void attn_fn(void *p, int ith, int nth) {
     const int32_t nh = t->a->n_heads, nt = t->b->n_tokens, group = nh / t->a->n_kv_heads;
     float *scores = t->c->att_tmp + (size_t)ith * t->c->att_tmp_per; /* (block_size) */
     float *wide = scores + att_scores_len(t->c->kv.block_size);    /* fp8: (2, block_size, head_dim) */
-    float *part = wide + att_wide_len(t->c->kv.block_size, t->a->head_dim, t->c->kv_fp8); /* (PAIRS, head_dim) */
+    float *part = wide + att_wide_len(t->c->kv.block_size, t->a->head_dim, t->c->kv_fp8 || t->c->kv_f16); /* (PAIRS, hd) */
     if (nth <= nh) {
         int64_t h0, h1;
         tm_split_range(nh, ith, nth, &h0, &h1);
@@ -554,7 +571,7 @@ static void dec_prefetch(const attn_task *t, int32_t d, int64_t it) {
     const int32_t kvh = (int32_t)((it - dd->item0) / dd->n_chunks), ch = (int32_t)((it - dd->item0) % dd->n_chunks);
     const int32_t ctx = t->b->context_len[dd->seq], j1 = (ch + 1) * chunk < ctx ? (ch + 1) * chunk : ctx;
     const int32_t *bt = t->b->block_table + (size_t)dd->seq * (size_t)t->b->max_blocks;
-    const size_t rb = (size_t)hd * (c->kv_fp8 ? 1 : sizeof(float));
+    const size_t rb = (size_t)hd * c->kv_es;
     for (int32_t j0 = ch * chunk; j0 < j1; j0 += bs) {
         const char *kp = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs], kvh, 0);
         const char *vp = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs], kvh, 0);

@@ -95,12 +95,23 @@ void tm_cpu_attn_end(tm_cpu_attn_state *st) {
 
 void tm_cpu_fp8_to_f32(const uint8_t *x, float *out, int64_t n) { tm_fp8_row_to_f32(x, out, n); }
 
+void tm_cpu_f16_to_f32(const uint16_t *x, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = tm_f16_to_f32(x[i]);
+}
+
+void tm_cpu_f32_to_f16(const float *x, void *out, int64_t n) {
+    uint16_t *o = out;
+    for (int64_t i = 0; i < n; i++) o[i] = tm_f32_to_f16(x[i]);
+}
+
 tm_cpu_kernel_table tm_cpu_kernels_select(bool avx2) {
     tm_cpu_kernel_table t = {tm_cpu_rmsnorm_row, tm_cpu_add_rmsnorm_row, tm_cpu_swiglu, tm_cpu_attn_block,
-                             tm_cpu_fp8_to_f32};
+                             tm_cpu_fp8_to_f32, tm_cpu_f16_to_f32, tm_cpu_f32_to_f16};
 #if defined(__x86_64__) || defined(__i386__)
     if (avx2) {
         t.fp8_to_f32 = tm_cpu_fp8_to_f32_avx2;
+        t.f16_to_f32 = tm_cpu_f16_to_f32_avx2;
+        t.f32_to_f16 = tm_cpu_f32_to_f16_avx2;
         t.rmsnorm_row = tm_cpu_rmsnorm_row_avx2;
         t.add_rmsnorm_row = tm_cpu_add_rmsnorm_row_avx2;
         t.swiglu = tm_cpu_swiglu_avx2;

@@ -38,6 +38,12 @@ void tm_cpu_attn_block_avx2(tm_cpu_attn_state *st, const float *q, const float *
 /* n fp8 e4m3 bytes -> f32, exactly (NaN stays NaN); the AVX2 version widens through F16C */
 void tm_cpu_fp8_to_f32(const uint8_t *x, float *out, int64_t n);
 void tm_cpu_fp8_to_f32_avx2(const uint8_t *x, float *out, int64_t n);
+/* IEEE f16 <-> f32 (the f16 KV cache): widening is exact; narrowing rounds to nearest even (overflow to inf), the
+ * AVX2 versions (F16C) give the scalar ones' bits for every non-NaN value */
+void tm_cpu_f16_to_f32(const uint16_t *x, float *out, int64_t n);
+void tm_cpu_f16_to_f32_avx2(const uint16_t *x, float *out, int64_t n);
+void tm_cpu_f32_to_f16(const float *x, void *out, int64_t n);
+void tm_cpu_f32_to_f16_avx2(const float *x, void *out, int64_t n);
 
 /* The row kernels one backend uses, chosen once at creation. */
 typedef struct tm_cpu_kernel_table {
@@ -47,6 +53,8 @@ typedef struct tm_cpu_kernel_table {
     void (*attn_block)(tm_cpu_attn_state *st, const float *q, const float *k, const float *v, int32_t cnt, int32_t hd,
                        float scale, float *scores);
     void (*fp8_to_f32)(const uint8_t *x, float *out, int64_t n);
+    void (*f16_to_f32)(const uint16_t *x, float *out, int64_t n);
+    void (*f32_to_f16)(const float *x, void *out, int64_t n);
 } tm_cpu_kernel_table;
 tm_cpu_kernel_table tm_cpu_kernels_select(bool avx2);
 

@@ -213,6 +213,20 @@ void tm_cpu_fp8_to_f32_avx2(const uint8_t *x, float *out, int64_t n) {
     if (i < n) tm_cpu_fp8_to_f32(x + i, out + i, n - i);
 }
 
+void tm_cpu_f16_to_f32_avx2(const uint16_t *x, float *out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    if (i < n) tm_cpu_f16_to_f32(x + i, out + i, n - i);
+}
+
+void tm_cpu_f32_to_f16_avx2(const float *x, void *out, int64_t n) {
+    uint16_t *o = out;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) tm_cpu_f32_to_f16(x + i, o + i, n - i);
+}
+
 #else
 typedef int tm_cpu_kernels_avx2_unused; /* non-x86 builds: the scalar kernels are used */
 #endif
