@@ -51,8 +51,8 @@ typedef struct tm_load_params {
     bool no_graphs;             /* cuda: run decode steps without CUDA graphs */
     int32_t kv_blocks;          /* KV pool size in blocks; 0: max_seqs full contexts (cuda: what fits) */
     int32_t tp;                 /* tensor-parallel ranks (Megatron sharding; cpu ranks for now); 0/1: none */
-    bool kv_fp8;                /* KV cache in fp8 e4m3 (a half of cuda's bf16, a quarter of cpu's f32); false: those */
-    bool kv_f16;                /* cpu: KV cache in IEEE f16 (half of f32's bytes); not with kv_fp8 */
+    const char *kv_cache_dtype; /* KV cache element type: NULL or "auto" (cpu f16, cuda bf16), "f32" (cpu), "f16" (cpu),
+                                 * "bf16" (cuda), "fp8" (e4m3: half of bf16's bytes, a quarter of f32's) */
 } tm_load_params;
 
 tm_load_params tm_load_params_default(void);

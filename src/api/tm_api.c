@@ -26,7 +26,10 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
     if (!c) return tm_err(err, TM_ERR_NOMEM, "out of memory");
     tm_device dev;
     int32_t ordinal;
+    tm_kv_dtype kvd = TM_KV_AUTO;
     tm_status s = tm_device_parse(p->device, &dev, &ordinal, err);
+    if (s == TM_OK && !tm_kv_dtype_parse(p->kv_cache_dtype, &kvd))
+        s = tm_err(err, TM_ERR_INVALID, "bad KV cache type '%s' (auto, f32, f16, bf16 or fp8)", p->kv_cache_dtype);
     if (s == TM_OK) s = tm_runner_load_model(p->model, dev, p->tp, &c->model, err);
     if (s == TM_OK) {
         int32_t ms = p->max_seqs > 0 ? p->max_seqs : 1;
@@ -34,7 +37,7 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
                                        .n_threads = p->n_threads, .n_ctx = p->n_ctx, .max_batch_tokens = p->max_batch_tokens,
                                        .block_size = p->block_size, .n_seqs = ms, .act_bits = p->act_bits,
                                        .no_prefix_cache = p->no_prefix_cache, .kv_blocks = p->kv_blocks,
-                                       .tp = p->tp, .kv_fp8 = p->kv_fp8, .kv_f16 = p->kv_f16},
+                                       .tp = p->tp, .kv_dtype = kvd},
                             .sched = {.max_seqs = ms}};
         s = tm_engine_create(c->model, &ec, &c->engine, err);
     }

@@ -28,6 +28,33 @@ tm_status tm_runner_load_model(const char *spec, tm_device dev, int32_t tp, tm_m
     return tm_model_load_ex(spec, &lo, out, err);
 }
 
+bool tm_kv_dtype_parse(const char *s, tm_kv_dtype *out) {
+    static const struct { const char *name; tm_kv_dtype k; } names[] = {
+        {"auto", TM_KV_AUTO}, {"f32", TM_KV_F32}, {"f16", TM_KV_F16}, {"bf16", TM_KV_BF16},
+        {"fp8", TM_KV_FP8},   {"fp8_e4m3", TM_KV_FP8},
+    };
+    if (!s) {
+        *out = TM_KV_AUTO;
+        return true;
+    }
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name)) {
+            *out = names[i].k;
+            return true;
+        }
+    return false;
+}
+
+tm_dtype tm_kv_dtype_resolve(tm_kv_dtype k, tm_device dev) {
+    switch (k) {
+    case TM_KV_F32: return TM_DT_F32;
+    case TM_KV_F16: return TM_DT_F16;
+    case TM_KV_BF16: return TM_DT_BF16;
+    case TM_KV_FP8: return TM_DT_FP8_E4M3;
+    default: return dev == TM_DEVICE_CUDA ? TM_DT_BF16 : TM_DT_F16;
+    }
+}
+
 tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_runner **out, tm_error *err) {
     *out = NULL;
     tm_runner_cfg cfg = *cfg_in;
@@ -98,13 +125,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     if ((s = tm_workspace_init(&r->ws, r->model, r->be, cfg.max_batch_tokens, max_logits, err)) != TM_OK) goto fail;
     r->max_blocks = (cfg.n_ctx + cfg.block_size - 1) / cfg.block_size;
     int64_t n_blocks = cfg.kv_blocks > 0 ? cfg.kv_blocks : (int64_t)r->max_blocks * cfg.n_seqs;
-    if (cfg.kv_fp8 && cfg.kv_f16) {
-        s = tm_err(err, TM_ERR_INVALID, "KV cache: fp8 and f16 both asked for");
-        goto fail;
-    }
-    tm_dtype kv_type = cfg.kv_fp8   ? TM_DT_FP8_E4M3
-                       : cfg.kv_f16 ? TM_DT_F16
-                       : cfg.device == TM_DEVICE_CUDA ? TM_DT_BF16 : TM_DT_F32;
+    tm_dtype kv_type = tm_kv_dtype_resolve(cfg.kv_dtype, cfg.device);
     if (cfg.device == TM_DEVICE_CUDA && cfg.kv_blocks <= 0 && r->be->ops->mem_free) {
         /* what the device has left after weights and activations, less a margin, bounds the pool */
         /* every rank holds its share of the KV heads (r->model is rank 0's shard): the fullest GPU bounds it */
@@ -114,7 +135,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
             if (f < free_b) free_b = f;
         }
         uint64_t per_block = 2ull * (uint64_t)m->hp.n_layers * (uint64_t)r->model->hp.n_kv_heads *
-                             (uint64_t)m->hp.head_dim * (uint64_t)cfg.block_size * (cfg.kv_fp8 ? 1ull : 2ull);
+                             (uint64_t)m->hp.head_dim * (uint64_t)cfg.block_size * tm_dtype_row_bytes(kv_type, 1);
         uint64_t fit = free_b > margin ? (uint64_t)((double)(free_b - margin) * 0.92) / per_block : 0;
         if ((uint64_t)n_blocks > fit) n_blocks = (int64_t)fit;
         if (n_blocks < r->max_blocks) {

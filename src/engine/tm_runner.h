@@ -10,6 +10,14 @@
 
 typedef enum tm_device { TM_DEVICE_CPU = 0, TM_DEVICE_CUDA = 1 } tm_device;
 
+/* KV cache element type. auto: f16 on the cpu (half of f32's bytes; llama.cpp's default), bf16 on cuda; the cpu
+ * backend also takes f32 and fp8, cuda bf16 and fp8 */
+typedef enum tm_kv_dtype { TM_KV_AUTO = 0, TM_KV_F32, TM_KV_F16, TM_KV_BF16, TM_KV_FP8 } tm_kv_dtype;
+/* "auto", "f32", "f16", "bf16", "fp8" or "fp8_e4m3" (NULL: auto); false for anything else */
+bool tm_kv_dtype_parse(const char *s, tm_kv_dtype *out);
+/* the tm_dtype a KV type takes on a device (TM_KV_AUTO resolved) */
+tm_dtype tm_kv_dtype_resolve(tm_kv_dtype k, tm_device dev);
+
 typedef struct tm_runner_cfg {
     int32_t n_threads;          /* cpu threads (default: all cores) */
     int32_t n_ctx;              /* max tokens per sequence (default: min(model's, 4096)) */
@@ -24,8 +32,7 @@ typedef struct tm_runner_cfg {
     bool no_graphs;             /* cuda: no CUDA graphs for decode steps */
     int32_t tp;                 /* tensor-parallel ranks (<= 1: none): cpu ranks in one process (an in-process sum)
                                  * or one GPU per rank (cuda_device + r) with NCCL all-reduces */
-    bool kv_fp8;                /* the KV cache holds fp8 e4m3 (else: cuda bf16, cpu f32) */
-    bool kv_f16;                /* cpu: the KV cache holds f16 (not with kv_fp8) */
+    tm_kv_dtype kv_dtype;       /* the KV cache's element type (TM_KV_AUTO: cpu f16, cuda bf16) */
 } tm_runner_cfg;
 
 typedef struct tm_runner {

@@ -29,8 +29,7 @@ static const char *k_usage =
     "           [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--stop STR]...\n"
     "           [--ignore-eos] [--logprobs N] [--chat] [--system TEXT] [--chat-template NAME] [--json]\n"
     "           [-t THREADS] [-c CTX] [-b TOKENS_PER_PASS] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs]\n"
-    "           [--kv-cache-dtype auto|fp8|f16]   (fp8 e4m3: a half of cuda's bf16, a quarter of cpu's f32;\n"
-    "           f16, cpu only: half of f32)\n"
+    "           [--kv-cache-dtype auto|f32|f16|bf16|fp8]   (auto: cpu f16, cuda bf16; fp8 e4m3: half of bf16)\n"
     "           [--tp N]   (tensor-parallel ranks: heads and MLP columns sharded, partial outputs summed)\n"
     "  chat     [-m MODEL] [same sampling options] [--system TEXT] [--chat-template NAME]\n"
     "  tokenize [-m MODEL] [--no-special] [--no-bos] TEXT\n"
@@ -169,8 +168,9 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             o->load.no_graphs = true;
         } else if (!strcmp(a, "--kv-cache-dtype")) {
             NEED_VALUE();
-            if (!tm_cli_parse_kv_dtype(v, &o->load.kv_fp8, &o->load.kv_f16))
-                return usage_error("bad KV cache type '%s' (auto, fp8 or f16)", v);
+            tm_kv_dtype kvd;
+            if (!tm_kv_dtype_parse(v, &kvd)) return usage_error("bad KV cache type '%s' (auto, f32, f16, bf16 or fp8)", v);
+            o->load.kv_cache_dtype = v;
         } else if (!strcmp(a, "--act-bits")) {
             NEED_VALUE();
             if (!tm_cli_parse_i32(v, 8, 16, &o->load.act_bits) || (o->load.act_bits != 8 && o->load.act_bits != 16))
@@ -442,6 +442,13 @@ static void mean_std(const double *v, int n, double *mean, double *sd) {
 
 /* bench latency: pp = one forward pass over an I-token prompt of random ids (logits of the last row);
  * tg = O greedy decode steps after a 1-token prompt, EOS ignored. Both repeated -r times. */
+/* the KV type the options name (validated when parsed) */
+static tm_kv_dtype kv_dtype_of(const cli_opts *o) {
+    tm_kv_dtype k = TM_KV_AUTO;
+    (void)tm_kv_dtype_parse(o->load.kv_cache_dtype, &k);
+    return k;
+}
+
 static int cmd_bench(cli_opts *o) {
     if (o->positional && !strcmp(o->positional, "memory")) {
         tm_error err = {0};
@@ -455,8 +462,7 @@ static int cmd_bench(cli_opts *o) {
     if (o->positional && !strcmp(o->positional, "throughput")) {
         tm_bench_tp_cfg bc = {
             .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs, .tp = o->load.tp,
-            .kv_fp8 = o->load.kv_fp8,
-            .kv_f16 = o->load.kv_f16,
+            .kv_dtype = kv_dtype_of(o),
             .n_threads = o->load.n_threads, .num_prompts = o->num_prompts ? o->num_prompts : 64,
             .input_len = o->input_len ? o->input_len : 128, .output_len = o->output_len ? o->output_len : 128,
             .out_min = o->out_min, .out_max = o->out_max, .shared_prefix = o->shared_prefix,
@@ -474,8 +480,7 @@ static int cmd_bench(cli_opts *o) {
     if (o->batch > 0) {
         tm_bench_tp_cfg bc = {
             .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs, .tp = o->load.tp,
-            .kv_fp8 = o->load.kv_fp8,
-            .kv_f16 = o->load.kv_f16,
+            .kv_dtype = kv_dtype_of(o),
             .n_threads = o->load.n_threads, .num_prompts = o->batch,
             .input_len = o->input_len ? o->input_len : 512, .output_len = o->output_len ? o->output_len : 128,
             .act_bits = o->load.act_bits, .json = o->json, .seed = o->gen.seed, .ceiling_gflop_s = o->ceiling_gflop_s,

@@ -61,7 +61,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     int32_t omax = c->out_max > 0 ? c->out_max : c->output_len;
     int32_t max_seqs = c->max_seqs > 0 ? c->max_seqs : 32;
     tm_engine_cfg ec = {
-        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_fp8 = c->kv_fp8, .kv_f16 = c->kv_f16,
+        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_dtype = c->kv_dtype,
                    .n_threads = c->n_threads, .n_ctx = c->input_len + omax + 1,
                    .max_batch_tokens = c->max_batched_tokens > 0 ? c->max_batched_tokens : 512, .block_size = 16,
                    .n_seqs = max_seqs, .act_bits = c->act_bits, .no_prefix_cache = c->no_prefix_cache},
@@ -119,7 +119,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
                "\"requests_per_s\": %.4f, \"output_tok_s\": %.2f, \"total_tok_s\": %.2f, \"output_tokens\": %llu, "
                "\"prefix_hit_tokens\": %llu, \"preemptions\": %llu, ",
                m->name, c->sequential ? "true" : "false", c->static_batching ? "static" : "continuous", c->num_prompts, c->input_len, omax,
-               c->shared_prefix, e->runner->cfg.n_threads, max_seqs, c->kv_fp8 ? "fp8_e4m3" : c->kv_f16 ? "f16" : "auto",
+               c->shared_prefix, e->runner->cfg.n_threads, max_seqs, tm_dtype_name(tm_kv_dtype_resolve(c->kv_dtype, dev)),
                e->runner->pool.n_blocks, wall, (long long)steps, (double)N / wall,
                (double)out_tokens / wall, (double)total_tokens / wall, (unsigned long long)out_tokens,
                (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);
@@ -230,7 +230,7 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     if ((s = tm_runner_load_model(c->model, dev, c->tp, &m, err)) != TM_OK) return s;
     int64_t pp_budget = (int64_t)B * I;
     tm_engine_cfg ec = {
-        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_fp8 = c->kv_fp8, .kv_f16 = c->kv_f16,
+        .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_dtype = c->kv_dtype,
                    .n_threads = c->n_threads, .n_ctx = I + O + 1,
                    .max_batch_tokens = (int32_t)(pp_budget < 4096 ? pp_budget : 4096), .block_size = 16, .n_seqs = B,
                    .act_bits = c->act_bits, .no_prefix_cache = true},

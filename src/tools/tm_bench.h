@@ -3,14 +3,14 @@
 #define TM_BENCH_H
 
 #include "core/tm_core.h"
+#include "engine/tm_runner.h"
 
 typedef struct tm_bench_tp_cfg {
     const char *model;
     const char *device;          /* "cpu" (NULL) or "cuda[:N]" */
     int32_t tp;                  /* tensor-parallel ranks (0/1: none) */
     bool no_graphs;
-    bool kv_fp8;                 /* fp8 e4m3 KV cache */
-    bool kv_f16;                 /* cpu: f16 KV cache */
+    tm_kv_dtype kv_dtype;        /* the KV cache's element type */
     int32_t n_threads;
     int32_t num_prompts;
     int32_t input_len;

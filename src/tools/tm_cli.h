@@ -34,12 +34,6 @@ static inline bool tm_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64
 }
 
 /* --kv-cache-dtype: "auto" (the backend's: cuda bf16, cpu f32) or "fp8" / "fp8_e4m3" (8-bit e4m3) */
-static inline bool tm_cli_parse_kv_dtype(const char *s, bool *fp8, bool *f16) {
-    if (!strcmp(s, "auto")) *fp8 = *f16 = false;
-    else if (!strcmp(s, "fp8") || !strcmp(s, "fp8_e4m3")) *fp8 = true, *f16 = false;
-    else if (!strcmp(s, "f16")) *fp8 = false, *f16 = true;
-    else return false;
-    return true;
-}
+
 
 #endif /* TM_CLI_H */

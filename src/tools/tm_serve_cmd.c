@@ -22,7 +22,7 @@ static const char *k_serve_usage =
     "usage: tokenmill serve [-m MODEL] [--host ADDR] [--port N] [--api-key KEY] [--served-model-name NAME]\n"
     "                       [-t THREADS] [-c CTX] [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache]\n"
     "                       [--kv-blocks K] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs] [--tp N]\n"
-    "                       [--kv-cache-dtype auto|fp8|f16]\n"
+    "                       [--kv-cache-dtype auto|f32|f16|bf16|fp8]\n"
     "                       [--chat-template NAME] [--max-body BYTES]\n"
     "                       [--max-connections N] [--http-threads N]\n"
     "  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (stream or not),\n"
@@ -128,8 +128,8 @@ int tm_cmd_serve(int argc, char **argv) {
             ec.runner.no_graphs = true;
         } else if (!strcmp(a, "--kv-cache-dtype")) {
             NEED_VALUE();
-            if (!tm_cli_parse_kv_dtype(v, &ec.runner.kv_fp8, &ec.runner.kv_f16))
-                return serve_usage("bad KV cache type '%s' (auto, fp8 or f16)", v);
+            if (!tm_kv_dtype_parse(v, &ec.runner.kv_dtype))
+                return serve_usage("bad KV cache type '%s' (auto, f32, f16, bf16 or fp8)", v);
         } else if (!strcmp(a, "--tp") || !strcmp(a, "--tensor-parallel-size")) {
             NEED_VALUE();
             if (!tm_cli_parse_ll(v, 1, 8, &x)) return serve_usage("bad tensor-parallel degree '%s' (1..8)", v);

@@ -111,7 +111,7 @@ def test_fp8_kv_cache_on_the_cpu():
     # K and V rounded to e4m3 (a quarter of the f32 cache's bytes): deterministic, and on this prompt the same
     # greedy text as the f32 cache for 24 tokens (rounding can part them later, after a near-tie)
     args = ["-p", "The capital of France is", "-n", "24", "--temp", "0"]
-    f32 = run_json(*args, "--kv-cache-dtype", "auto")
+    f32 = run_json(*args, "--kv-cache-dtype", "f32")
     a = run_json(*args, "--kv-cache-dtype", "fp8")
     b = run_json(*args, "--kv-cache-dtype", "fp8_e4m3")
     assert a["text"] == b["text"] and a["tokens"] == 24
@@ -119,16 +119,21 @@ def test_fp8_kv_cache_on_the_cpu():
 
 
 def test_f16_kv_cache_on_the_cpu():
-    # K and V rounded to f16 (half of the f32 cache's bytes): the f32 cache's greedy text on this prompt, and the
-    # KV cache type in the throughput report
+    # the cpu default (auto): K and V rounded to f16, half of the f32 cache's bytes; on this prompt the f32
+    # cache's greedy text; the KV cache type in the throughput report; bf16 is refused on the cpu
     args = ["-p", "The capital of France is", "-n", "24", "--temp", "0"]
-    f32 = run_json(*args, "--kv-cache-dtype", "auto")
+    f32 = run_json(*args, "--kv-cache-dtype", "f32")
     h = run_json(*args, "--kv-cache-dtype", "f16")
-    assert h["tokens"] == 24 and h["text"] == f32["text"] and "Paris" in h["text"]
+    auto = run_json(*args)
+    assert h["tokens"] == 24 and h["text"] == f32["text"] == auto["text"] and "Paris" in h["text"]
+    r = tm("run", "-m", MODEL, "-p", "x", "-n", "1", "--kv-cache-dtype", "bf16")
+    assert r.returncode == 1 and "cpu KV cache supports f32, f16 and fp8_e4m3, not bf16" in r.stderr
     r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "2", "--input-len", "8", "--output-len", "3",
            "--kv-cache-dtype", "f16", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["kv_cache_dtype"] == "f16"
+    r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "2", "--input-len", "8", "--output-len", "3", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["kv_cache_dtype"] == "f16"  # the cpu's auto
 
 
 def test_unknown_chat_template_and_long_prompt_are_clear_errors():

@@ -28,12 +28,11 @@ static bool record(void *user, const tm_gen_event *ev) {
     return true;
 }
 
-static bool g_kv_fp8; /* engines made by engine() cache K and V in fp8 e4m3 */
-static bool g_kv_f16; /* ... or in f16 */
+static tm_kv_dtype g_kv = TM_KV_F32; /* the KV cache type of the engines made by engine() */
 
 static tm_engine *engine(const tm_model *m, int32_t n_ctx, int32_t batch, int32_t kv_blocks, int32_t max_seqs,
                          tm_sched_policy pol) {
-    tm_engine_cfg cfg = {{2, n_ctx, batch, 16, max_seqs, 16, kv_blocks, false, TM_DEVICE_CPU, 0, false, 0, g_kv_fp8, g_kv_f16},
+    tm_engine_cfg cfg = {{2, n_ctx, batch, 16, max_seqs, 16, kv_blocks, false, TM_DEVICE_CPU, 0, false, 0, g_kv},
                          {batch, max_seqs, pol, 0}, NULL};
     tm_engine *e = NULL;
     tm_error err = {0};
@@ -74,9 +73,8 @@ static void run_all(tm_engine *e, int32_t prompts[NREQ][80], const int32_t *lens
     }
 }
 
-static void concurrent_equals_alone(bool kv_fp8, bool kv_f16) {
-    g_kv_fp8 = kv_fp8;
-    g_kv_f16 = kv_f16;
+static void concurrent_equals_alone(tm_kv_dtype kv) {
+    g_kv = kv;
     tiny_opts o = tiny_default();
     o.wtype = TM_DT_Q8_0;
     const char *path = write_tiny(&o);
@@ -124,25 +122,25 @@ static void concurrent_equals_alone(bool kv_fp8, bool kv_f16) {
     }
     tm_model_free(m);
     unlink(path);
-    g_kv_fp8 = g_kv_f16 = false;
+    g_kv = TM_KV_F32;
 }
 
 static void test_concurrent_equals_alone(void **st) {
     (void)st;
-    concurrent_equals_alone(false, false);
+    concurrent_equals_alone(TM_KV_F32);
 }
 
 /* the same with an fp8 e4m3 KV cache: rounding the cache changes the numbers, not their independence from the
  * batch */
 static void test_concurrent_equals_alone_fp8_kv(void **st) {
     (void)st;
-    concurrent_equals_alone(true, false);
+    concurrent_equals_alone(TM_KV_FP8);
 }
 
 /* and with an f16 cache (half of f32's bytes) */
 static void test_concurrent_equals_alone_f16_kv(void **st) {
     (void)st;
-    concurrent_equals_alone(false, true);
+    concurrent_equals_alone(TM_KV_F16);
 }
 
 static void test_abort_frees_blocks(void **st) {
@@ -193,7 +191,7 @@ static void test_metrics_follow_requests(void **st) {
     assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
     tm_metrics *mx = NULL;
     assert_int_equal(tm_metrics_create(128, &mx, &err), TM_OK);
-    tm_engine_cfg cfg = {{2, 128, 64, 16, 4, 16, 0, false, TM_DEVICE_CPU, 0, false, 0, false, false}, {64, 4, TM_SCHED_CONTINUOUS, 0}, mx};
+    tm_engine_cfg cfg = {{2, 128, 64, 16, 4, 16, 0, false, TM_DEVICE_CPU, 0, false, 0, TM_KV_AUTO}, {64, 4, TM_SCHED_CONTINUOUS, 0}, mx};
     tm_engine *e = NULL;
     assert_int_equal(tm_engine_create(m, &cfg, &e, &err), TM_OK);
     int32_t p[10] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
@@ -238,7 +236,7 @@ static void test_prefix_cache_hits_and_matches(void **st) {
         bool no_cache = off == 1;
         tm_metrics *mx = NULL;
         assert_int_equal(tm_metrics_create(128, &mx, &err), TM_OK);
-        tm_engine_cfg cfg = {{2, 128, 64, 16, 4, 16, 0, no_cache, TM_DEVICE_CPU, 0, false, 0, false, false}, {64, 4, TM_SCHED_CONTINUOUS, 0}, mx};
+        tm_engine_cfg cfg = {{2, 128, 64, 16, 4, 16, 0, no_cache, TM_DEVICE_CPU, 0, false, 0, TM_KV_AUTO}, {64, 4, TM_SCHED_CONTINUOUS, 0}, mx};
         tm_engine *e = NULL;
         assert_int_equal(tm_engine_create(m, &cfg, &e, &err), TM_OK);
         out_rec a = {{0}, 0, NULL, 0}, b = {{0}, 0, NULL, 0};

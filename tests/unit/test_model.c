@@ -82,8 +82,11 @@ static tm_model *load(const char *path) {
 
 static int g_act_bits = 16;
 
+static tm_kv_dtype g_kv = TM_KV_F32; /* the runners' KV cache: f32 (the exactness checks), or the default f16 */
+
 static tm_runner *runner(const tm_model *m, int threads, int batch, int n_seqs, int block) {
-    tm_runner_cfg cfg = {.n_threads = threads, .n_ctx = 256, .max_batch_tokens = batch, .block_size = block, .n_seqs = n_seqs, .act_bits = g_act_bits};
+    tm_runner_cfg cfg = {.n_threads = threads, .n_ctx = 256, .max_batch_tokens = batch, .block_size = block, .n_seqs = n_seqs, .act_bits = g_act_bits,
+                         .kv_dtype = g_kv};
     tm_runner *r = NULL;
     tm_error err = {0};
     if (tm_runner_create(m, &cfg, &r, &err) != TM_OK) fail_msg("runner: %s", err.msg);
@@ -132,6 +135,19 @@ static void test_llama_f32_tied_matches_reference(void **st) {
     o.wtype = TM_DT_F32;
     o.tied = true;
     check_against_reference(o, 2e-5);
+}
+
+/* the default cpu cache (f16: K and V rounded to 11 significant bits) stays within 1e-3 of the f64 reference.
+ * Last in the list: each tiny model draws its weights from one generator, so a test added earlier would hand
+ * the quantized tests other weights. */
+static void test_default_f16_cache_near_reference(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.wtype = TM_DT_F32;
+    o.tied = true;
+    g_kv = TM_KV_AUTO;
+    check_against_reference(o, 1e-3);
+    g_kv = TM_KV_F32;
 }
 
 static void test_qwen2_bias_neox_matches_reference(void **st) {
@@ -388,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_bad_models_are_refused),
         cmocka_unit_test(test_prompt_limits),
         cmocka_unit_test(test_dummy_model_runs),
+        cmocka_unit_test(test_default_f16_cache_near_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
