@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -72,6 +73,19 @@ void *tm_aligned_alloc(size_t align, size_t size) {
     return p;
 }
 void tm_aligned_free(void *p) { free(p); }
+
+void *tm_huge_alloc(size_t size) {
+    const size_t huge = (size_t)2 << 20;
+    if (size > SIZE_MAX - huge) return NULL;
+    const size_t sz = (size ? size + huge - 1 : huge) / huge * huge;
+    void *p = NULL;
+    if (posix_memalign(&p, huge, sz) != 0) return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(p, sz, MADV_HUGEPAGE); /* advice only: without THP the buffer keeps 4 KiB pages */
+#endif
+    return p;
+}
+void tm_huge_free(void *p) { free(p); }
 char *tm_strndup(const char *s, size_t n) {
     char *d = malloc(n + 1);
     if (!d) return NULL;

@@ -26,6 +26,11 @@ void *tm_malloc(size_t size);
 void *tm_calloc(size_t n, size_t size);
 void *tm_malloc_array(size_t n, size_t size);
 void *tm_aligned_alloc(size_t align, size_t size); /* free with tm_aligned_free */
+/* Large buffers streamed every step (decode copies of the weights, the KV cache): 2 MiB aligned and, on Linux,
+ * advised to transparent huge pages (the 4 KiB TLB reach is tiny against ~100 MB read per token). The size is
+ * rounded up to 2 MiB; untouched huge pages take no memory. Free with tm_huge_free. */
+void *tm_huge_alloc(size_t size);
+void tm_huge_free(void *p);
 void tm_aligned_free(void *p);
 char *tm_strndup(const char *s, size_t n);
 /* checked arithmetic: return false on overflow */

@@ -40,7 +40,7 @@ tm_status tm_membw_probe_create(int n_threads, size_t bytes, tm_membw_probe **ou
         free(p);
         return s;
     }
-    p->buf = tm_aligned_alloc(4096, bytes);
+    p->buf = tm_huge_alloc(bytes); /* the same pages as the weights it is compared with */
     if (!p->buf) {
         tm_membw_probe_free(p);
         return tm_err(err, TM_ERR_NOMEM, "cannot allocate %zu bytes", bytes);
@@ -66,7 +66,7 @@ double tm_membw_probe_run(tm_membw_probe *p, int reps) {
 
 void tm_membw_probe_free(tm_membw_probe *p) {
     if (!p) return;
-    tm_aligned_free(p->buf);
+    tm_huge_free(p->buf);
     tm_threadpool_free(p->tp);
     free(p);
 }

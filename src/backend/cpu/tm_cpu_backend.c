@@ -11,6 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* a chunk of huge pages the decode copies of the weights are cut from (x4_alloc) */
+typedef struct x4_chunk {
+    uint8_t *base;
+    size_t cap, used;
+} x4_chunk;
+
 typedef struct tm_cpu_backend {
     tm_backend base;
     tm_threadpool *tp;
@@ -39,6 +45,8 @@ typedef struct tm_cpu_backend {
     size_t att_part_cap;
     atomic_int *att_done;    /* (att_done_cap) chunks ended per (one-token sequence, KV head) */
     size_t att_done_cap;
+    struct x4_chunk *x4c;    /* (n_x4c) huge-page chunks the decode copies are cut from (freed with the backend) */
+    int32_t n_x4c, cap_x4c;
 } tm_cpu_backend;
 
 static tm_cpu_backend *cpu(tm_backend *be) { return (tm_cpu_backend *)be; }
@@ -108,10 +116,10 @@ static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err
     uint64_t per_layer = (uint64_t)cfg->n_blocks * (uint64_t)cfg->n_kv_heads * (uint64_t)cfg->block_size *
                          (uint64_t)cfg->head_dim;
     uint64_t total = per_layer * (uint64_t)cfg->n_layers;
-    tm_aligned_free(c->kv_k);
-    tm_aligned_free(c->kv_v);
-    c->kv_k = tm_aligned_alloc(64, total * es);
-    c->kv_v = tm_aligned_alloc(64, total * es);
+    tm_huge_free(c->kv_k);
+    tm_huge_free(c->kv_v);
+    c->kv_k = tm_huge_alloc(total * es);
+    c->kv_v = tm_huge_alloc(total * es);
     size_t att_per = att_tmp_len(cfg->block_size, cfg->head_dim, fp8 || f16);
     float *att = tm_aligned_alloc(64, (size_t)tm_threadpool_size(c->tp) * att_per * sizeof(float));
     if (!c->kv_k || !c->kv_v || !att) {
@@ -751,14 +759,16 @@ static void cpu_free(tm_backend *be) {
     if (!c) return;
     tm_threadpool_free(c->tp);
     tm_aligned_free(c->scratch);
-    tm_aligned_free(c->kv_k);
-    tm_aligned_free(c->kv_v);
+    tm_huge_free(c->kv_k);
+    tm_huge_free(c->kv_v);
     tm_aligned_free(c->rope_cs);
     free(c->rope_pos);
     tm_aligned_free(c->att_tmp);
     free(c->att_dec);
     tm_aligned_free(c->att_part);
     free(c->att_done);
+    for (int32_t i = 0; i < c->n_x4c; i++) tm_huge_free(c->x4c[i].base);
+    free(c->x4c);
     free(c);
 }
 
@@ -769,6 +779,31 @@ static void cpu_free(tm_backend *be) {
  * (16-bit: tm_quant16.h, 8-bit: tm_quant.h), that every matmul then reads -- decode four rows per kernel call from
  * one sequential stream, prefill row by row from it -- with the same bits as the row-major kernels. The row-major
  * data is then only read for embedding rows (a mapped file's pages go cold). TM_CPU_NO_X4=1 turns it off. */
+/* The decode copies come from 64 MiB chunks of huge pages (tm_huge_alloc), cut in order of placement: every
+ * decode step streams all of them, and with 4 KiB pages that is ~25,000 TLB misses a token (about 3% of a
+ * SmolLM2 batch-1 step here). A copy stays until the backend is freed. */
+static void *x4_alloc(tm_cpu_backend *c, size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    x4_chunk *last = c->n_x4c ? &c->x4c[c->n_x4c - 1] : NULL;
+    if (last && last->cap - last->used >= bytes) {
+        void *p = last->base + last->used;
+        last->used += bytes;
+        return p;
+    }
+    if (c->n_x4c == c->cap_x4c) {
+        int32_t cap = c->cap_x4c ? 2 * c->cap_x4c : 8;
+        x4_chunk *nc = realloc(c->x4c, (size_t)cap * sizeof *nc);
+        if (!nc) return NULL;
+        c->x4c = nc;
+        c->cap_x4c = cap;
+    }
+    const size_t cap = bytes > ((size_t)64 << 20) ? bytes : (size_t)64 << 20;
+    uint8_t *base = tm_huge_alloc(cap);
+    if (!base) return NULL;
+    c->x4c[c->n_x4c++] = (x4_chunk){base, cap, bytes};
+    return base;
+}
+
 static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     tm_cpu_backend *c = cpu(be);
     w->aux = NULL;
@@ -778,7 +813,7 @@ static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     if (c->isa != TM_ISA_AVX2 || !kern || !tm_quant16_x4_eligible(w->type, w->rows, w->cols) || (off && !strcmp(off, "1")))
         return TM_OK;
     size_t bytes = (size_t)(tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows);
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    void *p = x4_alloc(c, bytes);
     if (!p) return tm_err(err, TM_ERR_NOMEM, "cpu backend: no memory for the decode copy of a %lld x %lld weight",
                           (long long)w->rows, (long long)w->cols);
     if (c->act_bits == 16) tm_quant16_x4_pack(w->type, w->rows, w->cols, w->data, p);
@@ -789,8 +824,7 @@ static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
 
 static void cpu_weight_release(tm_backend *be, tm_weight *w) {
     (void)be;
-    free((void *)w->aux);
-    w->aux = NULL;
+    w->aux = NULL; /* its chunk goes with the backend */
 }
 
 static const tm_backend_ops k_cpu_ops = {
