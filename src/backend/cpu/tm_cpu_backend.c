@@ -123,8 +123,8 @@ static tm_status cpu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err
     size_t att_per = att_tmp_len(cfg->block_size, cfg->head_dim, fp8 || f16);
     float *att = tm_aligned_alloc(64, (size_t)tm_threadpool_size(c->tp) * att_per * sizeof(float));
     if (!c->kv_k || !c->kv_v || !att) {
-        tm_aligned_free(c->kv_k);
-        tm_aligned_free(c->kv_v);
+        tm_huge_free(c->kv_k);
+        tm_huge_free(c->kv_v);
         tm_aligned_free(att);
         c->kv_k = c->kv_v = NULL;
         return tm_err(err, TM_ERR_NOMEM, "cannot allocate %.1f MiB of KV cache",
