@@ -454,6 +454,21 @@ typedef struct {
     int64_t n_items;      /* their (KV head, chunk) items */
 } attn_task;
 
+/* software prefetch of the first cnt entries of KV head kvh's K and V in cache block blk (l2: into L2 only) */
+static inline void kv_prefetch(const tm_cpu_backend *c, int32_t layer, int32_t blk, int32_t kvh, int32_t cnt, bool l2) {
+    const char *kp = kv_slot(c, c->kv_k, layer, blk, kvh, 0), *vp = kv_slot(c, c->kv_v, layer, blk, kvh, 0);
+    const size_t nb = (size_t)cnt * (size_t)c->kv.head_dim * c->kv_es;
+    for (size_t o = 0; o < nb; o += 64) {
+        if (l2) {
+            __builtin_prefetch(kp + o, 0, 2);
+            __builtin_prefetch(vp + o, 0, 2);
+        } else {
+            __builtin_prefetch(kp + o);
+            __builtin_prefetch(vp + o);
+        }
+    }
+}
+
 /* the K and V rows of block `blk` (logical block j0 / bs of the table bt) of KV head kvh, cnt entries of which are
  * read: f32 in the cache, or fp8 / f16 widened into `wide`; the next block (when it is read too, up to key index cmax)
  * is prefetched: it lies a page or more away (the other KV heads' entries sit between) */
@@ -463,16 +478,8 @@ static void kv_block(const attn_task *t, const int32_t *bt, int32_t j0, int32_t 
     const int32_t bs = c->kv.block_size, hd = t->a->head_dim, cnt = cmax - j0 + 1 < bs ? cmax - j0 + 1 : bs;
     *kb = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs], kvh, 0);
     *vb = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs], kvh, 0);
-    if (j0 + bs <= cmax) {
-        const int32_t nc = cmax - j0 - bs + 1 < bs ? cmax - j0 - bs + 1 : bs;
-        const char *nk = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs + 1], kvh, 0);
-        const char *nv = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs + 1], kvh, 0);
-        const size_t nbytes = (size_t)nc * (size_t)hd * c->kv_es;
-        for (size_t o = 0; o < nbytes; o += 64) {
-            __builtin_prefetch(nk + o);
-            __builtin_prefetch(nv + o);
-        }
-    }
+    if (j0 + bs <= cmax)
+        kv_prefetch(c, t->layer, bt[j0 / bs + 1], kvh, cmax - j0 - bs + 1 < bs ? cmax - j0 - bs + 1 : bs, false);
     if (c->kv_fp8 || c->kv_f16) { /* widen the entries anyone reads (exact), then the f32 kernel */
         float *wk = wide, *wv = wide + (size_t)bs * (size_t)hd;
         if (c->kv_fp8) {
@@ -571,24 +578,27 @@ static void attn_fn(void *p, int ith, int nth) {
 
 /* Decode items [lo, hi): (sequence, KV head, chunk). A chunk's state: the first chunk's accumulator is the output
  * row, a later one's is its slot of c->att_part; m and l of every chunk go to its slot. */
+/* decode item it of one-token sequence d: its KV head, chunk, the chunk's end (key index) and the block table */
+typedef struct {
+    int32_t kvh, ch, j1;
+    const int32_t *bt;
+} dec_item;
+
+static dec_item dec_item_of(const attn_task *t, int32_t d, int64_t it) {
+    const attn_dec *dd = &t->dec[d];
+    const int32_t chunk = t->c->kv.block_size * TM_ATTN_CHUNK, ctx = t->b->context_len[dd->seq];
+    dec_item r = {(int32_t)((it - dd->item0) / dd->n_chunks), (int32_t)((it - dd->item0) % dd->n_chunks), 0,
+                  t->b->block_table + (size_t)dd->seq * (size_t)t->b->max_blocks};
+    r.j1 = (r.ch + 1) * chunk < ctx ? (r.ch + 1) * chunk : ctx;
+    return r;
+}
+
 /* prefetch decode item it (of one-token sequence d) into L2: its chunk's K and V rows */
 static void dec_prefetch(const attn_task *t, int32_t d, int64_t it) {
-    const tm_cpu_backend *c = t->c;
-    const attn_dec *dd = &t->dec[d];
-    const int32_t hd = t->a->head_dim, bs = c->kv.block_size, chunk = bs * TM_ATTN_CHUNK;
-    const int32_t kvh = (int32_t)((it - dd->item0) / dd->n_chunks), ch = (int32_t)((it - dd->item0) % dd->n_chunks);
-    const int32_t ctx = t->b->context_len[dd->seq], j1 = (ch + 1) * chunk < ctx ? (ch + 1) * chunk : ctx;
-    const int32_t *bt = t->b->block_table + (size_t)dd->seq * (size_t)t->b->max_blocks;
-    const size_t rb = (size_t)hd * c->kv_es;
-    for (int32_t j0 = ch * chunk; j0 < j1; j0 += bs) {
-        const char *kp = kv_slot(c, c->kv_k, t->layer, bt[j0 / bs], kvh, 0);
-        const char *vp = kv_slot(c, c->kv_v, t->layer, bt[j0 / bs], kvh, 0);
-        const size_t nb = (size_t)(j1 - j0 < bs ? j1 - j0 : bs) * rb;
-        for (size_t o = 0; o < nb; o += 64) {
-            __builtin_prefetch(kp + o, 0, 2);
-            __builtin_prefetch(vp + o, 0, 2);
-        }
-    }
+    const int32_t bs = t->c->kv.block_size;
+    const dec_item di = dec_item_of(t, d, it);
+    for (int32_t j0 = di.ch * bs * TM_ATTN_CHUNK; j0 < di.j1; j0 += bs)
+        kv_prefetch(t->c, t->layer, di.bt[j0 / bs], di.kvh, di.j1 - j0 < bs ? di.j1 - j0 : bs, true);
 }
 
 static void attn_dec_fn(void *p, int64_t lo, int64_t hi, int ith) {
@@ -609,9 +619,8 @@ static void attn_dec_fn(void *p, int64_t lo, int64_t hi, int ith) {
     for (int64_t it = lo; it < hi; it++) {
         while (it >= t->dec[d].item0 + (int64_t)a->n_kv_heads * t->dec[d].n_chunks) d++;
         const attn_dec *dd = &t->dec[d];
-        const int32_t kvh = (int32_t)((it - dd->item0) / dd->n_chunks), ch = (int32_t)((it - dd->item0) % dd->n_chunks);
-        const int32_t ctx = t->b->context_len[dd->seq], j1 = (ch + 1) * chunk < ctx ? (ch + 1) * chunk : ctx;
-        const int32_t *bt = t->b->block_table + (size_t)dd->seq * (size_t)t->b->max_blocks;
+        const dec_item di = dec_item_of(t, d, it);
+        const int32_t kvh = di.kvh, ch = di.ch, j1 = di.j1, *bt = di.bt;
         float *slot = c->att_part + (size_t)(dd->item0 + (int64_t)kvh * dd->n_chunks) * (size_t)group * (size_t)ps;
         for (int32_t h = 0; h < group; h++) { /* group <= TM_ATTN_PAIRS: checked in cpu_attention */
             float *acc = ch == 0 ? t->out + ((size_t)dd->tok * (size_t)a->n_heads + (size_t)(kvh * group + h)) * (size_t)hd
@@ -653,32 +662,25 @@ static void attn_dec_fn(void *p, int64_t lo, int64_t hi, int ith) {
     }
 }
 
-/* room for n_dec one-token sequences with `items` decode items; false (nothing changed) when out of memory */
+/* *buf holds at least need elements of elem bytes (64-byte aligned, grown to twice the need); false (unchanged)
+ * when out of memory */
+static bool buf_reserve(void **buf, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return true;
+    void *nb = tm_aligned_alloc(64, 2 * need * elem);
+    if (!nb) return false;
+    tm_aligned_free(*buf);
+    *buf = nb;
+    *cap = 2 * need;
+    return true;
+}
+
+/* room for n_dec one-token sequences with `items` decode items; false when out of memory */
 static bool attn_reserve(tm_cpu_backend *c, const tm_attn_cfg *a, int32_t n_dec, int64_t items) {
     const size_t dec = (size_t)n_dec, done = dec * (size_t)a->n_kv_heads;
     const size_t part = (size_t)items * (size_t)(a->n_heads / a->n_kv_heads) * att_part_stride(a->head_dim);
-    if (dec > c->att_dec_cap) {
-        attn_dec *nd = malloc(2 * dec * sizeof *nd);
-        if (!nd) return false;
-        free(c->att_dec);
-        c->att_dec = nd;
-        c->att_dec_cap = 2 * dec;
-    }
-    if (done > c->att_done_cap) {
-        atomic_int *nd = malloc(2 * done * sizeof *nd);
-        if (!nd) return false;
-        free(c->att_done);
-        c->att_done = nd;
-        c->att_done_cap = 2 * done;
-    }
-    if (part > c->att_part_cap) {
-        float *np = tm_aligned_alloc(64, 2 * part * sizeof(float));
-        if (!np) return false;
-        tm_aligned_free(c->att_part);
-        c->att_part = np;
-        c->att_part_cap = 2 * part;
-    }
-    return true;
+    return buf_reserve((void **)&c->att_dec, &c->att_dec_cap, dec, sizeof *c->att_dec) &&
+           buf_reserve((void **)&c->att_done, &c->att_done_cap, done, sizeof *c->att_done) &&
+           buf_reserve((void **)&c->att_part, &c->att_part_cap, part, sizeof *c->att_part);
 }
 
 static void cpu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, const void *q,
@@ -764,9 +766,9 @@ static void cpu_free(tm_backend *be) {
     tm_aligned_free(c->rope_cs);
     free(c->rope_pos);
     tm_aligned_free(c->att_tmp);
-    free(c->att_dec);
+    tm_aligned_free(c->att_dec);
     tm_aligned_free(c->att_part);
-    free(c->att_done);
+    tm_aligned_free((void *)c->att_done);
     for (int32_t i = 0; i < c->n_x4c; i++) tm_huge_free(c->x4c[i].base);
     free(c->x4c);
     free(c);
