@@ -9,7 +9,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 typedef struct req_result {
@@ -151,9 +150,9 @@ done:
 }
 
 /* The matmul ceiling of this backend: every layer's projections (q, k, v, o, gate, up, down) and the output
- * projection over n tokens of random activations, best of 3 passes, in FLOP/s: the GEMM-shaped rate of
+ * projection over n tokens of random activations, best of reps passes, in FLOP/s: the GEMM-shaped rate of
  * tokenmill's own dot kernels on the same weights, in the same proportions, as a decode step's matmuls (the
- * output projection is a fifth of SmolLM2's MACs, and often of another type: Q8_0 there). Best of reps passes. */
+ * output projection is a fifth of SmolLM2's MACs, and often of another type: Q8_0 there). */
 static double gemm_ceiling(tm_engine *e, int32_t n, int reps) {
     const tm_model *m = e->model;
     tm_backend *be = e->runner->be;
@@ -211,6 +210,18 @@ static int cmp_double(const void *a, const void *b) {
 static void pause_ms(int ms) {
     struct timespec ts = {0, (long)ms * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+/* --bw auto's probes around a group of decode steps: the bandwidth, then (ceiling != NULL) the compute ceiling,
+ * each 12 ms away from other work (the thread pools spin ~4 ms after theirs) */
+static void probe_machine(tm_membw_probe *probe, tm_engine *e, double *bw, double *ceiling) {
+    pause_ms(12);
+    *bw = tm_membw_probe_run(probe, 2);
+    if (ceiling) {
+        pause_ms(12);
+        *ceiling = gemm_ceiling_best(e, 1);
+    }
+    pause_ms(12);
 }
 
 tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_error *err) {
@@ -278,24 +289,22 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
      * median over the groups. The probe's threads and the engine's spin for a while after their work, so each
      * probe is separated from the steps by a sleep longer than the spin (~4 ms here), and one untimed step follows it (outside the timed
      * spans: tg and the step time count the timed steps). */
-    enum { TM_BW_GROUP = 8, TM_BW_MAX_GROUPS = 4096 };
+    enum { TM_BW_GROUP = 8 };
+    const size_t max_groups = (size_t)O; /* each group takes at least two of the O - 1 decode steps */
     double t1 = tm_time_s(), dec_time = 0.0, t2 = t1; /* t1: the prefill's end */
     int64_t dec_steps = 0, all_steps = 0; /* timed steps; all decode steps (with --bw auto's warm-up ones) */
     tm_membw_probe *probe = NULL;
     if (bw_gb_s < 0) {
-        gbw = tm_malloc_array(TM_BW_MAX_GROUPS + 1, sizeof(double));
-        gms = tm_malloc_array(TM_BW_MAX_GROUPS, sizeof(double));
-        gce = tm_malloc_array(TM_BW_MAX_GROUPS + 1, sizeof(double));
+        gbw = tm_malloc_array(max_groups + 1, sizeof(double));
+        gms = tm_malloc_array(max_groups, sizeof(double));
+        gce = tm_malloc_array(max_groups + 1, sizeof(double));
         probe_ceiling = c->ceiling_gflop_s <= 0; /* the compute ceiling drifts with the VM's state too */
         if (!gbw || !gms || !gce) {
             s = tm_err(err, TM_ERR_NOMEM, "out of memory");
             goto probe_done;
         }
         if ((s = tm_membw_probe_create(e->runner->cfg.n_threads, (size_t)128 << 20, &probe, err)) != TM_OK) goto probe_done;
-        pause_ms(12);
-        gbw[0] = tm_membw_probe_run(probe, 2);
-        if (probe_ceiling) pause_ms(12), gce[0] = gemm_ceiling_best(e, 1); /* after the probe pool has slept */
-        pause_ms(12);
+        probe_machine(probe, e, &gbw[0], probe_ceiling ? &gce[0] : NULL);
     }
     while (tm_engine_has_work(e)) {
         if (probe) { /* a warm-up step after each probe, untimed: the probe evicted the caches and let the
@@ -312,12 +321,9 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
         dec_time += gt;
         dec_steps += k;
         all_steps += k;
-        if (probe && n_groups < TM_BW_MAX_GROUPS) {
-            gms[n_groups] = gt / k * 1e3;
-            pause_ms(12);
-            gbw[++n_groups] = tm_membw_probe_run(probe, 2);
-            if (probe_ceiling) pause_ms(12), gce[n_groups] = gemm_ceiling_best(e, 1);
-            pause_ms(12);
+        if (probe) {
+            gms[n_groups++] = gt / k * 1e3;
+            probe_machine(probe, e, &gbw[n_groups], probe_ceiling ? &gce[n_groups] : NULL);
         }
     }
     if (dec_steps == 0) {
@@ -325,17 +331,6 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
         goto probe_done;
     }
     t2 = t1 + dec_time; /* the decode steps' own time, without the probes */
-    if (probe && n_groups > 0) { /* the reported bandwidth: the median probe */
-        double *sorted = tm_malloc_array((size_t)n_groups + 1, sizeof(double));
-        if (!sorted) {
-            s = tm_err(err, TM_ERR_NOMEM, "out of memory");
-            goto probe_done;
-        }
-        memcpy(sorted, gbw, ((size_t)n_groups + 1) * sizeof(double));
-        qsort(sorted, (size_t)n_groups + 1, sizeof(double), cmp_double);
-        bw_gb_s = sorted[(n_groups + 1) / 2];
-        free(sorted);
-    }
 probe_done:
     tm_membw_probe_free(probe);
     probe = NULL;
@@ -357,17 +352,21 @@ probe_done:
     else if (n_groups > 0 && probe_ceiling) /* the reported ceiling: the best probe */
         for (int32_t g = 0; g <= n_groups; g++) ceiling = gce[g] > ceiling ? gce[g] : ceiling;
     else ceiling = gemm_ceiling_best(e, 3);
-    double mem_ms = bw_gb_s > 0 ? (double)m->weight_bytes / (bw_gb_s * 1e9) * 1e3 : 0.0;
     double comp_ms = step_flops / ceiling * 1e3;
-    double floor_ms = mem_ms > comp_ms ? mem_ms : comp_ms;
-    double pct = 100.0 * floor_ms / step_ms, pct_lo = pct, pct_hi = pct;
-    if (n_groups > 0) { /* each group against the floor at its own bandwidth and ceiling; the median group */
+    if (n_groups > 0) { /* each group against the floor at its own bandwidth and ceiling (gms: step ms -> %) */
         for (int32_t g = 0; g < n_groups; g++) {
             double gmem = (double)m->weight_bytes / (0.5 * (gbw[g] + gbw[g + 1]) * 1e9) * 1e3;
             double gcomp = probe_ceiling ? step_flops / (0.5 * (gce[g] + gce[g + 1])) * 1e3 : comp_ms;
             gms[g] = 100.0 * (gmem > gcomp ? gmem : gcomp) / gms[g];
         }
         qsort(gms, (size_t)n_groups, sizeof(double), cmp_double);
+        qsort(gbw, (size_t)n_groups + 1, sizeof(double), cmp_double);
+        bw_gb_s = gbw[(n_groups + 1) / 2]; /* the reported bandwidth: the median probe */
+    }
+    double mem_ms = bw_gb_s > 0 ? (double)m->weight_bytes / (bw_gb_s * 1e9) * 1e3 : 0.0;
+    double floor_ms = mem_ms > comp_ms ? mem_ms : comp_ms;
+    double pct = 100.0 * floor_ms / step_ms, pct_lo = pct, pct_hi = pct;
+    if (n_groups > 0) { /* the median group */
         pct = gms[n_groups / 2];
         pct_lo = gms[0];
         pct_hi = gms[n_groups - 1];
