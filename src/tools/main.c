@@ -83,7 +83,8 @@ static bool parse_f32(const char *s, float lo, float hi, float *out) {
 }
 
 typedef struct cli_opts {
-    tm_load_params load;
+    tm_load_params load;        /* load.kv_cache_dtype: the --kv-cache-dtype text, for the C API */
+    tm_kv_dtype kv_dtype;       /* the same, parsed, for the bench configurations */
     tm_generate_params gen;
     const char *prompt;
     const char *system;
@@ -168,8 +169,8 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             o->load.no_graphs = true;
         } else if (!strcmp(a, "--kv-cache-dtype")) {
             NEED_VALUE();
-            tm_kv_dtype kvd;
-            if (!tm_kv_dtype_parse(v, &kvd)) return usage_error("bad KV cache type '%s' (auto, f32, f16, bf16 or fp8)", v);
+            if (!tm_kv_dtype_parse(v, &o->kv_dtype))
+                return usage_error("bad KV cache type '%s' (auto, f32, f16, bf16 or fp8)", v);
             o->load.kv_cache_dtype = v;
         } else if (!strcmp(a, "--act-bits")) {
             NEED_VALUE();
@@ -442,13 +443,6 @@ static void mean_std(const double *v, int n, double *mean, double *sd) {
 
 /* bench latency: pp = one forward pass over an I-token prompt of random ids (logits of the last row);
  * tg = O greedy decode steps after a 1-token prompt, EOS ignored. Both repeated -r times. */
-/* the KV type the options name (validated when parsed) */
-static tm_kv_dtype kv_dtype_of(const cli_opts *o) {
-    tm_kv_dtype k = TM_KV_AUTO;
-    (void)tm_kv_dtype_parse(o->load.kv_cache_dtype, &k);
-    return k;
-}
-
 static int cmd_bench(cli_opts *o) {
     if (o->positional && !strcmp(o->positional, "memory")) {
         tm_error err = {0};
@@ -462,7 +456,7 @@ static int cmd_bench(cli_opts *o) {
     if (o->positional && !strcmp(o->positional, "throughput")) {
         tm_bench_tp_cfg bc = {
             .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs, .tp = o->load.tp,
-            .kv_dtype = kv_dtype_of(o),
+            .kv_dtype = o->kv_dtype,
             .n_threads = o->load.n_threads, .num_prompts = o->num_prompts ? o->num_prompts : 64,
             .input_len = o->input_len ? o->input_len : 128, .output_len = o->output_len ? o->output_len : 128,
             .out_min = o->out_min, .out_max = o->out_max, .shared_prefix = o->shared_prefix,
@@ -480,7 +474,7 @@ static int cmd_bench(cli_opts *o) {
     if (o->batch > 0) {
         tm_bench_tp_cfg bc = {
             .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs, .tp = o->load.tp,
-            .kv_dtype = kv_dtype_of(o),
+            .kv_dtype = o->kv_dtype,
             .n_threads = o->load.n_threads, .num_prompts = o->batch,
             .input_len = o->input_len ? o->input_len : 512, .output_len = o->output_len ? o->output_len : 128,
             .act_bits = o->load.act_bits, .json = o->json, .seed = o->gen.seed, .ceiling_gflop_s = o->ceiling_gflop_s,

@@ -6,7 +6,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 /* a base-10 integer in [lo, hi] */
 static inline bool tm_cli_parse_ll(const char *s, long long lo, long long hi, long long *out) {
@@ -32,8 +31,5 @@ static inline bool tm_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64
     *out = (int64_t)v;
     return true;
 }
-
-/* --kv-cache-dtype: "auto" (the backend's: cuda bf16, cpu f32) or "fp8" / "fp8_e4m3" (8-bit e4m3) */
-
 
 #endif /* TM_CLI_H */
