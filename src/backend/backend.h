@@ -75,6 +75,11 @@ typedef struct tm_matmul_job {
 } tm_matmul_job;
 #define TM_MATMUL_MAX_JOBS 4
 
+/* The weights of one decoder layer (see ops->decoder_layer); absent biases are NULL. */
+typedef struct tm_layer_weights {
+    const tm_weight *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+} tm_layer_weights;
+
 /* What a backend does with a forward pass (begin_step): the sizes its ops run at, and whether a captured graph
  * already ran the whole pass. A graph pads a batch to a bucket of tokens: padded tokens write a scratch cache
  * block and their rows are ignored. */
@@ -143,6 +148,12 @@ typedef struct tm_backend_ops {
      * left unwritten (their values reach the cache only). */
     bool (*matmul_qkv_rope)(tm_backend *be, const tm_matmul_job *jobs, const void *x, int32_t n, const tm_attn_cfg *a,
                             int32_t layer, const tm_batch *b, void *q, void *k, void *v);
+    /* A whole decoder layer as one unit, where the backend can (cuda: a one-token step, tm_cuda_layer_decode): x (n,
+     * dim) is the residual stream before the layer; on true it holds the stream after the layer (attention and MLP
+     * added) and the layer's K and V are in the cache; q, att and h are activation buffers of the pass used as
+     * scratch (widths n_heads * head_dim, the same, ffn_dim). False: nothing done; the forward runs the layer's ops. */
+    bool (*decoder_layer)(tm_backend *be, const tm_layer_weights *L, const tm_attn_cfg *a, float eps, int32_t layer,
+                          const tm_batch *b, void *x, int32_t n, void *q, void *att, void *h);
     /* Move a weight into backend memory: w->data (host) is copied, or a deferred dummy weight is made there;
      * w->data then points to backend memory, released with weight_release. */
     tm_status (*weight_place)(tm_backend *be, tm_weight *w, tm_error *err);

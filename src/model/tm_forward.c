@@ -89,10 +89,18 @@ again:;
     if (plan.replayed) goto done;
     const int32_t n = plan.n_tokens;
 
-    op->embed(be, &m->tok_embd, b->token_ids, n, ws->x);                      /* x = embed(ids) */
-    op->rmsnorm(be, ws->x, &m->layers[0].attn_norm, hp->norm_eps, n, ws->xb); /* xb = norm(x) */
+    op->embed(be, &m->tok_embd, b->token_ids, n, ws->x); /* x = embed(ids) */
+    bool have_xb = false;                                  /* xb = norm(x) for the next layer (or the output) */
     for (int32_t l = 0; l < hp->n_layers; l++) {
         const tm_layer *L = &m->layers[l];
+        const tm_layer_weights lw = {&L->attn_norm, &L->wq, &L->wk, &L->wv, opt(&L->bq), opt(&L->bk), opt(&L->bv),
+                                     &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        if (R == 1 && op->decoder_layer &&
+            op->decoder_layer(be, &lw, &acfg, hp->norm_eps, l, b, ws->x, n, ws->q, ws->att, ws->hb)) {
+            have_xb = false; /* the whole layer ran as one unit: x updated, xb not made */
+            continue;
+        }
+        if (!have_xb) op->rmsnorm(be, ws->x, &L->attn_norm, hp->norm_eps, n, ws->xb); /* xb = norm(x) */
         /* attention block: q, k, v = xb · wqᵀ, wkᵀ, wvᵀ (+ biases), RoPE, KV write; att; proj = att · woᵀ */
         tm_matmul_job qkv[3] = {{&L->wq, opt(&L->bq), ws->q, false}, {&L->wk, opt(&L->bk), ws->k, false},
                                 {&L->wv, opt(&L->bv), ws->v, false}};
@@ -126,7 +134,9 @@ again:;
             if (R > 1) g->allreduce(g->user, r, ws->proj, (size_t)n * (size_t)hp->dim);
             op->add_rmsnorm(be, ws->x, ws->proj, next_norm, hp->norm_eps, n, ws->xb); /* x += ffn; xb = norm */
         }
+        have_xb = true;
     }
+    if (!have_xb) op->rmsnorm(be, ws->x, &m->output_norm, hp->norm_eps, n, ws->xb); /* the last layer ran whole */
     /* the output projection is replicated: rank 0 computes the logits */
     if (r == 0 && plan.n_logits > 0) {
         op->get_rows(be, ws->xb, b->logits_index, plan.n_logits, hp->dim, ws->hsel);

@@ -95,6 +95,10 @@ typedef struct cu_backend {
     void *dn_scratch;            /* (CU_DN_SCRATCH_BYTES) the last producer's counter, scales and partials; the
                                   * counter zeroed at creation, every producer launch leaves it so */
     cu_defer dn;                 /* which buffer holds a deferred norm, if any */
+    /* whole-layer kernel for one-token steps (tm_cuda_layer_decode; opt-in: TM_CUDA_LAYER=1) */
+    bool layer_on;
+    void *layer_work;            /* (layer_work_bytes) zeroed at kv_init; every launch leaves it so */
+    size_t layer_work_bytes;
     /* graphs */
     cu_graph graphs[CU_MAX_GRAPHS];
     int32_t n_graphs;
@@ -277,6 +281,17 @@ static tm_status cu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err)
     /* zero, so that the scratch block of padded tokens never holds NaN bit patterns */
     if ((e = cudaMemset(c->kv_mem, 0, bytes)) != cudaSuccess)
         return tm_err(err, TM_ERR_DEVICE, "clearing the KV cache: %s", cudaGetErrorString(e));
+    /* the whole-layer kernel's counters and attention partials: up to 8 query heads per kv head */
+    cudaFree(c->layer_work);
+    c->layer_work = NULL;
+    c->layer_work_bytes = tm_cuda_layer_work_bytes(cfg->n_kv_heads * 8, cfg->head_dim);
+    if ((e = cudaMalloc(&c->layer_work, c->layer_work_bytes)) != cudaSuccess ||
+        (e = cudaMemset(c->layer_work, 0, c->layer_work_bytes)) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(c->layer_work);
+        c->layer_work = NULL;
+        return tm_err(err, TM_ERR_NOMEM, "whole-layer kernel work buffer: %s", cudaGetErrorString(e));
+    }
     return TM_OK;
 }
 
@@ -851,6 +866,42 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
     buf_mark(c, out, false);
 }
 
+/* The whole layer as one kernel for a one-token step (batch-1 decode): bf16 weights without biases, llama RoPE, a
+ * bf16 cache, one sequence; anything else (or TM_CUDA_LAYER unset, or the deferred norm on) runs the layer's ops. */
+static bool cu_decoder_layer(tm_backend *be, const tm_layer_weights *L, const tm_attn_cfg *a, float eps, int32_t layer,
+                             const tm_batch *b, void *x, int32_t n, void *q, void *att, void *h) {
+    cu_backend *c = cu(be);
+    (void)b;
+    if (!c->layer_on || !c->layer_work || c->defer_norm || n != 1 || c->n_tokens != 1 || c->n_seqs != 1 ||
+        c->kv_fp8 || a->rope_neox || L->bq || L->bk || L->bv)
+        return false;
+    const tm_weight *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+        if (mats[i]->type != TM_DT_BF16) return false;
+    if (L->attn_norm->type != TM_DT_F32 || L->ffn_norm->type != TM_DT_F32) return false;
+    if (cu_failed(c)) return true; /* ops do nothing after an error */
+    if (c->n_heads != a->n_heads) c->n_heads = a->n_heads; /* sizes the attention work of the op path */
+    if (!rope_table(c, a)) return true;
+    tm_cuda_layer_args g = {
+        .dim = (int32_t)L->wq->cols, .ffn_dim = (int32_t)L->w_gate->rows, .n_heads = a->n_heads,
+        .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .rope_dim = a->rope_dim,
+        .block_size = c->kv.block_size, .max_blocks = c->stride, .eps = eps, .attn_scale = a->attn_scale,
+        .wq = L->wq->data, .wk = L->wk->data, .wv = L->wv->data, .wo = L->wo->data, .w_gate = L->w_gate->data,
+        .w_up = L->w_up->data, .w_down = L->w_down->data, .attn_norm = L->attn_norm->data,
+        .ffn_norm = L->ffn_norm->data, .inv_freq = c->d_inv_freq, .position = c->d_pos, .slot = c->d_slots,
+        .context_len = c->d_ctx, .block_table = c->d_btab, .k_cache = kv_layer(c, layer, 0),
+        .v_cache = kv_layer(c, layer, 1), .x = x, .q = q, .att = att, .h = h, .work = c->layer_work,
+        .pdl = true, /* unless TM_CUDA_PDL=0 */ .parity = layer & 1,
+    };
+    cudaError_t e = tm_cuda_layer_decode(&g, c->stream);
+    if (e == cudaErrorNotSupported) return false;
+    if (cu_fail(c, e, "whole-layer kernel")) return true;
+    buf_mark(c, q, false);
+    buf_mark(c, att, false);
+    buf_mark(c, h, false);
+    return true;
+}
+
 static void cu_get_rows(tm_backend *be, const void *x, const int32_t *idx, int32_t n_idx, int32_t width, void *out) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
@@ -938,6 +989,7 @@ static void cu_free(tm_backend *be) {
     cudaFree(c->d_sparams);
     cudaFree(c->norm_scratch);
     cudaFree(c->dn_scratch);
+    cudaFree(c->layer_work);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     tm_cuda_blas_free(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -1027,6 +1079,7 @@ static const tm_backend_ops k_cuda_ops = {
     .matmul_swiglu = cu_matmul_swiglu,
     .matmul_add_rmsnorm = cu_matmul_add_rmsnorm,
     .matmul_qkv_rope = cu_matmul_qkv_rope,
+    .decoder_layer = cu_decoder_layer,
     .weight_place = cu_weight_place,
     .weight_release = cu_weight_release,
     .last_error = cu_last_error,
@@ -1097,6 +1150,9 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         s = tm_err(err, TM_ERR_DEVICE, "cuda deferred-norm scratch: %s", cudaGetErrorString(e));
         goto fail;
     }
+    /* opt-in ("1"): correct, but slower than the op path on the H200 so far (docs/PERFORMANCE.md, sixth session) */
+    const char *lv = getenv("TM_CUDA_LAYER");
+    c->layer_on = lv && lv[0] == '1' && lv[1] == '\0';
     *out = &c->base;
     return TM_OK;
 fail:

@@ -238,6 +238,49 @@ cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStream_t stream)
 size_t tm_cuda_attn_prefill_work_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_dim);
 cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStream_t stream);
 
+/* ---- one whole decoder layer for one token (tm_cuda_layer.cu) ---- */
+
+/* Batch-1 decode of a Llama-family layer as one persistent kernel: one block per SM, each streaming its share of
+ * the layer's weights through a ring of shared-memory stages (bulk async copies issued by a producer warp, ahead
+ * of the data dependencies), with four grid-wide barriers between the phases:
+ *   A  xb = rmsnorm(x) * attn_norm (every block, from L2); q, k, v = xb . wq, wk, wv (bf16); RoPE on q and k;
+ *      k and v written to the cache slot, q to `q`;
+ *   B  att = attention of q over the paged cache (context_len[0] entries, including this token): (kv head, split)
+ *      items, the last split of a kv head to finish merges them;
+ *   C  x += bf16(att . wo);
+ *   D  xb = rmsnorm(x) * ffn_norm; h = bf16(silu(xb . w_gate) * (xb . w_up));
+ *   E  x += bf16(h . w_down).
+ * The roundings are those of the separate kernels (tm_cuda_gemv_qkv_rope, tm_cuda_attn_decode, tm_cuda_gemv,
+ * tm_cuda_add_rmsnorm, tm_cuda_gemv_swiglu); only summation orders differ. Weights bf16 row-major, norms f32,
+ * the cache bf16, head_dim 64 or 128, llama (adjacent-pair) RoPE, no biases; launched with programmatic dependent
+ * launch when pdl is set (and TM_CUDA_PDL is not 0). */
+typedef struct tm_cuda_layer_args {
+    int32_t dim, ffn_dim, n_heads, n_kv_heads, head_dim, rope_dim, block_size, max_blocks;
+    float eps, attn_scale;
+    const uint16_t *wq, *wk, *wv;  /* (n_heads * head_dim, dim), (n_kv_heads * head_dim, dim) x 2 */
+    const uint16_t *wo;            /* (dim, n_heads * head_dim) */
+    const uint16_t *w_gate, *w_up; /* (ffn_dim, dim) */
+    const uint16_t *w_down;        /* (dim, ffn_dim) */
+    const float *attn_norm, *ffn_norm; /* (dim) */
+    const float *inv_freq;         /* (rope_dim / 2) */
+    const int32_t *position;       /* (1) the token's RoPE position */
+    const int64_t *slot;           /* (1) the token's cache slot (< 0: none) */
+    const int32_t *context_len;    /* (1) cache entries to attend to, this token's included */
+    const int32_t *block_table;    /* (max_blocks) */
+    uint16_t *k_cache, *v_cache;   /* this layer's (n_blocks, n_kv_heads, block_size, head_dim) bf16 */
+    float *x;                      /* (dim) f32 residual, updated in place */
+    uint16_t *q, *att, *h;         /* (n_heads * head_dim), (n_heads * head_dim), (ffn_dim) bf16 scratch */
+    void *work;                    /* tm_cuda_layer_work_bytes, zeroed once; every launch leaves its counters at 0 */
+    bool pdl;
+    int32_t parity;                /* 0 or 1, alternating between launches that may overlap (the layer index's low
+                                    * bit): the two sets of work counters */
+    long long *trace;              /* NULL, or (TM_CUDA_LAYER_TRACE) clock64 stamps of block 0's phases (test beds) */
+} tm_cuda_layer_args;
+#define TM_CUDA_LAYER_TRACE 24
+size_t tm_cuda_layer_work_bytes(int32_t n_heads, int32_t head_dim);
+/* cudaErrorNotSupported (nothing launched) for a shape or device it does not take */
+cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
