@@ -140,8 +140,7 @@ typedef struct tm_backend_ops {
     /* Fused small-batch epilogues; each returns false, having done nothing, when it does not take the case (the
      * forward then runs the unfused ops). matmul_add_rmsnorm: the product of `job` on x (n rows) added into
      * residual, then norm_out = rmsnorm(residual) * norm_w, i.e. matmul(job) + add_rmsnorm(residual, job->out,
-     * norm_w, eps, n, norm_out); job->out may be left unwritten. norm_out may be kept in another form (cuda: the
-     * norm's scale deferred into the next product) as long as every op that reads it sees the normalized rows. */
+     * norm_w, eps, n, norm_out); job->out may be left unwritten. */
     bool (*matmul_add_rmsnorm)(tm_backend *be, const tm_matmul_job *job, const void *x, int32_t n, void *residual,
                                const tm_weight *norm_w, float eps, void *norm_out);
     /* matmul(jobs, 3, x, n) (q, k, v; jobs[j].out = q, k, v) then rope_kv_write(a, layer, b, q, k, v); k and v may be

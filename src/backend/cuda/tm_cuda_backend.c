@@ -13,26 +13,10 @@ typedef struct cu_buf {
     bool f32;
 } cu_buf;
 
-/* A buffer that holds a deferred RMSNorm (see dn_flush): buf (n, dim) bf16 = bf16(residual * norm_w), the 1 / rms
- * of each token still to apply, as the producer left it in dn_scratch (tm_cuda_defer_scale). */
-typedef struct cu_defer {
-    void *buf;                   /* NULL: no buffer holds a deferred norm */
-    float *residual;             /* (n, dim) f32, already updated by the producer */
-    const float *norm_w;         /* (dim) f32 */
-    float eps;
-    int32_t n, dim;
-} cu_defer;
-
-/* the producer's scratch (counter, scales, partial sums of squares; see tm_cuda_kernels.h): TM_CUDA_GEMV_MAX_N
- * tokens of rows up to CU_DN_MAX_ROWS (larger norms are not deferred) */
-#define CU_DN_MAX_ROWS 16384
-#define CU_DN_SCRATCH_BYTES TM_CUDA_DEFER_SCRATCH_BYTES(CU_DN_MAX_ROWS)
-
 /* A captured decode pass: key = (padded tokens, padded logits, context bucket). */
 typedef struct cu_graph {
     int32_t n_tokens, n_logits, ctx_bucket;
     cudaGraphExec_t exec;
-    cu_defer dn_after;           /* the deferred-norm record the pass leaves (replays restore it) */
 } cu_graph;
 
 #define CU_MAX_GRAPHS 256
@@ -89,12 +73,6 @@ typedef struct cu_backend {
      * (TM_CUDA_FUSE_NORM=1): its last-block tail measured slower than the separate norm kernel on the H200 */
     bool no_fuse, fuse_norm;
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
-    /* deferred RMSNorm (TM_CUDA_DEFER_NORM=1 turns it on; TM_CUDA_NO_FUSE=1 and TM_CUDA_FUSE_NORM=1 keep it off):
-     * small-batch matmul_add_rmsnorm leaves bf16(residual * norm_w) and the 1 / rms goes into the next product */
-    bool defer_norm;
-    void *dn_scratch;            /* (CU_DN_SCRATCH_BYTES) the last producer's counter, scales and partials; the
-                                  * counter zeroed at creation, every producer launch leaves it so */
-    cu_defer dn;                 /* which buffer holds a deferred norm, if any */
     /* whole-layer kernel for one-token steps (tm_cuda_layer_decode; opt-in: TM_CUDA_LAYER=1) */
     bool layer_on;
     void *layer_work;            /* (layer_work_bytes) zeroed at kv_init; every launch leaves it so */
@@ -133,52 +111,6 @@ static void buf_mark(cu_backend *c, const void *p, bool f32) {
     if (b) b->f32 = f32;
 }
 
-/* ---- deferred RMSNorm bookkeeping -------------------------------------------------------------------------
- * After a deferring matmul_add_rmsnorm, c->dn.buf holds x' = bf16(residual * norm_w) instead of the normalized
- * rows the op contract promises. The consumers that take a scaled input (matmul_qkv_rope, matmul_swiglu, matmul
- * of up to TM_CUDA_GEMV_MAX_N rows) read it as it is; every other op first calls dn_read on the buffers it reads
- * and dn_write on those it writes (ops get buffers by their base pointers): reading the deferred buffer
- * materializes the norm (tm_cuda_rmsnorm of the recorded residual into the buffer: what the unfused path leaves
- * there, bit for bit); writing the recorded residual does too (the norm needs it); overwriting the whole buffer
- * just forgets the record. The record is host state that every pass of a given shape changes the same way, so a
- * captured graph holds the same kernels as the eager pass; begin_step materializes any record left by the
- * previous step before it captures or replays, and a replay restores the record its capture left. */
-static void dn_flush(cu_backend *c) {
-    if (!c->dn.buf) return;
-    const cu_defer d = c->dn;
-    c->dn.buf = NULL;
-    if (cu_failed(c)) return;
-    cu_fail(c, tm_cuda_rmsnorm(d.residual, d.norm_w, d.eps, d.n, d.dim, d.buf, c->stream), "rmsnorm (deferred norm)");
-}
-
-/* before an op reads p */
-static void dn_read(cu_backend *c, const void *p) {
-    if (c->dn.buf && p == c->dn.buf) dn_flush(c);
-}
-
-/* before an op writes elems elements from p */
-static void dn_write(cu_backend *c, const void *p, size_t elems) {
-    if (!c->dn.buf) return;
-    if (p == c->dn.residual)
-        dn_flush(c);
-    else if (p == c->dn.buf && elems >= (size_t)c->dn.n * (size_t)c->dn.dim)
-        c->dn.buf = NULL; /* overwritten: nothing to keep */
-    else if (p == c->dn.buf)
-        dn_flush(c);
-}
-
-/* true when x holds a deferred norm of n rows of width cols (a consumer may take it scaled): *dn describes it */
-static bool dn_input(cu_backend *c, const void *x, int32_t n, int64_t cols, tm_cuda_defer_norm *dn) {
-    if (!c->dn.buf || x != c->dn.buf || n != c->dn.n || cols != c->dn.dim) return false;
-    *dn = (tm_cuda_defer_norm){.scale = tm_cuda_defer_scale(c->dn_scratch), .dim = c->dn.dim};
-    return true;
-}
-
-/* an output of a consumer that must not touch the record (the deferred buffer or its residual) */
-static bool dn_clear_of(const cu_backend *c, const void *out) {
-    return !c->dn.buf || (out != c->dn.buf && out != c->dn.residual);
-}
-
 /* Captured graphs hold raw device addresses (metadata, scratch, KV pool, rope table): whenever one of those is
  * reallocated every graph is dropped, to be captured again on the next decode step. */
 static void graphs_reset(cu_backend *c) {
@@ -209,7 +141,6 @@ static void *cu_alloc(tm_backend *be, size_t n_elems) {
 
 static void cu_release(tm_backend *be, void *p) {
     cu_backend *c = cu(be);
-    if (c->dn.buf && (p == c->dn.buf || p == c->dn.residual)) c->dn.buf = NULL; /* nothing left to materialize */
     for (int32_t i = 0; i < c->n_bufs; i++) {
         if (c->bufs[i].p != p) continue;
         cudaFree(p);
@@ -344,7 +275,6 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     cu_backend *c = cu(be);
     if (!c->kv_mem) return tm_err(err, TM_ERR_INVALID, "cuda backend: no KV cache (kv_init first)");
     if (cu_failed(c)) return tm_err(err, c->err_code, "%s", c->err.msg);
-    dn_flush(c); /* a norm the previous step left deferred, eagerly: a pass starts (and is captured) without one */
     int32_t n = b->n_tokens, ns = b->n_seqs, max_q = 0, max_ctx = 0, n_dec = 0, max_ctx_dec = 0;
     for (int32_t s = 0; s < ns; s++) {
         int32_t q = b->query_start[s + 1] - b->query_start[s];
@@ -483,7 +413,6 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
         cu_graph *G = &c->graphs[g];
         if (G->n_tokens == nt && G->n_logits == nl && G->ctx_bucket == ctxb) {
             if (cu_fail(c, cudaGraphLaunch(G->exec, c->stream), "graph launch")) return tm_err(err, c->err_code, "%s", c->err.msg);
-            c->dn = G->dn_after;
             plan->replayed = true;
             return TM_OK;
         }
@@ -513,12 +442,10 @@ static tm_status cu_end_step(tm_backend *be, bool *rerun, tm_error *err) {
                cu_failed(c) ? c->err.msg : "");
         c->err_code = TM_OK;
         c->graphs_off = true;
-        c->dn.buf = NULL; /* nothing of the captured pass ran */
         *rerun = true;
         return TM_OK;
     }
     c->pending.exec = exec;
-    c->pending.dn_after = c->dn;
     c->graphs[c->n_graphs++] = c->pending;
     tm_log(TM_LOG_INFO, "cuda: captured decode graph %d (%d tokens, %d logits, context bucket %d)", c->n_graphs,
            c->pending.n_tokens, c->pending.n_logits, c->pending.ctx_bucket);
@@ -531,7 +458,6 @@ static tm_status cu_last_error(tm_backend *be, tm_error *err) {
     if (c->err_code == TM_OK) return TM_OK;
     tm_status s = tm_err(err, c->err_code, "%s", c->err.msg);
     c->err_code = TM_OK;
-    c->dn.buf = NULL; /* the pass stopped: no buffer content is promised */
     return s;
 }
 
@@ -552,7 +478,6 @@ static void cu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids,
         cu_fail(c, cudaErrorInvalidValue, "embed: ids are not the step's token ids");
         return;
     }
-    dn_write(c, x, (size_t)n * (size_t)table->cols);
     cu_fail(c, tm_cuda_embed(table->data, (int32_t)table->type, table->cols, d, n, x, c->stream), "embed");
     buf_mark(c, x, true);
 }
@@ -560,8 +485,6 @@ static void cu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids,
 static void cu_rmsnorm(tm_backend *be, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
-    dn_read(c, x);
-    dn_write(c, out, (size_t)n * (size_t)w->cols);
     cu_fail(c, tm_cuda_rmsnorm(x, w->data, eps, n, (int32_t)w->cols, out, c->stream), "rmsnorm");
     buf_mark(c, out, false);
 }
@@ -570,9 +493,6 @@ static void cu_add_rmsnorm(tm_backend *be, void *residual, const void *x, const 
                            void *out) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
-    dn_read(c, x);
-    dn_write(c, out, (size_t)n * (size_t)w->cols);
-    dn_write(c, residual, (size_t)n * (size_t)w->cols);
     cu_fail(c, tm_cuda_add_rmsnorm(residual, x, w->data, eps, n, (int32_t)w->cols, out, c->stream), "add_rmsnorm");
     buf_mark(c, out, false);
 }
@@ -605,29 +525,10 @@ static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs,
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
     /* small batches: jobs of one type and width (q, k, v) go out as one grouped GEMV launch */
-    bool same = n_jobs >= 1 && n_jobs <= TM_CUDA_GEMV_MAX_JOBS && n <= TM_CUDA_GEMV_MAX_N;
-    for (int32_t j = 1; j < n_jobs && same; j++)
-        same = jobs[j].w->type == jobs[0].w->type && jobs[j].w->cols == jobs[0].w->cols &&
-               jobs[j].out_f32 == jobs[0].out_f32;
-    bool group = same && n_jobs > 1;
-    tm_cuda_defer_norm dn;
-    bool scaled = same && dn_input(c, x, n, jobs[0].w->cols, &dn);
-    for (int32_t j = 0; j < n_jobs && scaled; j++) scaled = dn_clear_of(c, jobs[j].out);
-    if (scaled) { /* x holds a deferred norm: the GEMV applies its scale */
-        tm_cuda_gemv_job gj[TM_CUDA_GEMV_MAX_JOBS];
-        for (int32_t j = 0; j < n_jobs; j++)
-            gj[j] = (tm_cuda_gemv_job){.w = jobs[j].w->data, .rows = jobs[j].w->rows,
-                                       .bias = jobs[j].bias ? jobs[j].bias->data : NULL, .out = jobs[j].out};
-        cudaError_t e = tm_cuda_gemv_group_scaled(gj, n_jobs, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n,
-                                                  jobs[0].out_f32, &dn, c->stream);
-        if (e != cudaErrorNotSupported) {
-            cu_fail(c, e, "gemv_group (deferred norm)");
-            for (int32_t j = 0; j < n_jobs; j++) buf_mark(c, jobs[j].out, jobs[j].out_f32);
-            return;
-        }
-    }
-    dn_read(c, x);
-    for (int32_t j = 0; j < n_jobs; j++) dn_write(c, jobs[j].out, (size_t)n * (size_t)jobs[j].w->rows);
+    bool group = n_jobs > 1 && n_jobs <= TM_CUDA_GEMV_MAX_JOBS && n <= TM_CUDA_GEMV_MAX_N;
+    for (int32_t j = 1; j < n_jobs && group; j++)
+        group = jobs[j].w->type == jobs[0].w->type && jobs[j].w->cols == jobs[0].w->cols &&
+                jobs[j].out_f32 == jobs[0].out_f32;
     if (group) {
         tm_cuda_gemv_job gj[TM_CUDA_GEMV_MAX_JOBS];
         for (int32_t j = 0; j < n_jobs; j++) {
@@ -651,17 +552,6 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
     buf_mark(c, out, false);
-    tm_cuda_defer_norm dn;
-    if (n <= TM_CUDA_GEMV_MAX_N && dn_clear_of(c, out) && dn_input(c, x, n, gate->cols, &dn)) {
-        cudaError_t e = tm_cuda_gemv_swiglu_scaled(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x,
-                                                   n, out, &dn, c->stream);
-        if (e != cudaErrorNotSupported) {
-            cu_fail(c, e, "gemv_swiglu (deferred norm)");
-            return;
-        }
-    }
-    dn_read(c, x);
-    dn_write(c, out, (size_t)n * (size_t)gate->rows);
     if (n <= TM_CUDA_GEMV_MAX_N) {
         cu_fail(c, tm_cuda_gemv_swiglu(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x, n, out, c->stream),
                 "gemv_swiglu");
@@ -679,9 +569,6 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
 static void cu_swiglu(tm_backend *be, const void *gate, const void *up, int32_t n, int32_t ffn, void *out) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
-    dn_read(c, gate);
-    dn_read(c, up);
-    dn_write(c, out, (size_t)n * (size_t)ffn);
     cu_fail(c, tm_cuda_swiglu(gate, up, n, ffn, out, c->stream), "swiglu");
     buf_mark(c, out, false);
 }
@@ -710,11 +597,6 @@ static void cu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t layer
     cu_backend *c = cu(be);
     (void)b;
     if (cu_failed(c) || !rope_table(c, a)) return;
-    dn_read(c, q);
-    dn_read(c, k);
-    dn_read(c, v);
-    dn_write(c, q, (size_t)c->n_tokens * (size_t)a->n_heads * (size_t)a->head_dim);
-    dn_write(c, k, (size_t)c->n_tokens * (size_t)a->n_kv_heads * (size_t)a->head_dim);
     tm_cuda_rope_args r = {
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
@@ -730,28 +612,10 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
                                   const tm_weight *norm_w, float eps, void *norm_out) {
     cu_backend *c = cu(be);
     const tm_weight *w = job->w;
-    if (c->no_fuse || n < 1 || n > TM_CUDA_GEMV_MAX_N || job->out_f32 || norm_w->cols != w->rows) return false;
-    const bool tail = c->fuse_norm && c->norm_scratch; /* the opt-in last-block epilogue */
-    const bool defer =
-        !tail && c->defer_norm && c->dn_scratch && w->rows <= CU_DN_MAX_ROWS && x != norm_out && x != residual;
-    if (!tail && !defer) return false;
+    if (c->no_fuse || !c->fuse_norm || !c->norm_scratch || n < 1 || n > TM_CUDA_GEMV_MAX_N || job->out_f32 ||
+        norm_w->cols != w->rows)
+        return false;
     if (cu_failed(c)) return true; /* ops do nothing after an error */
-    const size_t elems = (size_t)n * (size_t)w->rows;
-    dn_read(c, x);
-    dn_write(c, norm_out, elems);
-    dn_write(c, residual, elems);
-    if (defer) {
-        dn_flush(c); /* another buffer's deferred norm: its scales are about to be overwritten */
-        cudaError_t e = tm_cuda_gemv_add_norm_defer(w->data, (int32_t)w->type, w->rows, w->cols, x, n,
-                                                    job->bias ? job->bias->data : NULL, NULL, residual, norm_w->data,
-                                                    eps, norm_out, c->dn_scratch, c->stream);
-        if (e == cudaErrorNotSupported) return false;
-        buf_mark(c, norm_out, false);
-        if (cu_fail(c, e, "gemv_add_norm_defer")) return true;
-        c->dn = (cu_defer){.buf = norm_out, .residual = residual, .norm_w = norm_w->data, .eps = eps, .n = n,
-                           .dim = (int32_t)w->rows};
-        return true;
-    }
     cudaError_t e = tm_cuda_gemv_add_rmsnorm(w->data, (int32_t)w->type, w->rows, w->cols, x, n,
                                              job->bias ? job->bias->data : NULL, NULL, residual, norm_w->data, eps,
                                              norm_out, c->norm_scratch, c->stream);
@@ -782,20 +646,6 @@ static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const 
         .positions = c->d_pos, .slot_mapping = c->d_slots, .q = q, .k = k, .v = v,
         .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1), .kv_fp8 = c->kv_fp8,
     };
-    tm_cuda_defer_norm dn;
-    if (dn_clear_of(c, q) && dn_clear_of(c, k) && dn_clear_of(c, v) && dn_input(c, x, n, jobs[0].w->cols, &dn)) {
-        cudaError_t e = tm_cuda_gemv_qkv_rope_scaled(gj, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n, &r, &dn,
-                                                     c->stream);
-        if (e != cudaErrorNotSupported) {
-            cu_fail(c, e, "gemv_qkv_rope (deferred norm)");
-            buf_mark(c, q, false);
-            return true;
-        }
-    }
-    dn_read(c, x);
-    dn_write(c, q, (size_t)n * (size_t)jobs[0].w->rows);
-    dn_write(c, k, (size_t)n * (size_t)jobs[1].w->rows);
-    dn_write(c, v, (size_t)n * (size_t)jobs[2].w->rows);
     cudaError_t e = tm_cuda_gemv_qkv_rope(gj, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n, &r, c->stream);
     if (e == cudaErrorNotSupported) return false;
     cu_fail(c, e, "gemv_qkv_rope");
@@ -809,8 +659,6 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
     (void)b;
     if (cu_failed(c)) return;
     if (c->n_heads != a->n_heads) c->n_heads = a->n_heads; /* sizes the work buffer from the next step on */
-    dn_read(c, q);
-    dn_write(c, out, (size_t)c->n_tokens * (size_t)a->n_heads * (size_t)a->head_dim);
     tm_cuda_attn_args g = {
         .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .block_size = c->kv.block_size,
         .scale = a->attn_scale, .n_tokens = c->n_tokens, .n_seqs = c->n_seqs, .max_blocks = c->stride,
@@ -867,13 +715,13 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
 }
 
 /* The whole layer as one kernel for a one-token step (batch-1 decode): bf16 weights without biases, llama RoPE, a
- * bf16 cache, one sequence; anything else (or TM_CUDA_LAYER unset, or the deferred norm on) runs the layer's ops. */
+ * bf16 cache, one sequence; anything else (or TM_CUDA_LAYER unset) runs the layer's ops. */
 static bool cu_decoder_layer(tm_backend *be, const tm_layer_weights *L, const tm_attn_cfg *a, float eps, int32_t layer,
                              const tm_batch *b, void *x, int32_t n, void *q, void *att, void *h) {
     cu_backend *c = cu(be);
     (void)b;
-    if (!c->layer_on || !c->layer_work || c->defer_norm || n != 1 || c->n_tokens != 1 || c->n_seqs != 1 ||
-        c->kv_fp8 || a->rope_neox || L->bq || L->bk || L->bv)
+    if (!c->layer_on || !c->layer_work || n != 1 || c->n_tokens != 1 || c->n_seqs != 1 || c->kv_fp8 ||
+        a->rope_neox || L->bq || L->bk || L->bv)
         return false;
     const tm_weight *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
@@ -910,8 +758,6 @@ static void cu_get_rows(tm_backend *be, const void *x, const int32_t *idx, int32
         cu_fail(c, cudaErrorInvalidValue, "get_rows: indices are not the step's logits index");
         return;
     }
-    dn_read(c, x); /* the output norm of the last layer, when it was deferred */
-    dn_write(c, out, (size_t)n_idx * (size_t)width);
     cu_fail(c, tm_cuda_get_rows(x, d, n_idx, width, out, c->stream), "get_rows");
     buf_mark(c, out, false);
 }
@@ -929,7 +775,6 @@ static bool stage(cu_backend *c, size_t bytes) {
 static void cu_to_host(tm_backend *be, const void *x, size_t n, float *dst) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
-    dn_read(c, x);
     cu_buf *b = buf_find(c, x);
     bool f32 = !b || b->f32;
     size_t bytes = n * (f32 ? 4 : 2);
@@ -949,7 +794,6 @@ static void cu_to_host(tm_backend *be, const void *x, size_t n, float *dst) {
 static void cu_from_host(tm_backend *be, const float *src, size_t n, void *x) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
-    dn_write(c, x, n);
     cu_buf *b = buf_find(c, x);
     bool f32 = b && b->f32;
     size_t bytes = n * (f32 ? 4 : 2);
@@ -988,7 +832,6 @@ static void cu_free(tm_backend *be) {
     cudaFree(c->d_ids_out);
     cudaFree(c->d_sparams);
     cudaFree(c->norm_scratch);
-    cudaFree(c->dn_scratch);
     cudaFree(c->layer_work);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     tm_cuda_blas_free(c->blas);
@@ -1013,7 +856,6 @@ static tm_status cu_argmax(tm_backend *be, const void *logits, int32_t n_rows, i
     cu_backend *c = cu(be);
     if (cu_failed(c)) return cu_last_error(be, err);
     if (n_rows > c->cfg.max_logits) return tm_err(err, TM_ERR_RANGE, "argmax over %d rows (at most %d)", n_rows, c->cfg.max_logits);
-    dn_read(c, logits);
     if (cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_ids_out, c->stream), "argmax")) return cu_last_error(be, err);
     return ids_to_host(c, n_rows, out_host, err);
 }
@@ -1023,7 +865,6 @@ static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, i
     cu_backend *c = cu(be);
     if (cu_failed(c)) return cu_last_error(be, err);
     if (n_rows > c->cfg.max_logits) return tm_err(err, TM_ERR_RANGE, "sampling %d rows (at most %d)", n_rows, c->cfg.max_logits);
-    dn_read(c, logits);
     size_t pbytes = (size_t)n_rows * sizeof(tm_cuda_sample_params);
     if (!stage(c, pbytes) || cu_fail(c, cudaStreamSynchronize(c->stream), "sample")) /* the staging is free */
         return cu_last_error(be, err);
@@ -1138,16 +979,6 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         (e = cudaMemsetAsync(c->norm_scratch, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES, c->stream)) != cudaSuccess) {
         cudaGetLastError();
         s = tm_err(err, TM_ERR_DEVICE, "cuda fused-norm scratch: %s", cudaGetErrorString(e));
-        goto fail;
-    }
-    /* opt-in ("1"): measured slower end to end than the separate add+RMSNorm kernel, which PDL already overlaps
-     * with the next GEMV's first weight loads (docs/PERFORMANCE.md, fifth session) */
-    const char *dnv = getenv("TM_CUDA_DEFER_NORM");
-    c->defer_norm = dnv && dnv[0] == '1' && dnv[1] == '\0';
-    if ((e = cudaMalloc(&c->dn_scratch, CU_DN_SCRATCH_BYTES)) != cudaSuccess ||
-        (e = cudaMemsetAsync(c->dn_scratch, 0, CU_DN_SCRATCH_BYTES, c->stream)) != cudaSuccess) {
-        cudaGetLastError();
-        s = tm_err(err, TM_ERR_DEVICE, "cuda deferred-norm scratch: %s", cudaGetErrorString(e));
         goto fail;
     }
     /* opt-in ("1"): correct, but slower than the op path on the H200 so far (docs/PERFORMANCE.md, sixth session) */

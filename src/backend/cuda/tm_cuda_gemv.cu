@@ -47,24 +47,6 @@
  *    2j + 1) of a head (r0 even, head_dim even); it rounds both to bf16, rotates them in f32 with the (cos, sin)
  *    of tm_cuda_rope.cu's f32 angle (double sincospi), and stores 4 bytes: q to its output, k (rotated) and v to
  *    the cache slot of token b (none when slot < 0), the unrotated k and v to their outputs when those are set.
- *  - EPI_DEFER (tm_cuda_gemv_add_norm_defer: the producer of a deferred RMSNorm, see tm_cuda_kernels.h): thread
- *    b < N holds rows r0, r0 + 1 of token b; o = bf16(sum + bias) as tm_cuda_gemv stores it, residual += o in f32
- *    as tm_cuda_add_rmsnorm adds it, norm_out = bf16(residual * norm_w) (the normalized row before its 1 / rms),
- *    and the block's r0^2 + r1^2 of the new residual to partials[b, block], then a fence; thread 0 counts the
- *    block done (atomicAdd on the scratch's counter) and the block that sees gridDim - 1 finishes the norm
- *    (defer_finish): the whole block sums each token's gridDim partials from L2 (__ldcg, float4, every thread with
- *    loads in flight, over 128 virtual lanes in an order fixed by the partial count alone: not by n, the block
- *    size, or which block came last), combines them through shared memory and warp shuffles, writes scale[b] =
- *    1 / sqrtf(sum / rows + eps) and resets the counter (graph replays and the next launch start at 0). The tail
- *    it adds to the grid is one block's read of n * rows / 2 floats (4 KB at 1B, n = 1) and a few barriers.
- * Scaled input (tm_cuda_gemv_group_scaled, _swiglu_scaled, _qkv_rope_scaled; EPI_PLAIN, EPI_SWIGLU, EPI_ROPE, a
- * run-time switch: dn_scale set): x is a producer's norm_out and dn_scale its N scales. Right after the PDL wait
- * (at the start without PDL) one or two threads copy the N floats into shared memory with cp.async (16 bytes
- * each, from L2; no register is held through the main loop), so the read hides behind the weight stream; they
- * wait for it before the epilogue's barrier, and the epilogue multiplies the f32 sums by scale[b] before the
- * bias, RoPE, SwiGLU and the rounding. Compared with rmsnorm-then-GEMV only the bf16 rounding of x moves (before
- * the scale instead of after). (A first version had every consumer block sum the partials itself: n * rows / 2
- * floats per block from L2 and a reduction on the critical path, measured slower than the separate norm kernel.)
  *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
@@ -225,37 +207,19 @@ __device__ __forceinline__ void gemv_pdl_wait() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-/* Scaled input: the producer's N scales (written by the previous kernel) into shared memory, by cp.async from L2
- * (no register is held through the main loop); called right after the PDL wait, so that the copy's latency hides
- * behind the weight stream. Threads 0 .. ceil(N / 4) - 1 copy 16 bytes each (src: TM_CUDA_GEMV_MAX_N floats,
- * 16-byte aligned) and wait for it (dn_scale_ready) before the epilogue's barrier. */
-template <int N> __device__ __forceinline__ void dn_scale_fetch(const float *src, float *dst) {
-    if (src && threadIdx.x < (N + 3) / 4) {
-        const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst + 4 * threadIdx.x);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + 4 * threadIdx.x) : "memory");
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-    }
-}
-__device__ __forceinline__ void dn_scale_ready() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 /* K units per lane at once: units u, u + stride, ..., all < nu (the caller checks). pdl_wait: wait for the
- * previous kernel after the weight loads are issued and before x is read, then start the copy of the deferred
- * norm's scales (dn_src, or NULL: none) into dn_dst */
+ * previous kernel after the weight loads are issued and before x is read */
 template <class T, int N, int NR, int K>
 __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u, int stride,
                                           const uint16_t *x, int64_t cols, float (&acc)[NR][N],
-                                          bool pdl_wait = false, const float *dn_src = nullptr,
-                                          float *dn_dst = nullptr) {
+                                          bool pdl_wait = false) {
     typename T::Raw raw[K][NR];
 #pragma unroll
     for (int k = 0; k < K; k++) {
 #pragma unroll
         for (int i = 0; i < NR; i++) T::load(wr[i], u + k * stride, raw[k][i]);
     }
-    if (pdl_wait) {
-        gemv_pdl_wait();
-        dn_scale_fetch<N>(dn_src, dn_dst);
-    }
+    if (pdl_wait) gemv_pdl_wait();
 #pragma unroll
     for (int k = 0; k < K; k++) unit_dot<T, N, NR>(raw[k], u + k * stride, x, cols, acc);
 }
@@ -277,7 +241,7 @@ struct v2_args {
     int64_t row_bytes;
     int cols;
     bool out_f32, pdl;
-    /* EPI_NORM and EPI_DEFER (one job; out[0] may be NULL) */
+    /* EPI_NORM (one job; out[0] may be NULL) */
     float *residual;              /* (n, rows) f32 */
     const float *norm_w;          /* (rows) f32 */
     uint16_t *norm_out;           /* (n, rows) bf16 */
@@ -290,16 +254,10 @@ struct v2_args {
     uint16_t *k_cache, *v_cache;  /* (n_blocks, n_kv_heads, block_size, head_dim) bf16, or e4m3 bytes */
     bool kv_fp8;
     int head_dim, rope_dim, block_size, n_kv_heads;
-    /* EPI_DEFER (one job; also residual, norm_w, norm_out, counter, eps; out[0] may be NULL) */
-    float *dn_partials;           /* (n, gridDim.x), 16-byte aligned: the blocks' sums of squares of their rows */
-    float *dn_scale_out;          /* (n) token b's 1 / rms, written by the last block */
-    /* scaled input (EPI_PLAIN, EPI_SWIGLU, EPI_ROPE; off when NULL): x holds bf16(residual * norm_w) and token b's
-     * sums are multiplied by dn_scale[b] */
-    const float *dn_scale;        /* (TM_CUDA_GEMV_MAX_N) f32, 16-byte aligned: a producer's dn_scale_out */
 };
 
 /* what the v2 kernel does with its sums (the GEMV part is the same for all) */
-enum { EPI_PLAIN = 0, EPI_SWIGLU = 1, EPI_NORM = 2, EPI_ROPE = 3, EPI_DEFER = 4 };
+enum { EPI_PLAIN = 0, EPI_SWIGLU = 1, EPI_NORM = 2, EPI_ROPE = 3 };
 
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
@@ -377,62 +335,6 @@ template <int N> __device__ __forceinline__ void norm_finish(const v2_args &a, i
     if (tid == 0) atomicExch(a.counter, 0u); /* every other block has counted itself: ready for the next launch */
 }
 
-/* EPI_DEFER, after the block's N writers have stored and fenced their partials: count the block done; the last
- * block of the grid sums each token's partials into scale[b] = 1 / sqrtf(sum / rows + eps), then resets the
- * counter. The sum runs over kDnLanes = 128 virtual lanes whatever the block size: virtual lane v of token b sums
- * the float4 chunks v, v + 128, ... of the token's P = gridDim.x partials in order (one running sum per component,
- * then (x + y) + (z + w)); thread t plays the (token, lane) items t, t + blockDim, ... (its loads issued 4 chunks at
- * a time, the items 2 at a time, 4 for N >= 4: at n = 1 all of a thread's loads share one L2 round trip); then
- * one warp per token adds the virtual lanes l, l + 32, l + 64, l + 96 in order and finishes with the butterfly.
- * The order depends on P alone: not on n, the block size, or which block came last, so a token's scale is the
- * same whatever the batch. The other blocks' partials are read through L2 (ld.global.cg) after their writers'
- * fences and this block's own. */
-constexpr int kDnLanes = 128;
-
-template <int N> __device__ __forceinline__ void defer_finish(const v2_args &a, int warp, int lane, int nwarps) {
-    __shared__ unsigned int is_last;
-    __shared__ float dn_red[N][kDnLanes];
-    __syncthreads(); /* every writer of this block has fenced its partial */
-    if (threadIdx.x == 0) is_last = atomicAdd(a.counter, 1u) == gridDim.x - 1u ? 1u : 0u;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    const int P = (int)gridDim.x, nc = P >> 2; /* P % 4 == 0: rows % 8 == 0 */
-#pragma unroll(N >= 4 ? 4 : 2)
-    for (int it = (int)threadIdx.x; it < N * kDnLanes; it += (int)blockDim.x) {
-        const int b = it / kDnLanes, v = it % kDnLanes;
-        const float4 *p = reinterpret_cast<const float4 *>(a.dn_partials + (int64_t)b * P);
-        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int c0 = v; c0 < nc; c0 += 4 * kDnLanes) {
-            float4 u[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (c0 + k * kDnLanes < nc) u[k] = __ldcg(p + c0 + k * kDnLanes);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                if (c0 + k * kDnLanes < nc) {
-                    t.x += u[k].x;
-                    t.y += u[k].y;
-                    t.z += u[k].z;
-                    t.w += u[k].w;
-                }
-            }
-        }
-        dn_red[b][v] = (t.x + t.y) + (t.z + t.w);
-    }
-    __syncthreads();
-    const float rows = (float)(2 * P);
-    for (int b = warp; b < N; b += nwarps) {
-        float s = dn_red[b][lane];
-        s += dn_red[b][lane + 32];
-        s += dn_red[b][lane + 64];
-        s += dn_red[b][lane + 96];
-        s = warp_sum(s);
-        if (lane == 0) a.dn_scale_out[b] = 1.0f / sqrtf(s / rows + a.eps);
-    }
-    if (threadIdx.x == 0) atomicExch(a.counter, 0u); /* every other block has counted itself: ready for the next */
-}
-
 /* EPI_ROPE: (cos, sin) of the f32 angle pos * inv_freq, exactly as tm_cuda_rope.cu's load_angles */
 __device__ __forceinline__ float2 rope_cs(int32_t pos, float inv_freq) {
     const float th = __fmul_rn((float)pos, inv_freq);
@@ -486,24 +388,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     }
     const int nu = T::units(cols), stride = nwarps * 32;
     int u = warp * 32 + lane;
-    /* scaled input: the producer's per-token scales, copied into dscale right after the wait (at the start without
-     * PDL: the previous kernel has then completed) */
-    constexpr bool CAN_SCALE = EPI == EPI_PLAIN || EPI == EPI_SWIGLU || EPI == EPI_ROPE;
-    __shared__ __align__(16) float dscale[(N + 3) / 4 * 4];
-    const float *dn_src = CAN_SCALE ? a.dn_scale : nullptr;
-    const bool scaled = dn_src != nullptr;
-    if (!a.pdl) dn_scale_fetch<N>(dn_src, dscale);
     /* under PDL the first step's weight loads are issued before the wait (weights are never written by earlier
      * kernels), so they are in flight while the previous kernel finishes */
     bool wait = a.pdl;
     for (; u + (U - 1) * stride < nu; u += U * stride) {
-        gemv_step<T, N, NR, U>(wr, u, stride, x, cols, acc, wait, dn_src, dscale);
+        gemv_step<T, N, NR, U>(wr, u, stride, x, cols, acc, wait);
         wait = false;
     }
-    if (wait) {
-        gemv_pdl_wait();
-        dn_scale_fetch<N>(dn_src, dscale);
-    }
+    if (wait) gemv_pdl_wait();
     if constexpr (U >= 4) {
         if (u + stride < nu) {
             gemv_step<T, N, NR, 2>(wr, u, stride, x, cols, acc);
@@ -523,42 +415,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             if (lane == 0) red[warp][i][b] = v;
         }
     }
-    if (scaled) dn_scale_ready(); /* this thread's scale copy landed (a no-op without one); the barrier publishes it */
     __syncthreads();
-    if constexpr (EPI == EPI_DEFER) {
-        /* thread b: rows r0, r0 + 1 of token b (rows even: both exist). o = bf16(sum + bias) as tm_cuda_gemv stores
-         * it; residual += o as tm_cuda_add_rmsnorm adds it; norm_out = bf16(residual * norm_w), not yet scaled by
-         * 1 / rms (the consumer multiplies its sums by it); the sum of squares of the two new residual values,
-         * v0 * v0 then + v1 * v1, to dn_partials[b, block], fenced; then the last block makes the scales */
-        if (threadIdx.x < N) {
-            /* one job: its fields straight from the parameters (the job selection above is dead code here, so
-             * nothing of it stays in registers through the main loop) */
-            const float *bias0 = a.bias[0];
-            void *out0 = a.out[0];
-            const int rows0 = a.rows[0], r = bid * R;
-            const int b = threadIdx.x;
-            float s0 = 0.0f, s1 = 0.0f;
-            for (int w = 0; w < nwarps; w++) {
-                s0 += red[w][0][b];
-                s1 += red[w][1][b];
-            }
-            const uint16_t o0 = bf16_bits(s0 + (bias0 ? bias0[r] : 0.0f));
-            const uint16_t o1 = bf16_bits(s1 + (bias0 ? bias0[r + 1] : 0.0f));
-            const int64_t idx = (int64_t)b * rows0 + r; /* even: 4-byte bf16 pairs, 8-byte f32 pairs */
-            if (out0) *reinterpret_cast<uint32_t *>((uint16_t *)out0 + idx) = (uint32_t)o0 | ((uint32_t)o1 << 16);
-            float2 *rp = reinterpret_cast<float2 *>(a.residual + idx);
-            float2 v = *rp;
-            v.x = v.x + tmq::bf16f(o0);
-            v.y = v.y + tmq::bf16f(o1);
-            *rp = v;
-            *reinterpret_cast<uint32_t *>(a.norm_out + idx) =
-                pack_bf16x2(__fmul_rn(v.x, a.norm_w[r]), __fmul_rn(v.y, a.norm_w[r + 1]));
-            a.dn_partials[(int64_t)b * gridDim.x + bid] = __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x));
-            __threadfence();
-        }
-        defer_finish<N>(a, warp, lane, nwarps);
-        return;
-    }
     if constexpr (EPI == EPI_NORM) {
         /* o = bf16(sum + bias) as tm_cuda_gemv stores it; residual += o as tm_cuda_add_rmsnorm adds it */
         if (threadIdx.x < R * N) {
@@ -585,10 +442,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             for (int w = 0; w < nwarps; w++) {
                 s0 += red[w][0][b];
                 s1 += red[w][1][b];
-            }
-            if (scaled) { /* the deferred 1 / rms, before the bias */
-                s0 = __fmul_rn(s0, dscale[b]);
-                s1 = __fmul_rn(s1, dscale[b]);
             }
             const uint16_t o0 = bf16_bits(s0 + (bias ? bias[r0] : 0.0f));
             const uint16_t o1 = bf16_bits(s1 + (bias ? bias[r0 + 1] : 0.0f));
@@ -627,10 +480,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             for (int w = 0; w < nwarps; w++) {
                 s += red[w][i][b];
                 if (SWIGLU) s2 += red[w][1][b];
-            }
-            if (scaled) { /* the deferred 1 / rms, before the bias and SwiGLU */
-                s = __fmul_rn(s, dscale[b]);
-                if (SWIGLU) s2 = __fmul_rn(s2, dscale[b]);
             }
             if (SWIGLU)
                 store_out(out, false, (int64_t)b * rows + r, silu_mul(s, s2));
@@ -694,20 +543,10 @@ cudaError_t launch_v1(const tm_cuda_gemv_job &j, const void *w_up, int32_t type,
     return cudaGetLastError();
 }
 
-/* The scaled-input field of `a` from dn (a deferred RMSNorm of x, whose width is cols); false when v2 cannot take
- * dn (a scale pointer that is NULL or not 16-byte aligned, a width other than cols). */
-bool set_scaled(v2_args &a, const tm_cuda_defer_norm *dn, int64_t cols) {
-    if (!dn->scale || !tm_aligned16(dn->scale) || dn->dim != cols) return false;
-    a.dn_scale = dn->scale;
-    return true;
-}
-
 /* Every launcher ends here: n_jobs products sharing type, cols and x (swiglu: exactly one job, whose w is the
- * gate, with w_up the up weights). Jobs with 0 rows are skipped. dn (or NULL): x is a deferred RMSNorm (v2 only:
- * cudaErrorNotSupported, nothing launched, when v2 cannot run every job or take dn). */
+ * gate, with w_up the up weights). Jobs with 0 rows are skipped. */
 cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, int32_t type, int64_t cols,
-                     const uint16_t *x, int32_t n, bool out_f32, bool swiglu, const tm_cuda_defer_norm *dn,
-                     cudaStream_t stream) {
+                     const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
     tmq::info ti;
     if (!jobs || n_jobs < 1 || n_jobs > kMaxJobs || !x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 ||
         cols > INT32_MAX || !tmq::type_info(type, &ti) || cols % ti.qk || (swiglu && (n_jobs != 1 || !w_up)))
@@ -715,20 +554,17 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     for (int32_t j = 0; j < n_jobs; j++)
         if (!jobs[j].w || !jobs[j].out || jobs[j].rows < 0 || jobs[j].rows > INT32_MAX) return cudaErrorInvalidValue;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
-    v2_args a = {};
-    if (dn && !set_scaled(a, dn, cols)) return cudaErrorNotSupported;
 
     /* v2 for all jobs at once when every job meets its alignment needs, else each job on its own as
      * tm_cuda_gemv would run it (v2 or v1), so that a job's results never depend on its companions */
     bool all_v2 = !tm_env_is_1("TM_CUDA_GEMV_V");
     for (int32_t j = 0; j < n_jobs && all_v2; j++)
         if (jobs[j].rows > 0) all_v2 = v2_ok(type, jobs[j].w, swiglu ? w_up : jobs[j].w, cols, x);
-    if (!all_v2 && dn) return cudaErrorNotSupported;
     if (!all_v2) {
         for (int32_t j = 0; j < n_jobs; j++) {
             if (jobs[j].rows == 0) continue;
             cudaError_t e = (n_jobs > 1 && !tm_env_is_1("TM_CUDA_GEMV_V"))
-                                ? gemv_run(&jobs[j], 1, w_up, type, cols, x, n, out_f32, swiglu, NULL, stream)
+                                ? gemv_run(&jobs[j], 1, w_up, type, cols, x, n, out_f32, swiglu, stream)
                                 : launch_v1(jobs[j], w_up, type, cols, row_bytes, x, n, out_f32, swiglu, stream);
             if (e != cudaSuccess) return e;
         }
@@ -737,6 +573,7 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
 
     constexpr int R_PLAIN = 2, R_SWIGLU = 1; /* output rows per v2 block (R in gemv_kernel_v2) */
     const int64_t R = swiglu ? R_SWIGLU : R_PLAIN;
+    v2_args a = {};
     int nj = 0;
     int64_t blocks = 0;
     for (int32_t j = 0; j < n_jobs; j++) {
@@ -822,54 +659,19 @@ bool aligned(const void *p, uintptr_t k) { return ((uintptr_t)p & (k - 1)) == 0;
 extern "C" cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
                                     int32_t n, const float *bias, void *out, bool out_f32, cudaStream_t stream) {
     const tm_cuda_gemv_job job = {w, rows, bias, out};
-    return gemv_run(&job, 1, NULL, type, cols, x, n, out_f32, false, NULL, stream);
+    return gemv_run(&job, 1, NULL, type, cols, x, n, out_f32, false, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                           const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream) {
-    return gemv_run(jobs, n_jobs, NULL, type, cols, x, n, out_f32, false, NULL, stream);
+    return gemv_run(jobs, n_jobs, NULL, type, cols, x, n, out_f32, false, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
                                            int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
                                            cudaStream_t stream) {
     const tm_cuda_gemv_job job = {w_gate, rows, NULL, out};
-    return gemv_run(&job, 1, w_up, type, cols, x, n, false, true, NULL, stream);
-}
-
-extern "C" cudaError_t tm_cuda_gemv_group_scaled(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type,
-                                                 int64_t cols, const uint16_t *x, int32_t n, bool out_f32,
-                                                 const tm_cuda_defer_norm *dn, cudaStream_t stream) {
-    if (!dn) return cudaErrorInvalidValue;
-    return gemv_run(jobs, n_jobs, NULL, type, cols, x, n, out_f32, false, dn, stream);
-}
-
-extern "C" cudaError_t tm_cuda_gemv_swiglu_scaled(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
-                                                  int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
-                                                  const tm_cuda_defer_norm *dn, cudaStream_t stream) {
-    if (!dn) return cudaErrorInvalidValue;
-    const tm_cuda_gemv_job job = {w_gate, rows, NULL, out};
-    return gemv_run(&job, 1, w_up, type, cols, x, n, false, true, dn, stream);
-}
-
-extern "C" cudaError_t tm_cuda_gemv_add_norm_defer(const void *w, int32_t type, int64_t rows, int64_t cols,
-                                                   const uint16_t *x, int32_t n, const float *bias, uint16_t *out,
-                                                   float *residual, const float *norm_w, float eps, uint16_t *norm_out,
-                                                   void *scratch, cudaStream_t stream) {
-    if (!w || !residual || !norm_w || !norm_out || !scratch || rows <= 0) return cudaErrorInvalidValue;
-    if (rows % 8 || rows > INT32_MAX || !aligned(residual, 16) || !aligned(norm_out, 4) || !aligned(scratch, 16) ||
-        !aligned(out, 4))
-        return cudaErrorNotSupported;
-    v2_args a = {};
-    a.residual = residual;
-    a.norm_w = norm_w;
-    a.norm_out = norm_out;
-    a.counter = (unsigned int *)scratch;
-    a.eps = eps;
-    a.dn_partials = tm_cuda_defer_partials(scratch);
-    a.dn_scale_out = tm_cuda_defer_scale(scratch);
-    const tm_cuda_gemv_job job = {w, rows, bias, out};
-    return fused_run<EPI_DEFER>(a, &job, 1, type, cols, x, n, stream);
+    return gemv_run(&job, 1, w_up, type, cols, x, n, false, true, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, int64_t cols,
@@ -889,10 +691,9 @@ extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int
     return fused_run<EPI_NORM>(a, &job, 1, type, cols, x, n, stream);
 }
 
-namespace {
-
-cudaError_t qkv_rope_run(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols, const uint16_t *x, int32_t n,
-                         const tm_cuda_rope_args *rope, const tm_cuda_defer_norm *dn, cudaStream_t stream) {
+extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols,
+                                             const uint16_t *x, int32_t n, const tm_cuda_rope_args *rope,
+                                             cudaStream_t stream) {
     if (!jobs || !rope || !jobs[0].out || !rope->positions || !rope->slot_mapping || !rope->k_cache ||
         !rope->v_cache || rope->n_tokens != n || rope->n_heads <= 0 || rope->n_kv_heads <= 0 || rope->head_dim <= 0 ||
         rope->block_size <= 0 || rope->rope_dim < 0 || rope->rope_dim > rope->head_dim ||
@@ -906,7 +707,6 @@ cudaError_t qkv_rope_run(const tm_cuda_gemv_job *jobs, int32_t type, int64_t col
         if (!aligned(jobs[j].out, 4)) return cudaErrorNotSupported; /* NULL passes: k, v outputs are optional */
     if (!aligned(rope->k_cache, 4) || !aligned(rope->v_cache, 4)) return cudaErrorNotSupported;
     v2_args a = {};
-    if (dn && !set_scaled(a, dn, cols)) return cudaErrorNotSupported;
     a.inv_freq = rope->inv_freq;
     a.positions = rope->positions;
     a.slot_mapping = rope->slot_mapping;
@@ -918,19 +718,4 @@ cudaError_t qkv_rope_run(const tm_cuda_gemv_job *jobs, int32_t type, int64_t col
     a.block_size = rope->block_size;
     a.n_kv_heads = rope->n_kv_heads;
     return fused_run<EPI_ROPE>(a, jobs, 3, type, cols, x, n, stream);
-}
-
-} /* namespace */
-
-extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols,
-                                             const uint16_t *x, int32_t n, const tm_cuda_rope_args *rope,
-                                             cudaStream_t stream) {
-    return qkv_rope_run(jobs, type, cols, x, n, rope, NULL, stream);
-}
-
-extern "C" cudaError_t tm_cuda_gemv_qkv_rope_scaled(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols,
-                                                    const uint16_t *x, int32_t n, const tm_cuda_rope_args *rope,
-                                                    const tm_cuda_defer_norm *dn, cudaStream_t stream) {
-    if (!dn) return cudaErrorInvalidValue;
-    return qkv_rope_run(jobs, type, cols, x, n, rope, dn, stream);
 }

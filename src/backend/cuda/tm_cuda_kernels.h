@@ -142,66 +142,6 @@ cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, 
 cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols, const uint16_t *x,
                                   int32_t n, const tm_cuda_rope_args *rope, cudaStream_t stream);
 
-/* Deferred RMSNorm (decode, n <= TM_CUDA_GEMV_MAX_N): the norm's 1 / rms moved past the next product, by
- * linearity: W (res / rms(res) * w) = (W (res * w)) / rms(res). The producer is the product before the norm (o
- * projection, down projection) with the residual add; it leaves x' = bf16(residual * norm_w), unscaled, and per
- * token the scale 1 / sqrtf(sum of squares / dim + eps): every thread block writes the sums of squares of its
- * rows (partials), counts itself done on a device counter, and the last block to finish sums each token's
- * partials in a fixed order (a function of the partial count only: the same scale for every batch size, whichever
- * block finishes last), writes the scales and resets the counter. A consumer (q/k/v + RoPE, gate/up + SwiGLU, or
- * plain products) reads x' as its input and one float per token, and multiplies its f32 sums by it before the
- * bias and its epilogue. The result differs from rmsnorm-then-product only in where the bf16 rounding of x falls. */
-
-/* partials per token of a producer with `rows` output rows (one per thread block of 2 rows) */
-#define TM_CUDA_DEFER_PARTIALS(rows) ((rows) / 2)
-/* The producer's scratch (device memory, 16-byte aligned), for rows up to `rows`:
- *   bytes [0, 4)                       the blocks-done counter (unsigned): zero it once after allocating the
- *                                      scratch; every launch leaves it at 0 (graph replays included)
- *   [TM_CUDA_DEFER_SCALE_OFF, + 32)    scale (TM_CUDA_GEMV_MAX_N) f32: token b's 1 / rms (b < n written)
- *   [TM_CUDA_DEFER_PARTIALS_OFF, ...)  partials (n, TM_CUDA_DEFER_PARTIALS(rows)) f32: block k's r[2k]^2 + r[2k+1]^2
- * The counter and the scales sit on their own 128-byte lines. */
-#define TM_CUDA_DEFER_SCALE_OFF 128
-#define TM_CUDA_DEFER_PARTIALS_OFF 256
-#define TM_CUDA_DEFER_SCRATCH_BYTES(rows)                                                                         \
-    ((size_t)TM_CUDA_DEFER_PARTIALS_OFF +                                                                         \
-     (size_t)TM_CUDA_GEMV_MAX_N * (size_t)TM_CUDA_DEFER_PARTIALS(rows) * sizeof(float))
-static inline float *tm_cuda_defer_scale(void *scratch) { return (float *)((char *)scratch + TM_CUDA_DEFER_SCALE_OFF); }
-static inline float *tm_cuda_defer_partials(void *scratch) {
-    return (float *)((char *)scratch + TM_CUDA_DEFER_PARTIALS_OFF);
-}
-/* What a consumer needs of a producer's launch. */
-typedef struct tm_cuda_defer_norm {
-    const float *scale;           /* (TM_CUDA_GEMV_MAX_N) f32, 16-byte aligned: tm_cuda_defer_scale(scratch) */
-    int32_t dim;                  /* width of the normalized rows = the producer's rows = the consumer's cols */
-} tm_cuda_defer_norm;
-
-/* The producer, one launch of the tm_cuda_gemv kernel (bf16 output) with the residual add and the norm's scale:
- *   o = bf16(x · wᵀ (+ bias)) ; residual (n, rows) f32 += o (as tm_cuda_add_rmsnorm adds it) ;
- *   norm_out (n, rows) bf16 = bf16(residual * norm_w) ; in scratch (layout above): the partials, then (the last
- *   block) scale[b] = 1 / sqrtf(sum_k partials[b, k] / rows + eps).
- * out: (n, rows) bf16 copy of o, or NULL (not written). Needs rows % 8 == 0, residual and scratch 16-byte
- * aligned, norm_out and out 4-byte aligned, a scratch of TM_CUDA_DEFER_SCRATCH_BYTES(rows) bytes or more with a
- * zero counter; cudaErrorNotSupported (nothing launched) otherwise, or when v2 cannot run (TM_CUDA_GEMV_V=1,
- * weight or x alignment). */
-cudaError_t tm_cuda_gemv_add_norm_defer(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
-                                        int32_t n, const float *bias, uint16_t *out, float *residual,
-                                        const float *norm_w, float eps, uint16_t *norm_out, void *scratch,
-                                        cudaStream_t stream);
-/* Consumers: tm_cuda_gemv_group, tm_cuda_gemv_swiglu and tm_cuda_gemv_qkv_rope on x = a producer's norm_out, with
- * its scale applied per token (dn); the same kernels, launch shapes and per-row sums. cudaErrorNotSupported,
- * nothing launched, when the v2 kernel cannot run them (alignment, TM_CUDA_GEMV_V=1, dn->dim != cols, a scale
- * pointer that is not 16-byte aligned): the caller then materializes the norm (tm_cuda_rmsnorm of the residual)
- * and runs the plain launcher. */
-cudaError_t tm_cuda_gemv_group_scaled(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
-                                      const uint16_t *x, int32_t n, bool out_f32, const tm_cuda_defer_norm *dn,
-                                      cudaStream_t stream);
-cudaError_t tm_cuda_gemv_swiglu_scaled(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
-                                       int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
-                                       const tm_cuda_defer_norm *dn, cudaStream_t stream);
-cudaError_t tm_cuda_gemv_qkv_rope_scaled(const tm_cuda_gemv_job *jobs, int32_t type, int64_t cols,
-                                         const uint16_t *x, int32_t n, const tm_cuda_rope_args *rope,
-                                         const tm_cuda_defer_norm *dn, cudaStream_t stream);
-
 /* ---- attention over the paged KV cache (tm_cuda_attn_decode.cu, tm_cuda_attn_prefill.cu) ---- */
 
 /* One layer's attention for a ragged batch (see tm_batch in backend.h for the meaning of the arrays).
