@@ -72,6 +72,9 @@ if want e2e; then
     TM_CUDA_NO_FUSE=1 timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 \
       -r 3 --json >"$OUT/lat_${shape}_nofuse.json" 2>&1
     echo "without fused GEMV epilogues: $(cat "$OUT/lat_${shape}_nofuse.json")"
+    TM_CUDA_LAYER=1 timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 \
+      -r 3 --json >"$OUT/lat_${shape}_layer.json" 2>&1
+    echo "with the whole layer as one kernel (TM_CUDA_LAYER=1): $(cat "$OUT/lat_${shape}_layer.json")"
     TM_CUDA_PDL=0 timeout 300 $TM bench latency -m "dummy:$shape:bf16" --device cuda --input-len 128 --output-len 256 \
       -r 3 --json >"$OUT/lat_${shape}_nopdl.json" 2>&1
     echo "without programmatic dependent launch (TM_CUDA_PDL=0): $(cat "$OUT/lat_${shape}_nopdl.json")"

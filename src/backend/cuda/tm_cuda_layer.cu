@@ -5,7 +5,7 @@
 
 /* Why one kernel. At batch 1 a layer is five weight streams (QKV, o, gate+up, down) with small steps between
  * them (two norms, RoPE, attention). As separate kernels each stream starts from an empty memory pipeline and
- * ends in a tail, and the small steps sit on the critical path with the pipeline idle: the 1B shape ran at 67% of
+ * ends in a tail, and the small steps sit on the critical path with the pipeline idle: the 1B shape runs at 67% of
  * its bandwidth floor that way. Here one block per SM runs the whole layer, and the weights, which no step
  * depends on, never wait for the data: a producer warp streams the block's rows of all four matrices, in the
  * order they are needed, through a ring of shared-memory stages (cp.async.bulk, completion counted on an
@@ -13,25 +13,29 @@
  * barrier or in attention, the producer keeps loading up to the ring's size (6 x 32 KB per SM, ~25 MB over the
  * GPU), so the memory pipe stays busy across the phase boundaries.
  *
+ * Status: correct (tb_layer), and opt-in (TM_CUDA_LAYER=1), because it is not yet faster than the op path: 68 us
+ * per 1B layer and 144 us per 8B layer in a chain of launches, against ~46 and ~128 us for the separate kernels.
+ * tb_layer's trace of block 0 shows where: the steps that are not weight streams (the norms ~2-6 us, the merge of
+ * the attention splits 5-10 us, each barrier 1.5-5 us, loaded memory latency being 1-2 us) add up to ~25 us a layer,
+ * more than the ring hides, and the stage loop itself runs slower than the weights arrive in some versions. What was
+ * learned on the way, kept in the code's comments below: the instruction cache (code run once per phase is fetched
+ * from L2), claim latency in the producer, and the balance of the phases across SMs.
+ *
  * Phases (consumer warps; the producer's order is the same list of stages):
  *   A  the norm of x, computed by every block from L2 (dim floats; the sum of squares per thread, warp butterfly,
  *      across warps in order) into xs (bf16, shared memory); the block's QKV rows: a stage holds R consecutive
  *      rows of wq, wk or wv (R even, so the stage holds whole RoPE pairs); epilogue as tm_cuda_gemv_qkv_rope.
- *   -- grid barrier 1 --
- *   B  attention: (kv head, split) items on the first n_kv_heads * S blocks, S = min(16, grid / n_kv_heads,
- *      ceil(ctx / 32)) splits of ceil(ctx / S) tokens; warp w of an item takes tokens w, w + 8, ... (4 at a time:
- *      their K and V rows are loaded before any is used), all q heads of the group at once, online softmax in
- *      exp2; the 8 warps merge through shared memory; with S > 1 the split's (max, sum, acc) goes to the work
- *      buffer and the item that finishes its kv head last (a counter per kv head) merges the S splits.
+ *   B  attention, grid barrier 1 inside (see attend): (kv head, split) items, S = min(16, grid / n_kv_heads,
+ *      ceil(ctx / 32)) splits; each item's (max, sum, acc) per q head to the work buffer.
  *   -- grid barrier 2 --
- *   C  att into xs; the block's o rows; x[r] += bf16(sum).
+ *   C  every block merges the splits of every head into xs (gather_att); the block's o rows; x[r] += bf16(sum).
  *   -- grid barrier 3 --
  *   D  the norm of x into xs; a stage holds R gate rows then the same R up rows; h[r] = bf16(silu(g) * u).
  *   -- grid barrier 4 --
  *   E  h into xs; the block's down rows; x[r] += bf16(sum).
  * Within a stage of NR weight rows (NR in 1, 2, 4, 8) warp w takes row w % NR and the (w / NR)-th of 8 / NR
- * column slices; lane l the 16-byte chunks l, l + 32, ... of its slice; the warp sums reduce through shared
- * memory in slice order. Units (stages) of a phase are dealt to blocks in contiguous ranges.
+ * column slices; lane l the 16-byte chunks l, l + 32, ... of its slice; the warps leave their sums in shared memory and the epilogue adds them in slice order after the phase's last
+ * stage. Which units (stages) a block takes: see produce.
  *
  * Memory ordering: everything a phase reads that another block wrote in this kernel (x, q, att, h, the new cache
  * entry, the attention partials) is read through L2 (ld.global.cg), never through L1 or the read-only path; the
@@ -50,9 +54,7 @@ constexpr int kThreads = kConsumers + 32;
 constexpr int kStageBytes = 32768;
 constexpr int kMaxStages = 8;
 constexpr int kMaxSplits = 16;
-constexpr int kMaxKvHeads = 64;
 constexpr int kWorkHeader = 256;         /* the counters (work_hdr), then the attention partials */
-constexpr int kMaxChunks = 8;            /* 16-byte chunks of x per lane kept in registers */
 
 struct work_hdr {
     unsigned int bar;                    /* grid barrier arrivals in this launch */
@@ -200,22 +202,6 @@ __device__ __noinline__ void copy_to_smem(const uint16_t *src, int n, uint16_t *
     consumers_sync();
 }
 
-/* A lane's x: the 16-byte chunks c0 + lane + 32 i (i < n) of its column slice, in registers for a whole phase
- * (every stage of a phase gives a warp the same slice) */
-struct xregs {
-    uint4 v[kMaxChunks];
-    int n; /* chunks this lane holds; 0: the slice has more than kMaxChunks chunks per lane, read xs instead */
-};
-
-__device__ __forceinline__ void xregs_load(xregs &xr, const uint16_t *xs, int c0, int c1, int lane) {
-    const uint4 *x4 = reinterpret_cast<const uint4 *>(xs);
-    const int n = (c1 - c0 - lane + 31) / 32;
-    xr.n = n <= kMaxChunks ? n : 0;
-#pragma unroll
-    for (int i = 0; i < kMaxChunks; i++)
-        if (i < xr.n) xr.v[i] = x4[c0 + lane + 32 * i];
-}
-
 __device__ __forceinline__ void dot8(uint4 w, uint4 x, float &a0, float &a1) {
     float wf[8], xf[8];
     tmbf::unpack_bf16x8(w, wf);
@@ -227,22 +213,11 @@ __device__ __forceinline__ void dot8(uint4 w, uint4 x, float &a0, float &a1) {
     }
 }
 
-/* sum over the lane's chunks c0 + lane + 32 i < c1 of dot(w chunk, x chunk): every weight load issued first */
-__device__ __forceinline__ float slice_dot(const uint16_t *w, const xregs &xr, const uint16_t *xs, int c0, int c1,
-                                           int lane) {
-    const uint4 *w4 = reinterpret_cast<const uint4 *>(w);
+/* sum over the lane's chunks c0 + lane + 32 i < c1 of dot(w chunk, x chunk), x from shared memory (holding a
+ * lane's x chunks in registers for the whole phase measured the same) */
+__device__ __forceinline__ float slice_dot(const uint16_t *w, const uint16_t *xs, int c0, int c1, int lane) {
+    const uint4 *w4 = reinterpret_cast<const uint4 *>(w), *x4 = reinterpret_cast<const uint4 *>(xs);
     float a0 = 0.0f, a1 = 0.0f;
-    if (xr.n > 0) {
-        uint4 wv[kMaxChunks];
-#pragma unroll
-        for (int i = 0; i < kMaxChunks; i++)
-            if (i < xr.n) wv[i] = w4[c0 + lane + 32 * i];
-#pragma unroll
-        for (int i = 0; i < kMaxChunks; i++)
-            if (i < xr.n) dot8(wv[i], xr.v[i], a0, a1);
-        return a0 + a1;
-    }
-    const uint4 *x4 = reinterpret_cast<const uint4 *>(xs);
 #pragma unroll 4
     for (int c = c0 + lane; c < c1; c += 32) dot8(w4[c], x4[c], a0, a1);
     return a0 + a1;
@@ -358,8 +333,6 @@ __device__ __forceinline__ int stage_loop(const tm_cuda_layer_args &a, const lay
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     const int nsl = kCW / NR, row = warp % NR, sl = warp / NR, chunks = cols / 8 / nsl;
     int it = *it_io;
-    xregs xr;
-    xregs_load(xr, xs, sl * chunks, (sl + 1) * chunks, lane);
     int n = 0;
     for (;; n++, it++) {
         const int s = it % p.nst, k = it / p.nst;
@@ -370,7 +343,7 @@ __device__ __forceinline__ int stage_loop(const tm_cuda_layer_args &a, const lay
         float v = 0.0f;
         if (u >= 0) {
             const uint16_t *w = reinterpret_cast<const uint16_t *>(smem + (size_t)s * kStageBytes) + (size_t)row * cols;
-            v = warp_sum(slice_dot(w, xr, xs, sl * chunks, (sl + 1) * chunks, lane));
+            v = warp_sum(slice_dot(w, xs, sl * chunks, (sl + 1) * chunks, lane));
         }
         __syncwarp();
         if (lane == 0) {
@@ -439,13 +412,12 @@ __device__ __forceinline__ void run_phase(const tm_cuda_layer_args &a, const lay
     epilogue(a, p, part, ulist, n, PH, pos, slot);
 }
 
-/* tokens a warp loads at once in attention: 8 rows of K and V (64 dims) or 4 (128 dims) */
-template <int HD> constexpr int tok_unroll() { return 4; }
+/* tokens a warp loads at once in attention (one round: its K and V rows are loaded before any is used; more
+ * rounds unrolled made the code too long for the instruction cache) */
+constexpr int kTokUnroll = 4;
 
-/* attention splits of a context: chunks of kCW * tok_unroll tokens (one round of loads per warp), at most
- * kMaxSplits and grid / n_kv_heads */
-template <int HD> __device__ __forceinline__ int splits_of(int ctx, int kv_heads) {
-    constexpr int per = kCW * tok_unroll<HD>();
+__device__ __forceinline__ int splits_of(int ctx, int kv_heads) {
+    constexpr int per = kCW * kTokUnroll;
     const int S = min((ctx + per - 1) / per, min(kMaxSplits, (int)gridDim.x / kv_heads));
     return max(S, 1);
 }
@@ -476,13 +448,13 @@ template <> struct kv_vec<4> {
  * The item's (max, sum, acc) per q head go to the work buffer; gather_att merges the splits. */
 template <int HD, int GQ>
 __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, work_hdr *wh) {
-    constexpr int DPL = HD / 32, TU = tok_unroll<HD>();
+    constexpr int DPL = HD / 32, TU = kTokUnroll;
     using V = kv_vec<DPL>;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, bid = (int)blockIdx.x;
     const int KVH = a.n_kv_heads, bs = a.block_size;
     constexpr int QPK = GQ;
     const int ctx = __ldcg(a.context_len);
-    const int S = splits_of<HD>(ctx, KVH);
+    const int S = splits_of(ctx, KVH);
     const bool item = bid < KVH * S;
     const int chunk = (ctx + S - 1) / S, g = bid / S, sp = bid - g * S;
     const int t0 = sp * chunk, t1 = item ? min(ctx, t0 + chunk) : 0;
@@ -591,7 +563,7 @@ __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, wo
 template <int HD>
 __device__ __noinline__ void gather_att(const tm_cuda_layer_args &a, uint16_t *xs) {
     constexpr int G8 = 8;
-    const int ctx = __ldcg(a.context_len), S = splits_of<HD>(ctx, a.n_kv_heads);
+    const int ctx = __ldcg(a.context_len), S = splits_of(ctx, a.n_kv_heads);
     const float2 *pml = reinterpret_cast<const float2 *>(reinterpret_cast<const uint8_t *>(a.work) + kWorkHeader);
     const float *pacc = reinterpret_cast<const float *>(pml + (size_t)a.n_heads * kMaxSplits);
     for (int i = threadIdx.x; i < a.n_heads * HD / 4; i += kConsumers) {
@@ -735,7 +707,7 @@ extern "C" cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStr
     const int64_t hd = a->head_dim, qd = (int64_t)a->n_heads * hd, kvd = (int64_t)a->n_kv_heads * hd;
     const int group = a->n_heads % a->n_kv_heads ? 0 : a->n_heads / a->n_kv_heads;
     if ((hd != 64 && hd != 128) || (group != 4 && group != 8) ||
-        a->n_kv_heads > kMaxKvHeads || a->rope_dim % 2 || a->rope_dim > hd || a->dim % 8 || a->ffn_dim % 8 ||
+        a->rope_dim % 2 || a->rope_dim > hd || a->dim % 8 || a->ffn_dim % 8 ||
         a->dim > 4 * kNormVec * kConsumers)
         return cudaErrorNotSupported;
     const void *ptrs[] = {a->wq, a->wk, a->wv, a->wo, a->w_gate, a->w_up, a->w_down, a->x, a->q, a->att, a->h,
