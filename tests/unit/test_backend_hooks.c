@@ -1,6 +1,7 @@
 /* test_backend_hooks.c -- the optional backend hooks a device backend uses, exercised on the CPU: weight placement
  * (copies, tied embeddings, deferred dummy recipes), begin/end_step with a failed graph capture that reruns the
- * pass, fused matmul_swiglu, and the engine's argmax-on-device path; plus device names. */
+ * pass, fused matmul_swiglu, whole layers taken by decoder_layer, and the engine's argmax-on-device path; plus
+ * device names. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,11 +24,17 @@ typedef struct hook_be {
     bool fail_begin;  /* begin_step fails (a rank that cannot run the step) */
     float *tmp;       /* (tmp_n) scratch for matmul_swiglu */
     size_t tmp_n;
+    uint32_t whole;   /* decoder_layer takes layer l when bit l is set */
+    int layers_taken;
+    float *lx[4];     /* decoder_layer's scratch: xb, k, v, proj, each (lx_n) */
+    size_t lx_n;
 } hook_be;
 
 static hook_be *H(tm_backend *be) { return (hook_be *)be; }
 static void h_free(tm_backend *be) {
     if (H(be)->tmp) H(be)->cpu->ops->release(H(be)->cpu, H(be)->tmp);
+    for (int i = 0; i < 4; i++)
+        if (H(be)->lx[i]) H(be)->cpu->ops->release(H(be)->cpu, H(be)->lx[i]);
     H(be)->cpu->ops->free(H(be)->cpu);
     free(be);
 }
@@ -90,6 +97,41 @@ static void h_matmul_swiglu(tm_backend *be, const tm_weight *g, const tm_weight 
     h->cpu->ops->matmul(h->cpu, jobs, 2, x, n);
     h->cpu->ops->swiglu(h->cpu, out, h->tmp, n, (int32_t)g->rows, out);
 }
+/* A whole layer from the CPU ops, the way a device backend's one-kernel layer would do it: the norm of x first (the
+ * forward has not made xb), x updated, no xb left behind. h holds the up projection's product in the meantime. */
+static bool h_decoder_layer(tm_backend *be, const tm_layer_weights *L, const tm_attn_cfg *a, float eps, int32_t layer,
+                            const tm_batch *b, void *x, int32_t n, void *q, void *att, void *h) {
+    hook_be *hk = H(be);
+    if (!(hk->whole >> layer & 1u)) return false;
+    hk->layers_taken++;
+    tm_backend *c = hk->cpu;
+    const tm_backend_ops *op = c->ops;
+    size_t need = (size_t)n * (size_t)(L->w_gate->rows > L->wq->cols ? L->w_gate->rows : L->wq->cols);
+    if (need > hk->lx_n) {
+        for (int i = 0; i < 4; i++) {
+            if (hk->lx[i]) op->release(c, hk->lx[i]);
+            hk->lx[i] = op->alloc(c, need);
+        }
+        hk->lx_n = need;
+    }
+    float *xb = hk->lx[0], *k = hk->lx[1], *v = hk->lx[2], *proj = hk->lx[3];
+    op->rmsnorm(c, x, L->attn_norm, eps, n, xb);
+    tm_matmul_job qkv[3] = {{L->wq, L->bq, q, false}, {L->wk, L->bk, k, false}, {L->wv, L->bv, v, false}};
+    op->matmul(c, qkv, 3, xb, n);
+    op->rope_kv_write(c, a, layer, b, q, k, v);
+    op->attention(c, a, layer, b, q, att);
+    tm_matmul_job o = {L->wo, NULL, proj, false};
+    op->matmul(c, &o, 1, att, n);
+    op->add_rmsnorm(c, x, proj, L->ffn_norm, eps, n, xb);
+    tm_matmul_job gu[2] = {{L->w_gate, NULL, h, false}, {L->w_up, NULL, k, false}};
+    op->matmul(c, gu, 2, xb, n);
+    op->swiglu(c, h, k, n, (int32_t)L->w_gate->rows, h);
+    tm_matmul_job d = {L->w_down, NULL, proj, false};
+    op->matmul(c, &d, 1, h, n);
+    op->add_rmsnorm(c, x, proj, L->ffn_norm, eps, n, xb); /* x += ffn; this xb is dropped */
+    return true;
+}
+
 static tm_status h_place(tm_backend *be, tm_weight *w, tm_error *err) {
     size_t bytes = (size_t)(tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows);
     void *p = malloc(bytes ? bytes : 1);
@@ -206,6 +248,45 @@ static void test_placed_model_forward_is_identical(void **st) {
     assert_int_equal(h->swiglus, 2 * m->hp.n_layers);
     tm_model_unplace(p, &h->base);
     assert_int_equal(h->released, expect);
+    h->base.ops->free(&h->base);
+    free(ref);
+    free(got);
+    tm_model_free(m);
+}
+
+/* ops->decoder_layer: whichever layers a backend takes whole (all, the first, the last, every other one, none),
+ * the forward makes the norms the taken layers do not leave behind (before the next layer run as ops, before the
+ * output projection) and the logits equal the op-by-op pass's. */
+static void test_whole_layers(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.layers = 3;
+    const char *path = write_tiny(&o);
+    tm_model *m = NULL;
+    tm_error err;
+    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
+    unlink(path);
+    int32_t ids[12];
+    for (int i = 0; i < 12; i++) ids[i] = (i * 53 + 7) % m->hp.n_vocab;
+    const size_t nv = (size_t)m->hp.n_vocab;
+    float *ref = malloc(sizeof(float) * nv), *got = malloc(sizeof(float) * nv);
+    hook_be *h = hook_create();
+    h->ops.decoder_layer = h_decoder_layer;
+    forward_logits(m, &h->base, ids, 12, ref); /* whole = 0: every layer as ops */
+    assert_int_equal(h->layers_taken, 0);
+    const uint32_t masks[] = {7u, 1u, 4u, 5u, 2u};
+    for (size_t t = 0; t < sizeof masks / sizeof masks[0]; t++) {
+        h->whole = masks[t];
+        h->layers_taken = 0;
+        forward_logits(m, &h->base, ids, 12, got);
+        assert_int_equal(h->layers_taken, __builtin_popcount(masks[t]));
+        double worst = 0.0, scale = 0.0;
+        for (size_t i = 0; i < nv; i++) {
+            worst = fmax(worst, fabs((double)got[i] - (double)ref[i]));
+            scale = fmax(scale, fabs((double)ref[i]));
+        }
+        if (worst > 1e-5 * scale) fail_msg("layers %#x taken whole: logits off by %g (largest %g)", masks[t], worst, scale);
+    }
     h->base.ops->free(&h->base);
     free(ref);
     free(got);
@@ -459,6 +540,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_parse),
         cmocka_unit_test(test_placed_model_forward_is_identical),
+        cmocka_unit_test(test_whole_layers),
         cmocka_unit_test(test_tp_ranks_agree),
         cmocka_unit_test(test_deferred_dummy_weights),
         cmocka_unit_test(test_engine_argmax_on_backend),
