@@ -384,7 +384,8 @@ static void time_layer(const layer *L, lcase *c, cudaStream_t st) {
            "waited for stages %.2f\n", (double)(tr[15] - tr[0]) * 1e3 / khz, (double)(tr[17] - tr[0]) * 1e3 / khz,
            (double)tr[18] * 1e3 / khz, (double)tr[19] * 1e3 / khz);
     printf("# %s attention (us): q and the first K/V in %.2f, tokens %.2f, merge %.2f\n", L->s->name,
-           (double)(tr[20] - tr[4]) * 1e3 / khz, (double)(tr[21] - tr[20]) * 1e3 / khz, (double)(tr[5] - tr[21]) * 1e3 / khz);
+           (double)(tr[20] - tr[4]) * 1e3 / khz, (double)(tr[21] - tr[20]) * 1e3 / khz,
+           (double)(tr[5] - tr[21]) * 1e3 / khz);
     TB_CHECK(cudaGraphExecDestroy(t.ge));
     TB_CHECK(cudaGraphDestroy(g));
 }

@@ -34,8 +34,9 @@
  *   -- grid barrier 4 --
  *   E  h into xs; the block's down rows; x[r] += bf16(sum).
  * Within a stage of NR weight rows (NR in 1, 2, 4, 8) warp w takes row w % NR and the (w / NR)-th of 8 / NR
- * column slices; lane l the 16-byte chunks l, l + 32, ... of its slice; the warps leave their sums in shared memory and the epilogue adds them in slice order after the phase's last
- * stage. Which units (stages) a block takes: see produce.
+ * column slices; lane l the 16-byte chunks l, l + 32, ... of its slice; the warps leave their sums in shared
+ * memory and the epilogue adds them in slice order after the phase's last stage. Which units (stages) a block
+ * takes: see produce.
  *
  * Memory ordering: everything a phase reads that another block wrote in this kernel (x, q, att, h, the new cache
  * entry, the attention partials) is read through L2 (ld.global.cg), never through L1 or the read-only path; the
@@ -61,7 +62,7 @@ struct work_hdr {
     unsigned int exit;                   /* blocks done */
     unsigned int error;                  /* a barrier wait gave up (never expected: the grid is co-resident) */
     unsigned int pad;
-    unsigned int next[2][4];             /* [parity][phase] units claimed so far (launch parity, see tm_cuda_layer_args) */
+    unsigned int next[2][4];             /* [launch parity][phase] units claimed so far (tm_cuda_layer_args) */
 };
 static_assert(sizeof(work_hdr) <= kWorkHeader, "work header");
 
@@ -156,7 +157,8 @@ __device__ __noinline__ float2 rope_cs(int32_t pos, float inv_freq) {
 /* xs (dim bf16) = bf16(x * (1 / rms(x)) * w), x read through L2 once (dim <= 4 * kNormVec * kConsumers: the
  * launcher checks) */
 constexpr int kNormVec = 4;
-__device__ __noinline__ void norm_to_smem(const float *x, const float *w, int dim, float eps, uint16_t *xs, float *red) {
+__device__ __noinline__ void norm_to_smem(const float *x, const float *w, int dim, float eps, uint16_t *xs,
+                                          float *red) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, n4 = dim >> 2;
     const float4 *x4 = reinterpret_cast<const float4 *>(x);
     float4 v[kNormVec];
@@ -297,7 +299,8 @@ __device__ __noinline__ void produce(const tm_cuda_layer_args &a, const lay_plan
 /* Phase A's epilogue, thread t < R / 2 of unit u: rows r0 = u * R + 2t and r0 + 1 (a RoPE pair) of the
  * concatenated q, k, v; rounded to bf16 as tm_cuda_gemv stores them, q and k rotated, q stored, k and v written
  * to the token's cache slot. */
-__device__ __noinline__ void epi_qkv(const tm_cuda_layer_args &a, int64_t r0, float s0, float s1, int32_t pos, int64_t slot) {
+__device__ __noinline__ void epi_qkv(const tm_cuda_layer_args &a, int64_t r0, float s0, float s1, int32_t pos,
+                                     int64_t slot) {
     const int64_t hd = a.head_dim, qd = (int64_t)a.n_heads * hd, kvd = (int64_t)a.n_kv_heads * hd;
     const uint16_t o0 = tmbf::to_bf(s0), o1 = tmbf::to_bf(s1);
     const int job = r0 < qd ? 0 : r0 < qd + kvd ? 1 : 2;
@@ -318,15 +321,14 @@ __device__ __noinline__ void epi_qkv(const tm_cuda_layer_args &a, int64_t r0, fl
     }
 }
 
-/* One phase's stages (PH: 0 = A, 1 = C, 2 = D, 3 = E), then its epilogue; `it` counts the block's stages. Each
- * warp works through the stages on its own (no block barrier per stage): it leaves its slice's sum in part[n][warp]
- * (the block's n-th stage of the phase) and releases the stage; the stage marked -1 ends the phase; one barrier,
- * then the epilogue of all the block's rows at once (the residual's read-modify-write costs one L2 round trip per
- * phase, not one per stage). */
-/* the stage loop of a phase; returns the block's stages n of the phase. The kernel runs it from one place for all
- * four phases (a loop over the phases), so that one copy of it stays in the instruction cache: code that runs once
- * per phase is fetched from L2: with everything inlined (about 20k instructions) the attention alone took 17 us
- * for 8 tokens per warp; the rarely run parts are therefore out-of-line functions. */
+/* A phase's stages; returns n, the block's stages of the phase (`it` counts all the block's stages). Each warp works
+ * through the stages on its own (no block barrier per stage): it leaves its slice's sum in part[n][warp] and
+ * releases the stage; the stage marked -1 ends the phase; one barrier, then the epilogue takes all the block's rows
+ * at once (the residual's read-modify-write costs one L2 round trip per phase, not one per stage). Inlined once per
+ * phase (run_phase), while the parts that run once per layer are out-of-line functions: the kernel is far larger
+ * than the instruction cache, and code run once per layer is fetched from L2 each time (fully inlined, about 20k
+ * instructions, the attention alone took 17 us for 8 tokens per warp; with the stage loop out of line instead, it
+ * spilled at the call and ran 1.5-2x slower). */
 __device__ __forceinline__ int stage_loop(const tm_cuda_layer_args &a, const lay_plan &p, const uint8_t *smem,
                                        const uint16_t *xs, float *part, int *ulist, const int *unit_of, uint64_t *full,
                                        uint64_t *empty, int *it_io, int NR, int cols) {
@@ -576,7 +578,8 @@ __device__ __noinline__ void gather_att(const tm_cuda_layer_args &a, uint16_t *x
             for (int k = 0; k < G8; k++) {
                 if (k0 + k < S) {
                     ml[k] = __ldcg(pml + qh * kMaxSplits + k0 + k);
-                    av[k] = __ldcg(reinterpret_cast<const float4 *>(pacc + ((int64_t)qh * kMaxSplits + k0 + k) * HD + d0));
+                    const float *src = pacc + ((int64_t)qh * kMaxSplits + k0 + k) * HD + d0;
+                    av[k] = __ldcg(reinterpret_cast<const float4 *>(src));
                 }
             }
             float Mn = M;
@@ -600,7 +603,8 @@ __device__ __noinline__ void gather_att(const tm_cuda_layer_args &a, uint16_t *x
             }
             M = Mn;
         }
-        const uint2 o = make_uint2(tmbf::pack_bf16x2(acc[0] / L, acc[1] / L), tmbf::pack_bf16x2(acc[2] / L, acc[3] / L));
+        const uint2 o =
+            make_uint2(tmbf::pack_bf16x2(acc[0] / L, acc[1] / L), tmbf::pack_bf16x2(acc[2] / L, acc[3] / L));
         reinterpret_cast<uint2 *>(xs)[i] = o;
         if (blockIdx.x == 0) reinterpret_cast<uint2 *>(a.att)[i] = o; /* the layer's attention output, for tests */
     }
@@ -736,7 +740,8 @@ extern "C" cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStr
 
     int dev = 0, sms = 0, optin = 0;
     cudaError_t e;
-    if ((e = cudaGetDevice(&dev)) != cudaSuccess || (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess)
         return e;
     int cc = 0;
