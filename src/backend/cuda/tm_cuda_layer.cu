@@ -75,6 +75,7 @@ struct lay_plan {
     int xoff;      /* byte offset of xs in dynamic shared memory */
     int poff;      /* byte offset of part (cap, kCW) floats, then ulist (cap) ints */
     int cap;       /* most stages of a phase one block may claim */
+    int claims;    /* 1: the tail of the large phases is claimed; 0: fixed contiguous ranges (TM_CUDA_LAYER_CLAIMS=0) */
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -250,14 +251,18 @@ __device__ __noinline__ void produce(const tm_cuda_layer_args &a, const lay_plan
         const int R = p.rows[ph], units = p.units[ph];
         /* fixed units per block: all of them for the small phases, whose share of a block (a few stages) is below
          * the ring's depth, so that claims made while prefetching would pile up on the first blocks to start */
-        const bool all_fixed = units < 8 * G;
+        const bool all_fixed = units < 8 * G || !p.claims;
         const int fixed = all_fixed ? (units - bid + G - 1) / G : units * 3 / 4 / G;
+        /* without claims (TM_CUDA_LAYER_CLAIMS=0, for comparison) the block's units are one contiguous range */
+        const int first = (int)((int64_t)bid * units / G), count = (int)((int64_t)(bid + 1) * units / G) - first;
         const int cap = (units + G - 1) / G + 2; /* a block's units of the phase, at most */
         const unsigned bytes = (unsigned)R * (unsigned)p.cols[ph] * 2u; /* one matrix's rows of the stage */
         int claim = all_fixed ? INT_MAX : fixed * G + (int)atomicAdd(&next[ph], 1u);
         for (int n = 0;; n++, it++) {
             int cur = -1;
-            if (n < fixed) {
+            if (!p.claims) {
+                if (n < count) cur = first + n;
+            } else if (n < fixed) {
                 cur = n * G + bid;
             } else if (claim < units && n < cap) {
                 cur = claim;
@@ -762,6 +767,8 @@ extern "C" cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStr
     for (int ph = 0; ph < 4; ph++)
         if ((p.units[ph] + sms - 1) / sms > most) most = (p.units[ph] + sms - 1) / sms;
     p.cap = most + 2; /* the producer's cap on a block's units of a phase */
+    const char *cl = getenv("TM_CUDA_LAYER_CLAIMS");
+    p.claims = !(cl && cl[0] == '0' && cl[1] == '\0');
 
     const int64_t pbytes = ((int64_t)p.cap * (kCW + 1) * 4 + 127) / 128 * 128;
     const int64_t room = (int64_t)optin - (int64_t)fa.sharedSizeBytes - xbytes - pbytes;
