@@ -778,7 +778,6 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
              *vc2 = tb_xmalloc(ncache * 2);
     const size_t nq = (size_t)MAX_N * (size_t)rq;
     float *got = tb_xmalloc(nq * sizeof(float)), *want = tb_xmalloc(nq * sizeof(float));
-    float *hb = tb_xmalloc((size_t)hd * sizeof(float)), *hr = tb_xmalloc((size_t)hd * sizeof(float));
     cudaStream_t s;
     TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     double worst_q = 0.0, worst_k = 0.0, worst_v = 0.0;
@@ -909,8 +908,6 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
     free(vc2);
     free(got);
     free(want);
-    free(hb);
-    free(hr);
 }
 
 /* launcher refusals: shapes the fusions do not take come back as cudaErrorNotSupported with nothing launched */
