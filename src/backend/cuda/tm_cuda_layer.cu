@@ -95,9 +95,8 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
 }
-/* wait for the phase of parity `parity` to complete; between tries the thread sleeps (a tight try_wait loop of
- * the producer, which waits most of the time, took issue slots of the shared-memory pipe from the consumers'
- * loads and shuffles) */
+/* wait for the phase of parity `parity` to complete, sleeping briefly between tries (the producer waits most of
+ * the time; sleeping instead of spinning measured neither faster nor slower) */
 __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
     const uint32_t a = smem_u32(b);
     for (;;) {
@@ -240,7 +239,7 @@ __device__ __forceinline__ void stamp(const tm_cuda_layer_args &a, int k) {
  * -1 for the end of the block's share of a phase (a stage without data, its full barrier completed by a plain
  * arrive). A block takes at most p.cap units of a phase (its part array; cap * grid >= units). */
 __device__ __noinline__ void produce(const tm_cuda_layer_args &a, const lay_plan &p, uint8_t *smem, uint64_t *full,
-                        uint64_t *empty, int *unit_of) {
+                                     uint64_t *empty, int *unit_of) {
     const int64_t qd = (int64_t)a.n_heads * a.head_dim, kvd = (int64_t)a.n_kv_heads * a.head_dim;
     const int G = (int)gridDim.x, bid = (int)blockIdx.x;
     unsigned *next = reinterpret_cast<work_hdr *>(a.work)->next[a.parity & 1];
@@ -368,12 +367,6 @@ __device__ __forceinline__ int stage_loop(const tm_cuda_layer_args &a, const lay
     return n;
 }
 
-/* one phase: its stages (the loop inlined with the phase's row count known), then its epilogue */
-template <int PH>
-__device__ __forceinline__ void run_phase(const tm_cuda_layer_args &a, const lay_plan &p, const uint8_t *smem,
-                                          const uint16_t *xs, float *part, int *ulist, const int *unit_of,
-                                          uint64_t *full, uint64_t *empty, int &it, int32_t pos, int64_t slot);
-
 /* The epilogue of phase ph (0 = A, 1 = C, 2 = D, 3 = E) over the block's n stages: row j of the block's rows
  * (j < n * R; D: the gate rows) is row j % R of its stage; warps q * NR + j % R, q < nsl, hold its slices (D: the
  * up row's are R further). */
@@ -410,6 +403,7 @@ __device__ __noinline__ void epilogue(const tm_cuda_layer_args &a, const lay_pla
     }
 }
 
+/* one phase: its stages (the loop inlined with the phase's row count known), then its epilogue */
 template <int PH>
 __device__ __forceinline__ void run_phase(const tm_cuda_layer_args &a, const lay_plan &p, const uint8_t *smem,
                                           const uint16_t *xs, float *part, int *ulist, const int *unit_of,
@@ -459,7 +453,6 @@ __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, wo
     using V = kv_vec<DPL>;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, bid = (int)blockIdx.x;
     const int KVH = a.n_kv_heads, bs = a.block_size;
-    constexpr int QPK = GQ;
     const int ctx = __ldcg(a.context_len);
     const int S = splits_of(ctx, KVH);
     const bool item = bid < KVH * S;
@@ -491,15 +484,13 @@ __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, wo
         m[h] = -INFINITY;
         l[h] = 0.0f;
 #pragma unroll
-        for (int d = 0; d < DPL; d++) qv[h][d] = acc[h][d] = 0.0f;
-        if (h < QPK) {
-            const typename V::T raw =
-                __ldcg(reinterpret_cast<const typename V::T *>(a.q + ((int64_t)(g * QPK + h) * HD + lane * DPL)));
-            float f[DPL];
-            V::unpack(raw, f);
+        for (int d = 0; d < DPL; d++) acc[h][d] = 0.0f;
+        const typename V::T raw =
+            __ldcg(reinterpret_cast<const typename V::T *>(a.q + ((int64_t)(g * GQ + h) * HD + lane * DPL)));
+        float f[DPL];
+        V::unpack(raw, f);
 #pragma unroll
-            for (int d = 0; d < DPL; d++) qv[h][d] = f[d] * qscale;
-        }
+        for (int d = 0; d < DPL; d++) qv[h][d] = f[d] * qscale;
     }
     if (tid == 0) stamp(a, 20);
     for (int t = t0 + warp; t < t1; t += kCW * TU) {
@@ -519,12 +510,10 @@ __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, wo
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) {
 #pragma unroll
-                for (int h = 0; h < GQ; h++)
-                    if (h < QPK) sc[h] += __shfl_xor_sync(0xffffffffu, sc[h], o);
+                for (int h = 0; h < GQ; h++) sc[h] += __shfl_xor_sync(0xffffffffu, sc[h], o);
             }
 #pragma unroll
             for (int h = 0; h < GQ; h++) {
-                if (h >= QPK) continue;
                 const float mn = fmaxf(m[h], sc[h]), corr = exp2f(m[h] - mn), pr = exp2f(sc[h] - mn);
                 l[h] = l[h] * corr + pr;
 #pragma unroll
@@ -534,23 +523,22 @@ __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, wo
         }
     }
     if (tid == 0) stamp(a, 21);
-    /* merge the warps: sbuf = m (kCW, GQ) | l (kCW, GQ) | acc (kCW, QPK, HD) */
+    /* merge the warps: sbuf = m (kCW, GQ) | l (kCW, GQ) | acc (kCW, GQ, HD) */
     float *sm = sbuf, *sl = sbuf + kCW * GQ, *sa = sbuf + 2 * kCW * GQ;
 #pragma unroll
     for (int h = 0; h < GQ; h++) {
-        if (h >= QPK) continue;
         if (lane == 0) {
             sm[warp * GQ + h] = m[h];
             sl[warp * GQ + h] = l[h];
         }
 #pragma unroll
-        for (int d = 0; d < DPL; d++) sa[(warp * QPK + h) * HD + lane * DPL + d] = acc[h][d];
+        for (int d = 0; d < DPL; d++) sa[(warp * GQ + h) * HD + lane * DPL + d] = acc[h][d];
     }
     consumers_sync();
     float2 *pml = reinterpret_cast<float2 *>(reinterpret_cast<uint8_t *>(a.work) + kWorkHeader);
     float *pacc = reinterpret_cast<float *>(pml + (size_t)a.n_heads * kMaxSplits);
-    for (int i = tid; i < QPK * HD; i += kConsumers) {
-        const int h = i / HD, d = i - h * HD, qh = g * QPK + h;
+    for (int i = tid; i < GQ * HD; i += kConsumers) {
+        const int h = i / HD, d = i - h * HD, qh = g * GQ + h;
         float M = -INFINITY, L = 0.0f, A = 0.0f;
         for (int w = 0; w < kCW; w++) M = fmaxf(M, sm[w * GQ + h]);
         for (int w = 0; w < kCW; w++) {
@@ -558,7 +546,7 @@ __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, wo
             if (mw == -INFINITY) continue; /* a warp without tokens */
             const float e = exp2f(mw - M);
             L = fmaf(sl[w * GQ + h], e, L);
-            A = fmaf(sa[(w * QPK + h) * HD + d], e, A);
+            A = fmaf(sa[(w * GQ + h) * HD + d], e, A);
         }
         if (d == 0) pml[qh * kMaxSplits + sp] = make_float2(M, L);
         pacc[((int64_t)qh * kMaxSplits + sp) * HD + d] = A;
@@ -697,8 +685,6 @@ int stage_rows(int64_t bytes_per_row, int most) {
 /* the column slices of a stage of nr rows split evenly into 16-byte chunks */
 bool slices_ok(int nr, int64_t cols) { return nr >= 1 && kCW % nr == 0 && cols % (8 * (kCW / nr)) == 0; }
 
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 } /* namespace */
 
 extern "C" size_t tm_cuda_layer_work_bytes(int32_t n_heads, int32_t head_dim) {
@@ -722,7 +708,7 @@ extern "C" cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStr
     const void *ptrs[] = {a->wq, a->wk, a->wv, a->wo, a->w_gate, a->w_up, a->w_down, a->x, a->q, a->att, a->h,
                           a->attn_norm, a->ffn_norm, a->k_cache, a->v_cache, a->work};
     for (const void *ptr : ptrs)
-        if (!aligned16(ptr)) return cudaErrorNotSupported;
+        if (!tm_aligned16(ptr)) return cudaErrorNotSupported;
 
     lay_plan p = {};
     p.cols[0] = a->dim;
