@@ -75,8 +75,8 @@ typedef struct cu_backend {
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
     /* whole-layer kernel for one-token steps (tm_cuda_layer_decode; opt-in: TM_CUDA_LAYER=1) */
     bool layer_on;
-    void *layer_work;            /* (layer_work_bytes) zeroed at kv_init; every launch leaves it so */
-    size_t layer_work_bytes;
+    void *layer_work;            /* (tm_cuda_layer_work_bytes) made and zeroed at kv_init when layer_on; every
+                                  * launch leaves its counters at 0 */
     /* graphs */
     cu_graph graphs[CU_MAX_GRAPHS];
     int32_t n_graphs;
@@ -212,12 +212,13 @@ static tm_status cu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err)
     /* zero, so that the scratch block of padded tokens never holds NaN bit patterns */
     if ((e = cudaMemset(c->kv_mem, 0, bytes)) != cudaSuccess)
         return tm_err(err, TM_ERR_DEVICE, "clearing the KV cache: %s", cudaGetErrorString(e));
-    /* the whole-layer kernel's counters and attention partials: up to 8 query heads per kv head */
+    /* the whole-layer kernel's counters and attention partials (when it is on): up to 8 query heads per kv head */
     cudaFree(c->layer_work);
     c->layer_work = NULL;
-    c->layer_work_bytes = tm_cuda_layer_work_bytes(cfg->n_kv_heads * 8, cfg->head_dim);
-    if ((e = cudaMalloc(&c->layer_work, c->layer_work_bytes)) != cudaSuccess ||
-        (e = cudaMemset(c->layer_work, 0, c->layer_work_bytes)) != cudaSuccess) {
+    if (!c->layer_on) return TM_OK;
+    const size_t work_bytes = tm_cuda_layer_work_bytes(cfg->n_kv_heads * 8, cfg->head_dim);
+    if ((e = cudaMalloc(&c->layer_work, work_bytes)) != cudaSuccess ||
+        (e = cudaMemset(c->layer_work, 0, work_bytes)) != cudaSuccess) {
         cudaGetLastError();
         cudaFree(c->layer_work);
         c->layer_work = NULL;
