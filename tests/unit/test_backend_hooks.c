@@ -98,7 +98,7 @@ static void h_matmul_swiglu(tm_backend *be, const tm_weight *g, const tm_weight 
     h->cpu->ops->swiglu(h->cpu, out, h->tmp, n, (int32_t)g->rows, out);
 }
 /* A whole layer from the CPU ops, the way a device backend's one-kernel layer would do it: the norm of x first (the
- * forward has not made xb), x updated, no xb left behind. h holds the up projection's product in the meantime. */
+ * forward has not made xb), x updated, no xb left behind. */
 static bool h_decoder_layer(tm_backend *be, const tm_layer_weights *L, const tm_attn_cfg *a, float eps, int32_t layer,
                             const tm_batch *b, void *x, int32_t n, void *q, void *att, void *h) {
     hook_be *hk = H(be);
@@ -106,7 +106,7 @@ static bool h_decoder_layer(tm_backend *be, const tm_layer_weights *L, const tm_
     hk->layers_taken++;
     tm_backend *c = hk->cpu;
     const tm_backend_ops *op = c->ops;
-    size_t need = (size_t)n * (size_t)(L->w_gate->rows > L->wq->cols ? L->w_gate->rows : L->wq->cols);
+    size_t need = (size_t)n * (size_t)(L->wk->rows > L->wq->cols ? L->wk->rows : L->wq->cols); /* xb, k, v, proj */
     if (need > hk->lx_n) {
         for (int i = 0; i < 4; i++) {
             if (hk->lx[i]) op->release(c, hk->lx[i]);
@@ -123,9 +123,7 @@ static bool h_decoder_layer(tm_backend *be, const tm_layer_weights *L, const tm_
     tm_matmul_job o = {L->wo, NULL, proj, false};
     op->matmul(c, &o, 1, att, n);
     op->add_rmsnorm(c, x, proj, L->ffn_norm, eps, n, xb);
-    tm_matmul_job gu[2] = {{L->w_gate, NULL, h, false}, {L->w_up, NULL, k, false}};
-    op->matmul(c, gu, 2, xb, n);
-    op->swiglu(c, h, k, n, (int32_t)L->w_gate->rows, h);
+    h_matmul_swiglu(be, L->w_gate, L->w_up, xb, n, h);
     tm_matmul_job d = {L->w_down, NULL, proj, false};
     op->matmul(c, &d, 1, h, n);
     op->add_rmsnorm(c, x, proj, L->ffn_norm, eps, n, xb); /* x += ffn; this xb is dropped */
