@@ -1142,6 +1142,93 @@ static double time_graph_us(targ *a, bool pdl) {
     return (double)ms[REPS / 2] * 1000.0 / GRAPH_CALLS;
 }
 
+/* ---- a decode layer's GEMV chain ------------------------------------------------------------------------------- */
+
+static void timed_result(const char *kern, const char *name, double us, double bytes, double flops, bool key);
+
+/* One batch-1 decode layer as the backend runs it, minus attention: add+RMSNorm, QKV group, an add+RMSNorm in
+ * attention's place (a small latency-bound kernel, as attention is at short contexts), o, add+RMSNorm, gate/up with
+ * SwiGLU, down; `layers` layers of distinct weights (more than L2 holds), captured in one graph with the default
+ * PDL and replayed. Prints microseconds per layer against the floor (the layer's weight bytes at the copy
+ * ceiling): what the kernels between the weight streams and each launch's ramp cost a layer. */
+static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t kvd, int64_t ffn, int layers) {
+    if (!tb_budget_ok()) return;
+    tb_case("time layer chain %s", label);
+    enum { MAX_LAYERS = 64, NW = 7 };
+    const int32_t t = TM_DT_BF16;
+    /* q, k, v, o, gate, up, down: (rows, cols) */
+    const int64_t rows[NW] = {qd, kvd, kvd, dim, ffn, ffn, dim}, cols[NW] = {dim, dim, dim, qd, dim, dim, ffn};
+    uint8_t *w[MAX_LAYERS][NW];
+    double layer_bytes = 0;
+    for (int k = 0; k < NW; k++) layer_bytes += (double)(rows[k] * cols[k] * 2);
+    if (layers > MAX_LAYERS) layers = MAX_LAYERS;
+    for (int l = 0; l < layers; l++)
+        for (int k = 0; k < NW; k++) {
+            w[l][k] = tb_dev((size_t)(rows[k] * cols[k] * 2));
+            TB_CHECK(cudaMemset(w[l][k], 0x11, (size_t)(rows[k] * cols[k] * 2)));
+        }
+    const int64_t wide = ffn > qd ? ffn : qd;
+    float *res = tb_dev((size_t)dim * 4), *nw = tb_dev((size_t)dim * 4);          /* (dim) */
+    uint16_t *xn = tb_dev((size_t)dim * 2), *o = tb_dev((size_t)dim * 2);        /* (dim) */
+    uint16_t *q = tb_dev((size_t)wide * 2), *h = tb_dev((size_t)wide * 2);       /* (qd), (ffn) */
+    uint16_t *kv = tb_dev((size_t)kvd * 4);                                       /* (2, kvd) */
+    TB_CHECK(cudaMemset(res, 0, (size_t)dim * 4));
+    TB_CHECK(cudaMemset(nw, 0, (size_t)dim * 4));
+    TB_CHECK(cudaMemset(o, 0, (size_t)dim * 2));
+    cudaStream_t s;
+    TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    TB_CHECK(cudaDeviceSynchronize());
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int l = 0; l < layers; l++) {
+        const tm_cuda_gemv_job qkv[3] = {
+            {w[l][0], qd, NULL, q}, {w[l][1], kvd, NULL, kv}, {w[l][2], kvd, NULL, kv + kvd}};
+        TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s));
+        TB_CHECK(tm_cuda_gemv_group(qkv, 3, t, dim, xn, 1, false, s));
+        TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s)); /* in attention's place */
+        TB_CHECK(tm_cuda_gemv(w[l][3], t, dim, qd, q, 1, NULL, o, false, s));
+        TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s));
+        TB_CHECK(tm_cuda_gemv_swiglu(w[l][4], w[l][5], t, ffn, dim, xn, 1, h, s));
+        TB_CHECK(tm_cuda_gemv(w[l][6], t, dim, ffn, h, 1, NULL, o, false, s));
+    }
+    TB_CHECK(cudaStreamEndCapture(s, &g));
+    TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    TB_CHECK(cudaEventCreate(&e0));
+    TB_CHECK(cudaEventCreate(&e1));
+    for (int i = 0; i < 2; i++) TB_CHECK(cudaGraphLaunch(ge, s));
+    enum { REPS = 9 };
+    float ms[REPS];
+    for (int i = 0; i < REPS; i++) {
+        TB_CHECK(cudaEventRecord(e0, s));
+        TB_CHECK(cudaGraphLaunch(ge, s));
+        TB_CHECK(cudaEventRecord(e1, s));
+        TB_CHECK(cudaEventSynchronize(e1));
+        TB_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    qsort(ms, REPS, sizeof(float), tb_cmp_f);
+    const double us = (double)ms[REPS / 2] * 1000.0 / layers;
+    const double floor_us = layer_bytes / (tb_env_d("TM_CEIL_COPY_GBS", 4300.0) * 1e3);
+    char name[80];
+    snprintf(name, sizeof name, "%s layer chain (floor %.1f us)", label, floor_us);
+    timed_result("gemv_chain", name, us, layer_bytes, 0.0, true);
+    TB_CHECK(cudaEventDestroy(e0));
+    TB_CHECK(cudaEventDestroy(e1));
+    TB_CHECK(cudaGraphExecDestroy(ge));
+    TB_CHECK(cudaGraphDestroy(g));
+    TB_CHECK(cudaStreamDestroy(s));
+    for (int l = 0; l < layers; l++)
+        for (int k = 0; k < NW; k++) TB_CHECK(cudaFree(w[l][k]));
+    TB_CHECK(cudaFree(res));
+    TB_CHECK(cudaFree(nw));
+    TB_CHECK(cudaFree(xn));
+    TB_CHECK(cudaFree(o));
+    TB_CHECK(cudaFree(q));
+    TB_CHECK(cudaFree(h));
+    TB_CHECK(cudaFree(kv));
+}
+
 /* mode bits: 1 = single launches (event pair around each call), 2 = graph, 4 = graph with PDL; 8 = a key case,
  * repeated as a "# key" line at the end of the run (where a log's tail shows it) */
 enum { M_SINGLE = 1, M_GRAPH = 2, M_PDL = 4, M_KEY = 8 };
@@ -1325,6 +1412,9 @@ static void time_fused(int fused_kind, int32_t t, const int64_t *rows, int64_t c
 
 static void time_all(void) {
     const int all = M_SINGLE | M_GRAPH | M_PDL | M_KEY;
+    /* a decode layer's GEMV chain (1B: 16 layers = 1.9 GB, 8B: 8 layers = 3.5 GB of weights) */
+    time_layer_chain("1b", 2048, 2048, 512, 8192, 16);
+    time_layer_chain("8b", 4096, 4096, 1024, 14336, 8);
     /* the fused epilogues against their unfused pairs first (key cases), bf16 at n = 1 */
     const int64_t o1[1] = {2048}, o8[1] = {4096}, qkv1[3] = {2048, 512, 512}, qkv8[3] = {4096, 1024, 1024};
     time_fused(K_NORM_FUSED, TM_DT_BF16, o1, 2048, 0, 1, "1b-o");
