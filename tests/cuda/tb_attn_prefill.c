@@ -1,4 +1,4 @@
-/* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, default v3, opt-in v4) against a double reference, and timings. */
+/* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, v3, opt-in v4, default v5) against a double reference, and timings. */
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "tb_common.h"
 #include "core/tm_fp8.h"
@@ -276,23 +276,28 @@ static void rows_free(tb_rows *r) {
     free(r->ref);
 }
 
-/* version codes: 1..4 force that kernel, 0 the launcher's default (variable unset), 40 v4 with 128-key tiles */
+/* version codes: 1..5 force that kernel, 0 the launcher's default (variable unset), 40 v4 with 128-key tiles,
+ * 50 v5 with 64-key tiles */
 #define V_DEFAULT 0
 #define V4_BN128 40
+#define V5_BN64 50
 static void set_version(int v) {
     unsetenv("TM_CUDA_ATTN_PREFILL_BN");
     if (v == V_DEFAULT) {
         unsetenv("TM_CUDA_ATTN_PREFILL_V");
         return;
     }
-    setenv("TM_CUDA_ATTN_PREFILL_V", v == 1 ? "1" : v == 2 ? "2" : v == 3 ? "3" : "4", 1);
+    const char *code = v == 1 ? "1" : v == 2 ? "2" : v == 3 ? "3" : v == 5 || v == V5_BN64 ? "5" : "4";
+    setenv("TM_CUDA_ATTN_PREFILL_V", code, 1);
     if (v == V4_BN128) setenv("TM_CUDA_ATTN_PREFILL_BN", "128", 1);
+    if (v == V5_BN64) setenv("TM_CUDA_ATTN_PREFILL_BN", "64", 1);
 }
 
 static void version_name(char *buf, size_t n, const char *shape, int v) {
     const char *f = g_fp8 ? "_fp8" : "";
     if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, f);
     else if (v == V4_BN128) snprintf(buf, n, "%s%s_v4bn128", shape, f);
+    else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, f);
     else snprintf(buf, n, "%s%s_v%d", shape, f, v);
 }
 
@@ -404,15 +409,22 @@ int main(void) {
     for (int s = 0; s < 64; s++) mixed->seqs[s] = (tb_seq)S1(1, 2048);
     mixed->seqs[64] = (tb_seq)S1(1024, 1024);
 
+    /* the default (v5: intra-warpgroup overlap, 128-key tiles for head_dim 128, 64 for 64), forced with either key
+     * tile and as the launcher's default (variable unset) */
+    const int v5[] = {5, V5_BN64, V_DEFAULT};
+    run_checks(v5, 3, true);
+    run_timing(5);
+    run_timing(V5_BN64);
+
     /* the simple fallback (v1) and the mma.sync version (v2) */
     const int v12[] = {1, 2};
     run_checks(v12, 2, false);
     run_timing(2);
     run_timing(1);
 
-    /* the wgmma version (v3), forced and as the launcher's default (variable unset) */
-    const int v3[] = {3, V_DEFAULT};
-    run_checks(v3, 2, true);
+    /* the wgmma version without the overlap (v3) */
+    const int v3[] = {3};
+    run_checks(v3, 1, true);
     run_timing(3);
 
     /* an fp8 e4m3 cache: v1 and v3 (the launcher takes v3 for fp8 whatever version is asked for) */

@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Four kernels behind one launcher: v3 by default for head_dim 64 / 128 (any other head_dim, a block_size that is
- * no power of two or a pointer that is not 16-byte aligned takes v1; v2 and v3 cover the same cases);
- * TM_CUDA_ATTN_PREFILL_V=1/2/3 forces that version, TM_CUDA_ATTN_PREFILL_V=4 opts into v4 (FlashAttention-3
- * structure, not yet measured on the GPU; TM_CUDA_ATTN_PREFILL_BN=64/128 picks its key tile).
+/* Five kernels behind one launcher: v5 by default for head_dim 64 / 128 over a bf16 cache, v3 over an fp8 cache
+ * (any other head_dim, a block_size that is no power of two or a pointer that is not 16-byte aligned takes v1;
+ * v2 to v5 cover the same cases); TM_CUDA_ATTN_PREFILL_V=1..5 forces that version (fp8: v1 or v3),
+ * TM_CUDA_ATTN_PREFILL_BN=64/128 picks the key tile of v4 and v5. v4 measured slower than v3 (kept for study).
  *
  * v1 -- the simple one, any head_dim <= 256: one CTA of 4 warps per (16-token tile of one sequence, query head);
  *   32-key K/V tiles gathered through the block table into shared memory as f32; each warp owns 4 tokens, a lane
@@ -50,7 +50,13 @@
  *   (wgmma.wait_group 1) and take turns issuing their products (ping-pong on named barriers). Key tile 64 for
  *   head_dim 128 (128 keys there need more registers than ptxas grants the overlap: it serialises the wgmmas
  *   and spills), 128 for head_dim 64. Not a TMA kernel: a 1-D bulk copy of a 4 KB cache block cannot write
- *   the 128-byte-swizzled layout wgmma reads, and a tiled tensor map over the cache is the next step. */
+ *   the 128-byte-swizzled layout wgmma reads, and a tiled tensor map over the cache is the next step.
+ *   Measured: 358 TFLOP/s against v3's 364 (8B geometry, 4096 tokens); with 128-key tiles ptxas serialises its
+ *   wgmmas (C7512: its 384 threads cap the registers at 168, see v5) and it drops to 327.
+ *
+ * v5 (default) -- v3 plus FlashAttention-3's intra-warpgroup overlap and 128-key tiles for head_dim 128, with 256
+ *   threads so that the registers are not capped (see the comment above the kernel): 374-382 TFLOP/s against v3's
+ *   357-366 in the same runs (8B geometry, 4096 tokens; 391-396 against 370-374 at batch 4). */
 
 namespace {
 
@@ -1195,6 +1201,246 @@ __global__ void __launch_bounds__(384, 1) attn_prefill_kernel_v4(const tm_cuda_a
     }
 }
 
+/* ---- v5: v3 with intra-warpgroup overlap and 128-key tiles (opt-in, TM_CUDA_ATTN_PREFILL_V=5) ------------- */
+
+/* v3's CTA (2 warpgroups x 64 rows, 256 threads that also do the block-table gather with cp.async), with
+ * FlashAttention-3's intra-warpgroup overlap: in round j a warpgroup issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}
+ * back to back, takes S_j back with wgmma.wait_group 1 while the P V product still runs, does the softmax of S_j
+ * (mask, row max, exp2, row sums) under it, then waits for the product, rescales O by the new max and packs P_j.
+ * BN keys per tile: 128 for head_dim 128 halves the per-FLOP shared-memory reads of v3's 64-key tiles. With 256
+ * threads ptxas may give each thread up to 255 registers: O (64), S (64) and P (32) stay live together; v4's 384
+ * threads cap the registers at 168 (three warps on one of the four SM sub-partitions), where ptxas serialises the
+ * 128-key products (C7512), and setmaxnreg did not lift that cap for its consumer code.
+ * Ring: STAGES slots of (K, V); tile j is copied during round j - STAGES + 2, into the slot that tile j - STAGES
+ * left: its V was last read by the P V product of round j - STAGES + 1, which every warp has waited for before
+ * the barrier that opens round j - STAGES + 2. So STAGES - 2 tiles are in flight behind the one in use.
+ * grid / tile mapping as v3; dynamic smem (BM + 2 * STAGES * BN) * HD * 2 + 1024. */
+template <int HD, int BN, int STAGES>
+__global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_attn_args a, const prefill_geom g) {
+    constexpr int NT = 256, BM = 128;
+    constexpr int CPR = HD / 8, RPP = NT / CPR, Q_ROWS = BM / RPP, KV_ROWS = BN / RPP;
+    constexpr int TILE = BN * HD * 2;
+    static_assert((HD == 64 || HD == 128) && (BN == 64 || BN == 128) && STAGES >= 3, "v5 shapes");
+
+    extern __shared__ uint8_t v5_smem[];
+    const uint32_t sQ = (smem_u32(v5_smem) + 1023u) & ~1023u; /* (HD/64, BM, 64) bf16, swizzled */
+    const uint32_t sK = sQ + BM * HD * 2;                      /* (STAGES, HD/64, BN, 64) */
+    const uint32_t sV = sK + STAGES * TILE;                    /* (STAGES, HD/64, BN, 64) */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int32_t per_slot = a.n_kv_heads * g.n_hc;
+    const int32_t slot = (int32_t)(blockIdx.x / (uint32_t)per_slot), hu = (int32_t)(blockIdx.x % (uint32_t)per_slot);
+    const int32_t kvh = hu / g.n_hc, hc = hu % g.n_hc;
+    int32_t s, ti;
+    if (!find_tile<NT, true>(a.query_start, a.n_seqs, g.tq, slot, &s, &ti)) return;
+
+    const int32_t q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
+    const int32_t base = a.context_len[s] - ql;
+    const int32_t t1 = ql - ti * g.tq, t0 = max(t1 - g.tq, 0);
+    __shared__ int32_t s_epi5[2];
+    if (tid == 0) {
+        s_epi5[0] = q0 + t0;
+        s_epi5[1] = t1 - t0;
+    }
+    const int32_t kv_end = base + t1;
+    const int32_t n_kt = (kv_end + BN - 1) / BN;
+    const int32_t n_full = (base + t0 + 1) / BN;
+    const int32_t *bt = a.block_table + (size_t)s * (size_t)a.max_blocks;
+    const size_t ld = (size_t)a.n_heads * HD;
+    const size_t head0 = (size_t)kvh * (size_t)g.group + (size_t)hc * (size_t)g.gh;
+    const int32_t heads_here = min(g.gh, g.group - hc * g.gh);
+
+#pragma unroll
+    for (int p = 0; p < Q_ROWS; p++) {
+        const int r = tid / CPR + p * RPP, c = tid % CPR;
+        const int32_t tl = r / g.gh, hl = r % g.gh;
+        const bool ok = tl < g.tq && t0 + tl < t1 && hl < heads_here;
+        const uint16_t *src = ok ? a.q + (size_t)(q0 + t0 + tl) * ld + (head0 + (size_t)hl) * HD + c * 8 : a.q;
+        cp_async16(sQ + sw128<BM>(r, c), src, ok);
+    }
+
+    const int cchunk = tid % CPR, crow = tid / CPR;
+    const int32_t bsl = g.bs_log2, bmask = (1 << g.bs_log2) - 1;
+    const size_t blk_stride = ((size_t)a.n_kv_heads << bsl) * HD;
+    const size_t kv_head_off = ((size_t)kvh << bsl) * HD + (size_t)cchunk * 8;
+    const uint16_t *const kc = a.k_cache + kv_head_off, *const vc = a.v_cache + kv_head_off;
+    /* tile j (visited order: from the diagonal down) covers keys (n_kt-1-j)*BN ..; one commit group per call */
+    auto issue = [&](int32_t j) {
+        if (j < n_kt) {
+            const int32_t k0 = (n_kt - 1 - j) * BN;
+            const uint32_t st = (uint32_t)(j % STAGES) * TILE;
+#pragma unroll
+            for (int p = 0; p < KV_ROWS; p++) {
+                const int row = crow + p * RPP;
+                const int32_t key = k0 + row;
+                const bool ok = key < kv_end;
+                const size_t off = ok ? (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD : 0;
+                cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
+                cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int j = 0; j < STAGES - 2; j++) issue(j); /* with Q in the first group */
+
+    int32_t lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = warp * 16 + (lane >> 2) + h * 8; /* = wg * 64 + 16 * (warp % 4) + ...: wgmma's row */
+        const int32_t tl = r / g.gh;
+        lim[h] = (tl < g.tq && t0 + tl < t1) ? base + t0 + tl : kv_end - 1;
+    }
+    const float sl2 = a.scale * 1.4426950408889634f;
+    const uint32_t qrows = sQ + (uint32_t)wg * 64 * 128; /* this warpgroup's 64 rows in every 64-column block */
+
+    float o[HD / 2]; /* (HD/8 n-tiles) x 4, mma.sync C layout per warp */
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+    float sc[BN / 2];
+    uint32_t pa[BN / 16][4];
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
+
+    auto issue_s = [&](uint32_t kS) {
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint64_t dq = gmma_desc(qrows + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
+            const uint64_t dk = gmma_desc(kS + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+            if constexpr (BN == 128) wgmma_64x128_ss(sc, dq, dk, kk > 0);
+            else wgmma_64x64_ss_acc(sc, dq, dk, kk > 0);
+        }
+        wgmma_commit();
+    };
+    auto issue_pv = [&](uint32_t vS) {
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            const uint64_t dv = gmma_desc(vS + ks * 16 * 128, BN * 128, 1024);
+            if constexpr (HD == 128) wgmma_64x128_rs(o, pa[ks], dv);
+            else wgmma_64x64_rs(o, pa[ks], dv);
+        }
+        wgmma_commit();
+    };
+    /* mask (tiles crossing a diagonal or kv_end), new row max, alpha, P = exp2 in place, row sums */
+    auto softmax = [&](int32_t kt) {
+        if (kt >= n_full) {
+            const int32_t kb = kt * BN + (lane & 3) * 2;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int32_t key = kb + n * 8 + e;
+                    if (key > lim[0]) sc[4 * n + e] = -INFINITY;
+                    if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(mrow[h], mx * sl2);
+            const float mu = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: p = 0, alpha = 0 */
+            alpha[h] = ex2(mrow[h] - mu);
+            mrow[h] = mn;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+                sc[4 * n + 2 * h] = ex2(fmaf(sc[4 * n + 2 * h], sl2, -mu));
+                sc[4 * n + 2 * h + 1] = ex2(fmaf(sc[4 * n + 2 * h + 1], sl2, -mu));
+                sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
+            }
+            lrow[h] = lrow[h] * alpha[h] + sum;
+        }
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            pa[ks][0] = pack_bf16(sc[8 * ks + 0], sc[8 * ks + 1]);
+            pa[ks][1] = pack_bf16(sc[8 * ks + 2], sc[8 * ks + 3]);
+            pa[ks][2] = pack_bf16(sc[8 * ks + 4], sc[8 * ks + 5]);
+            pa[ks][3] = pack_bf16(sc[8 * ks + 6], sc[8 * ks + 7]);
+        }
+    };
+
+    for (int32_t j = 0; j < n_kt; j++) {
+        cp_async_wait<STAGES - 3>(); /* this thread's copies of tile j (and Q) have landed */
+        fence_proxy_async();
+        __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
+        issue(j + STAGES - 2); /* first: issued after the products instead, it measured 2-10% slower */
+        fence_regs(sc);
+        fence_regs(o);
+        fence_regs_u(pa);
+        wgmma_fence();
+        issue_s(sK + (uint32_t)(j % STAGES) * TILE);
+        if (j > 0) {
+            issue_pv(sV + (uint32_t)((j - 1) % STAGES) * TILE);
+            wgmma_wait1(); /* S_j is ready; O += P_{j-1} V_{j-1} may still run */
+        } else {
+            wgmma_wait0();
+        }
+        fence_regs(sc);
+        softmax(n_kt - 1 - j);
+        wgmma_wait0();
+        fence_regs(o);
+        fence_regs_u(pa); /* P_{j-1} stays untouched until its product is done */
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            o[4 * d + 0] *= alpha[0];
+            o[4 * d + 1] *= alpha[0];
+            o[4 * d + 2] *= alpha[1];
+            o[4 * d + 3] *= alpha[1];
+        }
+        pack_p();
+    }
+    /* the last tile's O += P V */
+    fence_regs(o);
+    fence_regs_u(pa);
+    wgmma_fence();
+    issue_pv(sV + (uint32_t)((n_kt - 1) % STAGES) * TILE);
+    wgmma_wait0();
+    fence_regs(o);
+    cp_async_wait<0>();
+    __syncthreads(); /* the Q tile is shared by both warpgroups' operand blocks: all products done before reuse */
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float l = lrow[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int r = warp * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            const uint32_t v = pack_bf16(o[4 * d + 2 * h] * inv, o[4 * d + 2 * h + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz<HD>(r, d) + (lane & 3) * 4), "r"(v));
+        }
+    }
+    __syncwarp();
+    const int32_t row0 = s_epi5[0], n_rows_tok = s_epi5[1];
+    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
+    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
+    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
+                           (size_t)e_hc * (size_t)g.gh;
+#pragma unroll
+    for (int it = 0; it < 16 * CPR / 32; it++) {
+        const int i = lane + it * 32;
+        const int r = warp * 16 + i / CPR, c = i % CPR;
+        const int32_t tl = r / g.gh, hl = r % g.gh;
+        if (tl < n_rows_tok && hl < e_heads) {
+            uint32_t w0, w1, w2, w3;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                         : "r"(sQ + swz<HD>(r, c)));
+            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                         : "memory");
+        }
+    }
+}
+
 /* ---- launchers ------------------------------------------------------------------------------------ */
 
 cudaError_t launch_v1(const tm_cuda_attn_args *a, cudaStream_t stream) {
@@ -1295,6 +1541,33 @@ cudaError_t launch_v4(const tm_cuda_attn_args *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+template <int HD, int BN>
+cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
+    constexpr int BM = 128, STAGES = BN == 128 && HD == 128 ? 3 : 4;
+    prefill_geom g;
+    g.group = a->n_heads / a->n_kv_heads;
+    g.gh = g.group < BM ? g.group : BM;
+    g.n_hc = (g.group + g.gh - 1) / g.gh;
+    g.tq = BM / g.gh;
+    g.bs_log2 = 0;
+    while ((1 << g.bs_log2) < a->block_size) g.bs_log2++;
+    int64_t slots = ((int64_t)a->n_tokens + g.tq - 1) / g.tq + a->n_seqs;
+    if (slots > a->n_tokens) slots = a->n_tokens;
+    if (a->max_query_len > 0) {
+        const int64_t by_max = (int64_t)a->n_seqs * ((a->max_query_len + g.tq - 1) / g.tq);
+        if (by_max < slots) slots = by_max;
+    }
+    const int64_t grid = slots * a->n_kv_heads * g.n_hc;
+    if (grid > INT32_MAX) return cudaErrorInvalidValue;
+    if (grid == 0) return cudaSuccess;
+    const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024; /* hd 128, BN 128: 230400 B */
+    auto kern = attn_prefill_kernel_v5<HD, BN, STAGES>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    kern<<<(unsigned)grid, 256, smem, stream>>>(*a, g);
+    return cudaGetLastError();
+}
+
 } /* namespace */
 
 extern "C" size_t tm_cuda_attn_prefill_work_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_dim) {
@@ -1311,9 +1584,9 @@ extern "C" cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStre
         a->head_dim > 32 * V1_MAXC || a->block_size <= 0 || a->max_blocks <= 0 || !a->query_start ||
         !a->context_len || !a->block_table || !a->q || !a->k_cache || !a->v_cache || !a->out)
         return cudaErrorInvalidValue;
-    /* TM_CUDA_ATTN_PREFILL_V=1/2/3/4 forces a version; unset (or anything else): v3 */
+    /* TM_CUDA_ATTN_PREFILL_V=1..5 forces a version; unset (or anything else): v5 (v3 for an fp8 cache) */
     const char *v = getenv("TM_CUDA_ATTN_PREFILL_V");
-    const int ver = v && v[0] >= '1' && v[0] <= '4' && v[1] == '\0' ? v[0] - '0' : 3;
+    const int ver = v && v[0] >= '1' && v[0] <= '5' && v[1] == '\0' ? v[0] - '0' : 5;
     const bool fast = ver != 1 && tm_aligned16(a->q) && tm_aligned16(a->k_cache) && tm_aligned16(a->v_cache) &&
                       tm_aligned16(a->out) && (a->block_size & (a->block_size - 1)) == 0 && a->block_size <= (1 << 20);
     if (fast && (a->head_dim == 128 || a->head_dim == 64)) {
@@ -1324,6 +1597,12 @@ extern "C" cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStre
             const bool big = bn && strcmp(bn, "128") == 0 ? true : bn && strcmp(bn, "64") == 0 ? false : !hd128;
             if (hd128) return big ? launch_v4<128, 128>(a, stream) : launch_v4<128, 64>(a, stream);
             return big ? launch_v4<64, 128>(a, stream) : launch_v4<64, 64>(a, stream);
+        }
+        if (ver == 5) { /* key tile: TM_CUDA_ATTN_PREFILL_BN=64/128, else 128 for head_dim 128, 64 for 64 */
+            const char *bn = getenv("TM_CUDA_ATTN_PREFILL_BN");
+            const bool big = bn && strcmp(bn, "128") == 0 ? true : bn && strcmp(bn, "64") == 0 ? false : hd128;
+            if (hd128) return big ? launch_v5<128, 128>(a, stream) : launch_v5<128, 64>(a, stream);
+            return big ? launch_v5<64, 128>(a, stream) : launch_v5<64, 64>(a, stream);
         }
         if (ver == 3) return hd128 ? launch_v3<128>(a, stream) : launch_v3<64>(a, stream);
         return hd128 ? launch_v2<128, 64, 8, 3, 1, true>(a, stream) : launch_v2<64, 64, 8, 3, 2, false>(a, stream);
