@@ -54,9 +54,9 @@
  *   Measured: 358 TFLOP/s against v3's 364 (8B geometry, 4096 tokens); with 128-key tiles ptxas serialises its
  *   wgmmas (C7512: its 384 threads cap the registers at 168, see v5) and it drops to 327.
  *
- * v5 (default) -- v3 plus FlashAttention-3's intra-warpgroup overlap and 128-key tiles for head_dim 128, with 256
- *   threads so that the registers are not capped (see the comment above the kernel): 374-382 TFLOP/s against v3's
- *   357-366 in the same runs (8B geometry, 4096 tokens; 391-396 against 370-374 at batch 4). */
+ * v5 (default) -- v3 plus FlashAttention-3's intra-warpgroup overlap, 128-key tiles for head_dim 128, and the two
+ *   warpgroups offset by giving every K/V copy to one of them (see the comment above the kernel): 455 TFLOP/s
+ *   against v3's 364 in the same run (8B geometry, 4096 tokens; 467 against 371 at batch 4). */
 
 namespace {
 
@@ -69,6 +69,10 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
 /* 16-byte global -> shared copy; zero-fills the destination when !ok (src must still be a valid pointer) */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+/* the same without the zero-fill operand: all 16 bytes always copied */
+__device__ __forceinline__ void cp_async16_all(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
@@ -1203,14 +1207,23 @@ __global__ void __launch_bounds__(384, 1) attn_prefill_kernel_v4(const tm_cuda_a
 
 /* ---- v5: v3 with intra-warpgroup overlap and 128-key tiles (opt-in, TM_CUDA_ATTN_PREFILL_V=5) ------------- */
 
-/* v3's CTA (2 warpgroups x 64 rows, 256 threads that also do the block-table gather with cp.async), with
- * FlashAttention-3's intra-warpgroup overlap: in round j a warpgroup issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}
- * back to back, takes S_j back with wgmma.wait_group 1 while the P V product still runs, does the softmax of S_j
- * (mask, row max, exp2, row sums) under it, then waits for the product, rescales O by the new max and packs P_j.
- * BN keys per tile: 128 for head_dim 128 halves the per-FLOP shared-memory reads of v3's 64-key tiles. With 256
- * threads ptxas may give each thread up to 255 registers: O (64), S (64) and P (32) stay live together; v4's 384
- * threads cap the registers at 168 (three warps on one of the four SM sub-partitions), where ptxas serialises the
- * 128-key products (C7512), and setmaxnreg did not lift that cap for its consumer code.
+/* v3's CTA (2 warpgroups x 64 rows, 256 threads, one barrier a round), with FlashAttention-3's intra-warpgroup
+ * overlap: in round j a warpgroup issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back, takes S_j back with
+ * wgmma.wait_group 1 while the P V product still runs, does the softmax of S_j (mask, row max, exp2, row sums)
+ * under it, then waits for the product, rescales O by the new max and packs P_j.
+ *   - Warpgroup 1 makes every K/V copy (16 rows a thread, block-table gather with cp.async) before it issues its
+ *     products; warpgroup 0 issues its products right after the barrier. That offsets the two: warpgroup 0's
+ *     softmax runs under warpgroup 1's products and the other way round, instead of both softmaxes contending for
+ *     the exp2 unit while the tensor cores wait (the ping-pong of FlashAttention-3 without its named barriers;
+ *     a hand-over by named barriers instead of the round's __syncthreads measured slower). With all threads
+ *     copying, v5 measured 395-407 TFLOP/s; with warpgroup 1 alone, 449-455 (8B geometry, 4096 tokens).
+ *   - BN keys per tile: 128 for head_dim 128, 64 for 64. With 256 threads ptxas may give each thread up to 255
+ *     registers: O (64), S (64) and P (32) stay live together. v4's 384 threads cap them at 168 (three warps on
+ *     one of the four SM sub-partitions), where ptxas serialises the 128-key products (C7512); setmaxnreg did not
+ *     lift that cap for its consumer code.
+ *   - Issue cost matters (the SM issues ~1 instruction per cycle per sub-partition and the softmax needs ~5 per
+ *     score): the wgmma descriptors are the tile's plus constants, and every tile but the first (the only one
+ *     that can reach past kv_end) is copied without zero-fill predicates (v5 went from 382 to 405 TFLOP/s).
  * Ring: STAGES slots of (K, V); tile j is copied during round j - STAGES + 2, into the slot that tile j - STAGES
  * left: its V was last read by the P V product of round j - STAGES + 1, which every warp has waited for before
  * the barrier that opens round j - STAGES + 2. So STAGES - 2 tiles are in flight behind the one in use.
@@ -1218,7 +1231,8 @@ __global__ void __launch_bounds__(384, 1) attn_prefill_kernel_v4(const tm_cuda_a
 template <int HD, int BN, int STAGES>
 __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_attn_args a, const prefill_geom g) {
     constexpr int NT = 256, BM = 128;
-    constexpr int CPR = HD / 8, RPP = NT / CPR, Q_ROWS = BM / RPP, KV_ROWS = BN / RPP;
+    constexpr int CPR = HD / 8, RPP = NT / CPR, Q_ROWS = BM / RPP;
+    constexpr int LT = NT / 2, LRPP = LT / CPR, KV_ROWS = BN / LRPP; /* K/V copies: warpgroup 1's threads */
     constexpr int TILE = BN * HD * 2;
     static_assert((HD == 64 || HD == 128) && (BN == 64 || BN == 128) && STAGES >= 3, "v5 shapes");
 
@@ -1259,24 +1273,40 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
         cp_async16(sQ + sw128<BM>(r, c), src, ok);
     }
 
-    const int cchunk = tid % CPR, crow = tid / CPR;
+    const int ltid = tid - NT / 2; /* warpgroup 1 makes every K/V copy (see above) */
+    const int cchunk = ltid % CPR, crow = ltid / CPR;
+    const bool loader = wg == 1;
     const int32_t bsl = g.bs_log2, bmask = (1 << g.bs_log2) - 1;
     const size_t blk_stride = ((size_t)a.n_kv_heads << bsl) * HD;
     const size_t kv_head_off = ((size_t)kvh << bsl) * HD + (size_t)cchunk * 8;
     const uint16_t *const kc = a.k_cache + kv_head_off, *const vc = a.v_cache + kv_head_off;
     /* tile j (visited order: from the diagonal down) covers keys (n_kt-1-j)*BN ..; one commit group per call */
+    const ptrdiff_t v_minus_k = vc - kc; /* V rows sit at the same offsets from vc as K rows from kc */
     auto issue = [&](int32_t j) {
-        if (j < n_kt) {
+        if (loader && j < n_kt) {
             const int32_t k0 = (n_kt - 1 - j) * BN;
             const uint32_t st = (uint32_t)(j % STAGES) * TILE;
+            if (j == 0) { /* the only tile that can reach past kv_end: zero-fill those keys */
 #pragma unroll
-            for (int p = 0; p < KV_ROWS; p++) {
-                const int row = crow + p * RPP;
-                const int32_t key = k0 + row;
-                const bool ok = key < kv_end;
-                const size_t off = ok ? (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD : 0;
-                cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
-                cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
+                for (int p = 0; p < KV_ROWS; p++) {
+                    const int row = crow + p * LRPP;
+                    const int32_t key = k0 + row;
+                    const bool ok = key < kv_end;
+                    const size_t off =
+                        ok ? (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD : 0;
+                    cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
+                    cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
+                }
+            } else { /* every key below kv_end: no predicates, 32-bit key arithmetic, one wide multiply a row */
+#pragma unroll
+                for (int p = 0; p < KV_ROWS; p++) {
+                    const int row = crow + p * LRPP;
+                    const uint32_t key = (uint32_t)(k0 + row);
+                    const uint32_t id = (uint32_t)__ldg(bt + (key >> bsl));
+                    const uint16_t *src = kc + (size_t)id * blk_stride + (key & (uint32_t)bmask) * (uint32_t)HD;
+                    cp_async16_all(sK + st + sw128<BN>(row, cchunk), src);
+                    cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + v_minus_k);
+                }
             }
         }
         cp_async_commit();
@@ -1301,20 +1331,25 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
     uint32_t pa[BN / 16][4];
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
 
+    /* descriptors: the start address is the low field (address >> 4, 14 bits; shared memory < 256 KB), so the
+     * k-steps' descriptors are the tile's plus a constant */
+    const uint64_t dq0 = gmma_desc(qrows, 16, 1024);
     auto issue_s = [&](uint32_t kS) {
+        const uint64_t dk0 = gmma_desc(kS, 16, 1024);
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
-            const uint64_t dq = gmma_desc(qrows + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
-            const uint64_t dk = gmma_desc(kS + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+            const uint64_t dq = dq0 + (uint64_t)(((kk >> 2) * (BM * 128) + (kk & 3) * 32) >> 4);
+            const uint64_t dk = dk0 + (uint64_t)(((kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4);
             if constexpr (BN == 128) wgmma_64x128_ss(sc, dq, dk, kk > 0);
             else wgmma_64x64_ss_acc(sc, dq, dk, kk > 0);
         }
         wgmma_commit();
     };
     auto issue_pv = [&](uint32_t vS) {
+        const uint64_t dv0 = gmma_desc(vS, BN * 128, 1024);
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {
-            const uint64_t dv = gmma_desc(vS + ks * 16 * 128, BN * 128, 1024);
+            const uint64_t dv = dv0 + (uint64_t)((ks * 16 * 128) >> 4);
             if constexpr (HD == 128) wgmma_64x128_rs(o, pa[ks], dv);
             else wgmma_64x64_rs(o, pa[ks], dv);
         }
@@ -1369,7 +1404,7 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
         cp_async_wait<STAGES - 3>(); /* this thread's copies of tile j (and Q) have landed */
         fence_proxy_async();
         __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
-        issue(j + STAGES - 2); /* first: issued after the products instead, it measured 2-10% slower */
+        issue(j + STAGES - 2); /* warpgroup 1 only, before its products: issued after them, 2-10% slower */
         fence_regs(sc);
         fence_regs(o);
         fence_regs_u(pa);
