@@ -1,4 +1,4 @@
-/* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, v3, opt-in v4, default v5) against a double reference, and timings. */
+/* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, v3, default v5) against a double reference, and timings. */
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "tb_common.h"
 #include "core/tm_fp8.h"
@@ -276,10 +276,8 @@ static void rows_free(tb_rows *r) {
     free(r->ref);
 }
 
-/* version codes: 1..5 force that kernel, 0 the launcher's default (variable unset), 40 v4 with 128-key tiles,
- * 50 v5 with 64-key tiles */
+/* version codes: 1, 2, 3, 5 force that kernel, 0 the launcher's default (variable unset), 50 v5 with 64-key tiles */
 #define V_DEFAULT 0
-#define V4_BN128 40
 #define V5_BN64 50
 static void set_version(int v) {
     unsetenv("TM_CUDA_ATTN_PREFILL_BN");
@@ -287,16 +285,13 @@ static void set_version(int v) {
         unsetenv("TM_CUDA_ATTN_PREFILL_V");
         return;
     }
-    const char *code = v == 1 ? "1" : v == 2 ? "2" : v == 3 ? "3" : v == 5 || v == V5_BN64 ? "5" : "4";
-    setenv("TM_CUDA_ATTN_PREFILL_V", code, 1);
-    if (v == V4_BN128) setenv("TM_CUDA_ATTN_PREFILL_BN", "128", 1);
+    setenv("TM_CUDA_ATTN_PREFILL_V", v == 1 ? "1" : v == 2 ? "2" : v == 3 ? "3" : "5", 1);
     if (v == V5_BN64) setenv("TM_CUDA_ATTN_PREFILL_BN", "64", 1);
 }
 
 static void version_name(char *buf, size_t n, const char *shape, int v) {
     const char *f = g_fp8 ? "_fp8" : "";
     if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, f);
-    else if (v == V4_BN128) snprintf(buf, n, "%s%s_v4bn128", shape, f);
     else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, f);
     else snprintf(buf, n, "%s%s_v%d", shape, f, v);
 }
@@ -348,7 +343,7 @@ static const tb_shape check_shapes[] = {
     {"gqa2_hd96_bs16_v1path", 8, 4, 96, 16, 3, {S1(70, 70), S1(1, 90), S1(33, 200)}},
 };
 
-/* timed shapes (v2, v3, v4; the first also with v1 and v4 at 128-key tiles): Llama-3-8B and Llama-3.2-1B geometry */
+/* timed shapes (v2, v3, v5 with either key tile; the first also with v1): Llama-3-8B and Llama-3.2-1B geometry */
 static tb_shape time_shapes[] = {
     {"8b_prefill_4096", 32, 8, 128, 16, 1, {S1(4096, 4096)}},
     {"8b_prefill_4096_b4", 32, 8, 128, 16, 4, {S1(4096, 4096), S1(4096, 4096), S1(4096, 4096), S1(4096, 4096)}},
@@ -378,11 +373,11 @@ static void run_checks(const int *versions, int n_versions, bool wgmma_shapes_on
     }
 }
 
-/* timed shapes with version v (checked on sampled rows first); v1 and v4 with 128-key tiles only on the first
- * shape (the issue's: 8B geometry, 4096 tokens, causal) */
+/* timed shapes with version v (checked on sampled rows first); v1 only on the first shape (the issue's: 8B
+ * geometry, 4096 tokens, causal) */
 static void run_timing(int v) {
     for (size_t c = 0; c < sizeof time_shapes / sizeof time_shapes[0]; c++) {
-        if ((v == 1 || v == V4_BN128) && c != 0) continue;
+        if (v == 1 && c != 0) continue;
         tb_prob p;
         prob_make(&p, &time_shapes[c]);
         tb_rows r;
@@ -433,16 +428,6 @@ int main(void) {
     run_checks(v8, 3, false);
     run_timing(3);
     g_fp8 = false;
-
-    /* the opt-in FlashAttention-3 version (v4) last, so that a failure of it (a wrong result, or a trap of its
-     * deadlock watchdog, which ends the process) cannot hide the results above; its 128-key variant for head_dim
-     * 128 (ptxas serialises its wgmmas: expected slower) at the very end */
-    const int v4[] = {4};
-    run_checks(v4, 1, true);
-    run_timing(4);
-    const int v4b[] = {V4_BN128};
-    run_checks(v4b, 1, true);
-    run_timing(V4_BN128);
 
     unsetenv("TM_CUDA_ATTN_PREFILL_V");
     unsetenv("TM_CUDA_ATTN_PREFILL_BN");

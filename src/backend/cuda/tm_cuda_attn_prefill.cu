@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Five kernels behind one launcher: v5 by default for head_dim 64 / 128 over a bf16 cache, v3 over an fp8 cache
+/* Four kernels behind one launcher: v5 by default for head_dim 64 / 128 over a bf16 cache, v3 over an fp8 cache
  * (any other head_dim, a block_size that is no power of two or a pointer that is not 16-byte aligned takes v1;
- * v2 to v5 cover the same cases); TM_CUDA_ATTN_PREFILL_V=1..5 forces that version (fp8: v1 or v3),
- * TM_CUDA_ATTN_PREFILL_BN=64/128 picks the key tile of v4 and v5. v4 measured slower than v3 (kept for study).
+ * v2, v3 and v5 cover the same cases); TM_CUDA_ATTN_PREFILL_V=1/2/3/5 forces that version (fp8: v1 or v3),
+ * TM_CUDA_ATTN_PREFILL_BN=64/128 picks v5's key tile.
  *
  * v1 -- the simple one, any head_dim <= 256: one CTA of 4 warps per (16-token tile of one sequence, query head);
  *   32-key K/V tiles gathered through the block table into shared memory as f32; each warp owns 4 tokens, a lane
@@ -44,15 +44,9 @@
  *   shared-memory bound of v2 goes away), P stays in registers as the A operand of O += P V, V is read N-major by
  *   descriptor. Products are waited for before use (the two warpgroups overlap each other, not yet themselves).
  *
- * v4 -- FlashAttention-3 structure on v3's tiles, layouts and descriptors (see the comment above the kernel):
- *   a producer warpgroup gathers K/V tiles with cp.async into an mbarrier ring (full / empty barriers per K and
- *   per V stage), two consumer warpgroups (setmaxnreg 56 / 224) overlap the softmax of S_j with O += P_{j-1} V_{j-1}
- *   (wgmma.wait_group 1) and take turns issuing their products (ping-pong on named barriers). Key tile 64 for
- *   head_dim 128 (128 keys there need more registers than ptxas grants the overlap: it serialises the wgmmas
- *   and spills), 128 for head_dim 64. Not a TMA kernel: a 1-D bulk copy of a 4 KB cache block cannot write
- *   the 128-byte-swizzled layout wgmma reads, and a tiled tensor map over the cache is the next step.
- *   Measured: 358 TFLOP/s against v3's 364 (8B geometry, 4096 tokens); with 128-key tiles ptxas serialises its
- *   wgmmas (C7512: its 384 threads cap the registers at 168, see v5) and it drops to 327.
+ * (v4, a FlashAttention-3 structure with a producer warpgroup, setmaxnreg and named-barrier ping-pong, measured
+ *   358 TFLOP/s against v3's 364 and was removed in the seventh session: its 384 threads cap ptxas at 168
+ *   registers, too few for 128-key tiles; docs/PERFORMANCE.md.)
  *
  * v5 (default) -- v3 plus FlashAttention-3's intra-warpgroup overlap, 128-key tiles for head_dim 128, and the two
  *   warpgroups offset by giving every K/V copy to one of them (see the comment above the kernel): 455 TFLOP/s
@@ -585,7 +579,49 @@ __device__ __forceinline__ void wgmma_64x128_rs(float (&d)[64], const uint32_t (
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-/* ---- v3: wgmma (opt-in, TM_CUDA_ATTN_PREFILL_V=3) -------------------------------------------------- */
+/* v3 and v5's epilogue, after every product: O / l in bf16 staged through the Q tile (swz layout; each warp its
+ * own 16 rows), then 16-byte stores of the rows that are real (token, query head) pairs of this tile */
+template <int HD>
+__device__ __forceinline__ void store_o(const float (&o)[HD / 2], const float (&lrow)[2], uint32_t sQ, int warp,
+                                        int lane, int32_t row0, int32_t n_rows_tok, const tm_cuda_attn_args &a,
+                                        const prefill_geom &g, int32_t per_slot) {
+    constexpr int CPR = HD / 8;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float l = lrow[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int r = warp * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            const uint32_t v = pack_bf16(o[4 * d + 2 * h] * inv, o[4 * d + 2 * h + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz<HD>(r, d) + (lane & 3) * 4), "r"(v));
+        }
+    }
+    __syncwarp();
+    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
+    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
+    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
+                           (size_t)e_hc * (size_t)g.gh;
+#pragma unroll
+    for (int it = 0; it < 16 * CPR / 32; it++) {
+        const int i = lane + it * 32;
+        const int r = warp * 16 + i / CPR, c = i % CPR;
+        const int32_t tl = r / g.gh, hl = r % g.gh;
+        if (tl < n_rows_tok && hl < e_heads) {
+            uint32_t w0, w1, w2, w3;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                         : "r"(sQ + swz<HD>(r, c)));
+            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                         : "memory");
+        }
+    }
+}
+
+/* ---- v3: wgmma (fp8 caches; TM_CUDA_ATTN_PREFILL_V=3) ---------------------------------------------- */
 
 /* The v2 pipeline (tiles, block-table gather, 3-stage cp.async ring, softmax) with warpgroup MMAs: 2 warpgroups
  * of 64 rows; S = Q K^T by wgmma m64n64k16 with Q and K read by descriptor from 128-byte-swizzled shared memory,
@@ -813,43 +849,10 @@ __global__ void __launch_bounds__(256, MINB) attn_prefill_kernel_v3(const tm_cud
     cp_async_wait<0>();
     __syncthreads(); /* the Q tile is shared by both warpgroups' operand blocks: all products done before reuse */
 
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float l = lrow[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int r = warp * 16 + (lane >> 2) + h * 8;
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            const uint32_t v = pack_bf16(o[4 * d + 2 * h] * inv, o[4 * d + 2 * h + 1] * inv);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz<HD>(r, d) + (lane & 3) * 4), "r"(v));
-        }
-    }
-    __syncwarp();
-    const int32_t row0 = s_epi3[0], n_rows_tok = s_epi3[1];
-    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
-    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
-    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
-                           (size_t)e_hc * (size_t)g.gh;
-#pragma unroll
-    for (int it = 0; it < 16 * CPR / 32; it++) {
-        const int i = lane + it * 32;
-        const int r = warp * 16 + i / CPR, c = i % CPR;
-        const int32_t tl = r / g.gh, hl = r % g.gh;
-        if (tl < n_rows_tok && hl < e_heads) {
-            uint32_t w0, w1, w2, w3;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
-                         : "r"(sQ + swz<HD>(r, c)));
-            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
-            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
-                         : "memory");
-        }
-    }
+    store_o<HD>(o, lrow, sQ, warp, lane, s_epi3[0], s_epi3[1], a, g, per_slot);
 }
 
-/* ---- v4: FlashAttention-3 style (opt-in, TM_CUDA_ATTN_PREFILL_V=4) -------------------------------- */
+/* ---- wgmma helpers of v5: a second wait depth, register fences for P, products with a zeroing predicate ---- */
 
 __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void fence_regs_u(uint32_t (&r)[N][4]) {
@@ -857,40 +860,6 @@ template <int N> __device__ __forceinline__ void fence_regs_u(uint32_t (&r)[N][4
     for (int i = 0; i < N; i++)
 #pragma unroll
         for (int k = 0; k < 4; k++) asm volatile("" : "+r"(r[i][k])::"memory");
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-/* arrive on the barrier once every cp.async this thread issued so far has landed (counts as one of its arrivals) */
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
-    uint32_t ok;
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(ok)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return ok != 0;
-}
-/* wait for the phase of the given parity to complete; a wait of more than ~2^32 cycles (a deadlock: a protocol
- * error) traps, so a broken v4 fails its launch instead of hanging the process */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    if (mbar_try(bar, parity)) return;
-    const long long t0 = clock64();
-    while (!mbar_try(bar, parity))
-        if (clock64() - t0 > (1ll << 32)) __trap();
-}
-/* named barriers 1.. (0 is __syncthreads): sync waits for n threads in all, arrive only counts itself */
-__device__ __forceinline__ void named_sync(uint32_t id, uint32_t n) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void named_arrive(uint32_t id, uint32_t n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 /* d (64 x 64 f32) = (accumulate ? d : 0) + A (64 x 16, smem desc, K-major) * B (16 x 64, smem desc, K-major) */
@@ -911,301 +880,7 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
                  : "l"(da), "l"(db), "r"(accumulate));
 }
 
-/* FlashAttention-3 structure on v3's tiling (128 rows = (token, query head) pairs of one kv head, GQA-packed) and
- * v3's shared-memory layouts and wgmma descriptors, with BN-key K/V tiles (64 or 128):
- *   - warpgroup 0 is the producer (setmaxnreg.dec to 56): it gathers Q once and then K_j, V_j of every key tile
- *     through the block table with 16-byte cp.async (zero-fill past kv_end) into a STAGES-deep ring, each K and V
- *     stage with a "full" mbarrier (128 cp.async.mbarrier.arrive.noinc) and an "empty" one (256 consumer arrivals);
- *   - warpgroups 1 and 2 are consumers of 64 rows each (setmaxnreg.inc to 224): S = Q K^T by m64nBNk16 (ss),
- *     O += P V by m64nHDk16 (P from registers, V N-major), intra-warpgroup overlap: S_{j} = Q K_j^T and
- *     O += P_{j-1} V_{j-1} are issued back to back, wait_group 1 hands back S_j while the P V product still runs,
- *     the softmax of S_j overlaps it, then wait_group 0, rescale O, pack P_j;
- *   - ping-pong: named barriers 1 and 2 pass the "issue turn" between the two consumer warpgroups, so one
- *     warpgroup's softmax runs while the other's products occupy the tensor cores;
- *   - tiles enumerated longest first (REV: from the last sequence, then from each sequence's end).
- * grid / tile mapping as v3; block 384; dynamic smem (BM + 2 * STAGES * BN) * HD * 2 + 1024. */
-template <int HD, int BN, int STAGES>
-__global__ void __launch_bounds__(384, 1) attn_prefill_kernel_v4(const tm_cuda_attn_args a, const prefill_geom g) {
-    constexpr int NT = 384, BM = 128;
-    constexpr int CPR = HD / 8, RPP = 128 / CPR, KV_ROWS = BN / RPP, Q_ROWS = BM / RPP; /* producer: 128 threads */
-    constexpr int TILE = BN * HD * 2;
-    static_assert((HD == 64 || HD == 128) && (BN == 64 || BN == 128), "v4 head_dim / key tile");
-    static_assert(STAGES >= 2, "pipeline depth");
-
-    extern __shared__ uint8_t v4_smem[];
-    __shared__ __align__(8) uint64_t v4_bars[1 + 4 * STAGES]; /* q_full, k_full[], v_full[], k_empty[], v_empty[] */
-    __shared__ int32_t s_epi4[2];
-    const uint32_t sQ = (smem_u32(v4_smem) + 1023u) & ~1023u; /* (HD/64, BM, 64) bf16, swizzled; later the output */
-    const uint32_t sK = sQ + BM * HD * 2;                      /* (STAGES, HD/64, BN, 64) */
-    const uint32_t sV = sK + STAGES * TILE;                    /* (STAGES, HD/64, BN, 64) */
-    const uint32_t b_q = smem_u32(&v4_bars[0]);
-    const uint32_t b_kf = b_q + 8, b_vf = b_kf + 8 * STAGES, b_ke = b_vf + 8 * STAGES, b_ve = b_ke + 8 * STAGES;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int32_t per_slot = a.n_kv_heads * g.n_hc;
-    const int32_t slot = (int32_t)(blockIdx.x / (uint32_t)per_slot), hu = (int32_t)(blockIdx.x % (uint32_t)per_slot);
-    const int32_t kvh = hu / g.n_hc, hc = hu % g.n_hc;
-    int32_t s, ti;
-    if (!find_tile<NT, true>(a.query_start, a.n_seqs, g.tq, slot, &s, &ti)) return;
-
-    const int32_t q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
-    const int32_t base = a.context_len[s] - ql;
-    const int32_t t1 = ql - ti * g.tq, t0 = max(t1 - g.tq, 0);
-    const int32_t kv_end = base + t1;
-    const int32_t n_kt = (kv_end + BN - 1) / BN;
-    const size_t ld = (size_t)a.n_heads * HD;
-    const size_t head0 = (size_t)kvh * (size_t)g.group + (size_t)hc * (size_t)g.gh;
-    const int32_t heads_here = min(g.gh, g.group - hc * g.gh);
-    if (tid == 0) {
-        s_epi4[0] = q0 + t0;
-        s_epi4[1] = t1 - t0;
-        mbar_init(b_q, 128);
-        for (int i = 0; i < STAGES; i++) {
-            mbar_init(b_kf + 8 * i, 128);
-            mbar_init(b_vf + 8 * i, 128);
-            mbar_init(b_ke + 8 * i, 256);
-            mbar_init(b_ve + 8 * i, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warp < 4) {
-        /* ---- producer warpgroup ---- */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-        const int cchunk = tid % CPR, crow = tid / CPR;
-#pragma unroll
-        for (int p = 0; p < Q_ROWS; p++) {
-            const int r = crow + p * RPP;
-            const int32_t tl = r / g.gh, hl = r % g.gh;
-            const bool ok = tl < g.tq && t0 + tl < t1 && hl < heads_here;
-            const uint16_t *src = ok ? a.q + (size_t)(q0 + t0 + tl) * ld + (head0 + (size_t)hl) * HD + cchunk * 8 : a.q;
-            cp_async16(sQ + sw128<BM>(r, cchunk), src, ok);
-        }
-        cp_async_mbar_arrive(b_q);
-
-        const int32_t *bt = a.block_table + (size_t)s * (size_t)a.max_blocks;
-        const int32_t bsl = g.bs_log2, bmask = (1 << g.bs_log2) - 1;
-        const size_t blk_stride = ((size_t)a.n_kv_heads << bsl) * HD;
-        const size_t kv_head_off = ((size_t)kvh << bsl) * HD + (size_t)cchunk * 8;
-        const uint16_t *const kc = a.k_cache + kv_head_off, *const vc = a.v_cache + kv_head_off;
-        for (int32_t j = 0; j < n_kt; j++) {
-            const int32_t k0 = (n_kt - 1 - j) * BN, rnd = j / STAGES;
-            const uint32_t st = (uint32_t)(j % STAGES);
-#pragma unroll
-            for (int kv = 0; kv < 2; kv++) {
-                if (rnd > 0) mbar_wait((kv ? b_ve : b_ke) + 8 * st, (uint32_t)(rnd - 1) & 1u);
-                const uint32_t dst = (kv ? sV : sK) + st * TILE;
-                const uint16_t *const src = kv ? vc : kc;
-#pragma unroll 4
-                for (int p = 0; p < KV_ROWS; p++) {
-                    const int row = crow + p * RPP;
-                    const int32_t key = k0 + row;
-                    const bool ok = key < kv_end;
-                    const size_t off = ok ? (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD : 0;
-                    cp_async16(dst + sw128<BN>(row, cchunk), src + off, ok);
-                }
-                cp_async_mbar_arrive((kv ? b_vf : b_kf) + 8 * st);
-            }
-        }
-        cp_async_wait<0>(); /* leave no copy behind this thread */
-        return;
-    }
-
-    /* ---- consumer warpgroups ---- */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-    const int cw = warp - 4, wg = cw >> 2; /* consumer warp 0..7, warpgroup 0..1 (rows wg*64 ..) */
-    const uint32_t bar_me = 1u + (uint32_t)wg, bar_other = 2u - (uint32_t)wg;
-    const int32_t n_full = (base + t0 + 1) / BN; /* key tiles below every row's diagonal: no mask */
-    int32_t lim[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = cw * 16 + (lane >> 2) + h * 8; /* = wg * 64 + 16 * (cw % 4) + ...: wgmma's row */
-        const int32_t tl = r / g.gh;
-        lim[h] = (tl < g.tq && t0 + tl < t1) ? base + t0 + tl : kv_end - 1;
-    }
-    const float sl2 = a.scale * 1.4426950408889634f;
-    const uint32_t qrows = sQ + (uint32_t)wg * 64 * 128;
-
-    float o[HD / 2];
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-    float sc[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++) sc[i] = 0.0f;
-    uint32_t pa[BN / 16][4];
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, alpha[2];
-
-    auto issue_s = [&](uint32_t kS) {
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-        {
-            const uint64_t dq = gmma_desc(qrows + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
-            const uint64_t dk = gmma_desc(kS + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
-            if constexpr (BN == 128) wgmma_64x128_ss(sc, dq, dk, kk > 0);
-            else wgmma_64x64_ss_acc(sc, dq, dk, kk > 0);
-        }
-        wgmma_commit();
-    };
-    auto issue_pv = [&](uint32_t vS) {
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) {
-            const uint64_t dv = gmma_desc(vS + ks * 16 * 128, BN * 128, 1024);
-            if constexpr (HD == 128) wgmma_64x128_rs(o, pa[ks], dv);
-            else wgmma_64x64_rs(o, pa[ks], dv);
-        }
-        wgmma_commit();
-    };
-    /* mask (tiles crossing a diagonal or kv_end), new row max, alpha, P = exp2 in place, row sums */
-    auto softmax = [&](int32_t kt) {
-        if (kt >= n_full) {
-            const int32_t kb = kt * BN + (lane & 3) * 2;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int32_t key = kb + n * 8 + e;
-                    if (key > lim[0]) sc[4 * n + e] = -INFINITY;
-                    if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
-                }
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(mrow[h], mx * sl2);
-            const float mu = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: p = 0, alpha = 0 */
-            alpha[h] = ex2(mrow[h] - mu);
-            mrow[h] = mn;
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-                sc[4 * n + 2 * h] = ex2(fmaf(sc[4 * n + 2 * h], sl2, -mu));
-                sc[4 * n + 2 * h + 1] = ex2(fmaf(sc[4 * n + 2 * h + 1], sl2, -mu));
-                sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
-            }
-            lrow[h] = lrow[h] * alpha[h] + sum;
-        }
-    };
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) {
-            pa[ks][0] = pack_bf16(sc[8 * ks + 0], sc[8 * ks + 1]);
-            pa[ks][1] = pack_bf16(sc[8 * ks + 2], sc[8 * ks + 3]);
-            pa[ks][2] = pack_bf16(sc[8 * ks + 4], sc[8 * ks + 5]);
-            pa[ks][3] = pack_bf16(sc[8 * ks + 6], sc[8 * ks + 7]);
-        }
-    };
-
-    if (wg == 1) named_arrive(1, 256); /* warpgroup 0 issues first */
-    mbar_wait(b_q, 0);
-
-    /* round 0: S_0 alone */
-    named_sync(bar_me, 256);
-    mbar_wait(b_kf, 0);
-    fence_proxy_async();
-    fence_regs(sc);
-    wgmma_fence();
-    issue_s(sK);
-    named_arrive(bar_other, 256);
-    wgmma_wait0();
-    fence_regs(sc);
-    mbar_arrive(b_ke);
-    softmax(n_kt - 1);
-    pack_p();
-
-    for (int32_t j = 1; j < n_kt; j++) {
-        const uint32_t st = (uint32_t)(j % STAGES), par = (uint32_t)(j / STAGES) & 1u;
-        const uint32_t pst = (uint32_t)((j - 1) % STAGES), ppar = (uint32_t)((j - 1) / STAGES) & 1u;
-        named_sync(bar_me, 256);
-        mbar_wait(b_kf + 8 * st, par);
-        mbar_wait(b_vf + 8 * pst, ppar); /* V_{j-1} landed long ago: both products go out back to back */
-        fence_proxy_async();
-        fence_regs(sc);
-        fence_regs(o);
-        fence_regs_u(pa);
-        wgmma_fence();
-        issue_s(sK + st * TILE);
-        issue_pv(sV + pst * TILE);
-        named_arrive(bar_other, 256);
-        wgmma_wait1(); /* S_j is ready; O += P_{j-1} V_{j-1} may still run */
-        fence_regs(sc);
-        mbar_arrive(b_ke + 8 * st);
-        softmax(n_kt - 1 - j);
-        wgmma_wait0();
-        fence_regs(o);
-        fence_regs_u(pa); /* P_{j-1} stays untouched until its product is done */
-        mbar_arrive(b_ve + 8 * pst);
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            o[4 * d + 0] *= alpha[0];
-            o[4 * d + 1] *= alpha[0];
-            o[4 * d + 2] *= alpha[1];
-            o[4 * d + 3] *= alpha[1];
-        }
-        pack_p();
-    }
-
-    /* last round: O += P V of the last tile */
-    {
-        const uint32_t lst = (uint32_t)((n_kt - 1) % STAGES), lpar = (uint32_t)((n_kt - 1) / STAGES) & 1u;
-        named_sync(bar_me, 256);
-        mbar_wait(b_vf + 8 * lst, lpar);
-        fence_proxy_async();
-        fence_regs(o);
-        fence_regs_u(pa);
-        wgmma_fence();
-        issue_pv(sV + lst * TILE);
-        named_arrive(bar_other, 256);
-        wgmma_wait0();
-        fence_regs(o);
-        fence_regs_u(pa);
-    }
-    if (wg == 0) named_sync(1, 256); /* takes warpgroup 1's last hand-over: every bar.arrive is matched */
-    named_sync(3u + (uint32_t)wg, 128); /* every product of this warpgroup (reading its Q rows) is done */
-
-    /* normalise, stage through this warpgroup's own rows of the Q tile (same swizzled layout), 16-byte stores */
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float l = lrow[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int r = cw * 16 + (lane >> 2) + h * 8;
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            const uint32_t v = pack_bf16(o[4 * d + 2 * h] * inv, o[4 * d + 2 * h + 1] * inv);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + sw128<BM>(r, d) + (lane & 3) * 4), "r"(v) : "memory");
-        }
-    }
-    __syncwarp();
-    const int32_t row0 = s_epi4[0], n_rows_tok = s_epi4[1];
-    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
-    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
-    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
-                           (size_t)e_hc * (size_t)g.gh;
-#pragma unroll
-    for (int it = 0; it < 16 * CPR / 32; it++) {
-        const int i = lane + it * 32;
-        const int r = cw * 16 + i / CPR, c = i % CPR;
-        const int32_t tl = r / g.gh, hl = r % g.gh;
-        if (tl < n_rows_tok && hl < e_heads) {
-            uint32_t w0, w1, w2, w3;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
-                         : "r"(sQ + sw128<BM>(r, c)));
-            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
-            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
-                         : "memory");
-        }
-    }
-}
-
-/* ---- v5: v3 with intra-warpgroup overlap and 128-key tiles (opt-in, TM_CUDA_ATTN_PREFILL_V=5) ------------- */
+/* ---- v5: v3 with intra-warpgroup overlap, 128-key tiles, offset warpgroups (the default) ------------------ */
 
 /* v3's CTA (2 warpgroups x 64 rows, 256 threads, one barrier a round), with FlashAttention-3's intra-warpgroup
  * overlap: in round j a warpgroup issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back, takes S_j back with
@@ -1218,9 +893,9 @@ __global__ void __launch_bounds__(384, 1) attn_prefill_kernel_v4(const tm_cuda_a
  *     a hand-over by named barriers instead of the round's __syncthreads measured slower). With all threads
  *     copying, v5 measured 395-407 TFLOP/s; with warpgroup 1 alone, 449-455 (8B geometry, 4096 tokens).
  *   - BN keys per tile: 128 for head_dim 128, 64 for 64. With 256 threads ptxas may give each thread up to 255
- *     registers: O (64), S (64) and P (32) stay live together. v4's 384 threads cap them at 168 (three warps on
- *     one of the four SM sub-partitions), where ptxas serialises the 128-key products (C7512); setmaxnreg did not
- *     lift that cap for its consumer code.
+ *     registers: O (64), S (64) and P (32) stay live together. 384 threads (a producer warpgroup, as in
+ *     FlashAttention-3) cap them at 168 (three warps on one of the four SM sub-partitions), where ptxas
+ *     serialises the 128-key products (C7512); setmaxnreg did not lift that cap for the consumer code.
  *   - Issue cost matters (the SM issues ~1 instruction per cycle per sub-partition and the softmax needs ~5 per
  *     score): the wgmma descriptors are the tile's plus constants, and every tile but the first (the only one
  *     that can reach past kv_end) is copied without zero-fill predicates (v5 went from 382 to 405 TFLOP/s).
@@ -1440,40 +1115,7 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
     cp_async_wait<0>();
     __syncthreads(); /* the Q tile is shared by both warpgroups' operand blocks: all products done before reuse */
 
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float l = lrow[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int r = warp * 16 + (lane >> 2) + h * 8;
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            const uint32_t v = pack_bf16(o[4 * d + 2 * h] * inv, o[4 * d + 2 * h + 1] * inv);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz<HD>(r, d) + (lane & 3) * 4), "r"(v));
-        }
-    }
-    __syncwarp();
-    const int32_t row0 = s_epi5[0], n_rows_tok = s_epi5[1];
-    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
-    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
-    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
-                           (size_t)e_hc * (size_t)g.gh;
-#pragma unroll
-    for (int it = 0; it < 16 * CPR / 32; it++) {
-        const int i = lane + it * 32;
-        const int r = warp * 16 + i / CPR, c = i % CPR;
-        const int32_t tl = r / g.gh, hl = r % g.gh;
-        if (tl < n_rows_tok && hl < e_heads) {
-            uint32_t w0, w1, w2, w3;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
-                         : "r"(sQ + swz<HD>(r, c)));
-            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
-            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
-                         : "memory");
-        }
-    }
+    store_o<HD>(o, lrow, sQ, warp, lane, s_epi5[0], s_epi5[1], a, g, per_slot);
 }
 
 /* ---- launchers ------------------------------------------------------------------------------------ */
@@ -1490,24 +1132,29 @@ cudaError_t launch_v1(const tm_cuda_attn_args *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+/* The tile geometry of v2, v3 and v5 (BM rows a CTA) and their grid: tile slots (an upper bound on the sum over
+ * sequences of ceil(q_len / tq)) x kv heads x head chunks. */
+int64_t prefill_grid(const tm_cuda_attn_args *a, int32_t bm, prefill_geom *g) {
+    g->group = a->n_heads / a->n_kv_heads;
+    g->gh = g->group < bm ? g->group : bm;
+    g->n_hc = (g->group + g->gh - 1) / g->gh;
+    g->tq = bm / g->gh;
+    g->bs_log2 = 0;
+    while ((1 << g->bs_log2) < a->block_size) g->bs_log2++;
+    int64_t slots = ((int64_t)a->n_tokens + g->tq - 1) / g->tq + a->n_seqs;
+    if (slots > a->n_tokens) slots = a->n_tokens;
+    if (a->max_query_len > 0) {
+        const int64_t by_max = (int64_t)a->n_seqs * ((a->max_query_len + g->tq - 1) / g->tq);
+        if (by_max < slots) slots = by_max;
+    }
+    return slots * a->n_kv_heads * g->n_hc;
+}
+
 template <int HD, int BN, int NW, int STAGES, int MINB, bool QREG>
 cudaError_t launch_v2(const tm_cuda_attn_args *a, cudaStream_t stream) {
     constexpr int BM = NW * 16;
     prefill_geom g;
-    g.group = a->n_heads / a->n_kv_heads;
-    g.gh = g.group < BM ? g.group : BM;
-    g.n_hc = (g.group + g.gh - 1) / g.gh;
-    g.tq = BM / g.gh;
-    g.bs_log2 = 0;
-    while ((1 << g.bs_log2) < a->block_size) g.bs_log2++;
-    /* tile slots: an upper bound on sum over sequences of ceil(q_len / tq) */
-    int64_t slots = ((int64_t)a->n_tokens + g.tq - 1) / g.tq + a->n_seqs;
-    if (slots > a->n_tokens) slots = a->n_tokens;
-    if (a->max_query_len > 0) {
-        const int64_t by_max = (int64_t)a->n_seqs * ((a->max_query_len + g.tq - 1) / g.tq);
-        if (by_max < slots) slots = by_max;
-    }
-    const int64_t grid = slots * a->n_kv_heads * g.n_hc;
+    const int64_t grid = prefill_grid(a, BM, &g);
     if (grid > INT32_MAX) return cudaErrorInvalidValue;
     if (grid == 0) return cudaSuccess;
     const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2;
@@ -1522,19 +1169,7 @@ template <int HD>
 cudaError_t launch_v3(const tm_cuda_attn_args *a, cudaStream_t stream) {
     constexpr int BM = 128, BN = 64, STAGES = 3;
     prefill_geom g;
-    g.group = a->n_heads / a->n_kv_heads;
-    g.gh = g.group < BM ? g.group : BM;
-    g.n_hc = (g.group + g.gh - 1) / g.gh;
-    g.tq = BM / g.gh;
-    g.bs_log2 = 0;
-    while ((1 << g.bs_log2) < a->block_size) g.bs_log2++;
-    int64_t slots = ((int64_t)a->n_tokens + g.tq - 1) / g.tq + a->n_seqs;
-    if (slots > a->n_tokens) slots = a->n_tokens;
-    if (a->max_query_len > 0) {
-        const int64_t by_max = (int64_t)a->n_seqs * ((a->max_query_len + g.tq - 1) / g.tq);
-        if (by_max < slots) slots = by_max;
-    }
-    const int64_t grid = slots * a->n_kv_heads * g.n_hc;
+    const int64_t grid = prefill_grid(a, BM, &g);
     if (grid > INT32_MAX) return cudaErrorInvalidValue;
     if (grid == 0) return cudaSuccess;
     /* fp8: Q, one widened K and V tile, the raw ring */
@@ -1549,50 +1184,10 @@ cudaError_t launch_v3(const tm_cuda_attn_args *a, cudaStream_t stream) {
 }
 
 template <int HD, int BN>
-cudaError_t launch_v4(const tm_cuda_attn_args *a, cudaStream_t stream) {
-    constexpr int BM = 128, STAGES = HD == 128 && BN == 128 ? 3 : 4;
-    prefill_geom g;
-    g.group = a->n_heads / a->n_kv_heads;
-    g.gh = g.group < BM ? g.group : BM;
-    g.n_hc = (g.group + g.gh - 1) / g.gh;
-    g.tq = BM / g.gh;
-    g.bs_log2 = 0;
-    while ((1 << g.bs_log2) < a->block_size) g.bs_log2++;
-    int64_t slots = ((int64_t)a->n_tokens + g.tq - 1) / g.tq + a->n_seqs;
-    if (slots > a->n_tokens) slots = a->n_tokens;
-    if (a->max_query_len > 0) {
-        const int64_t by_max = (int64_t)a->n_seqs * ((a->max_query_len + g.tq - 1) / g.tq);
-        if (by_max < slots) slots = by_max;
-    }
-    const int64_t grid = slots * a->n_kv_heads * g.n_hc;
-    if (grid > INT32_MAX) return cudaErrorInvalidValue;
-    if (grid == 0) return cudaSuccess;
-    /* hd 128: 164864 B (BN 64) / 230400 B (BN 128); hd 64: 148480 B (BN 128) / 82944 B (BN 64) */
-    const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024;
-    auto kern = attn_prefill_kernel_v4<HD, BN, STAGES>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    kern<<<(unsigned)grid, 384, smem, stream>>>(*a, g);
-    return cudaGetLastError();
-}
-
-template <int HD, int BN>
 cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     constexpr int BM = 128, STAGES = BN == 128 && HD == 128 ? 3 : 4;
     prefill_geom g;
-    g.group = a->n_heads / a->n_kv_heads;
-    g.gh = g.group < BM ? g.group : BM;
-    g.n_hc = (g.group + g.gh - 1) / g.gh;
-    g.tq = BM / g.gh;
-    g.bs_log2 = 0;
-    while ((1 << g.bs_log2) < a->block_size) g.bs_log2++;
-    int64_t slots = ((int64_t)a->n_tokens + g.tq - 1) / g.tq + a->n_seqs;
-    if (slots > a->n_tokens) slots = a->n_tokens;
-    if (a->max_query_len > 0) {
-        const int64_t by_max = (int64_t)a->n_seqs * ((a->max_query_len + g.tq - 1) / g.tq);
-        if (by_max < slots) slots = by_max;
-    }
-    const int64_t grid = slots * a->n_kv_heads * g.n_hc;
+    const int64_t grid = prefill_grid(a, BM, &g);
     if (grid > INT32_MAX) return cudaErrorInvalidValue;
     if (grid == 0) return cudaSuccess;
     const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024; /* hd 128, BN 128: 230400 B */
@@ -1619,20 +1214,14 @@ extern "C" cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStre
         a->head_dim > 32 * V1_MAXC || a->block_size <= 0 || a->max_blocks <= 0 || !a->query_start ||
         !a->context_len || !a->block_table || !a->q || !a->k_cache || !a->v_cache || !a->out)
         return cudaErrorInvalidValue;
-    /* TM_CUDA_ATTN_PREFILL_V=1..5 forces a version; unset (or anything else): v5 (v3 for an fp8 cache) */
+    /* TM_CUDA_ATTN_PREFILL_V=1/2/3/5 forces a version; unset (or anything else): v5 (v3 for an fp8 cache) */
     const char *v = getenv("TM_CUDA_ATTN_PREFILL_V");
-    const int ver = v && v[0] >= '1' && v[0] <= '5' && v[1] == '\0' ? v[0] - '0' : 5;
+    const int ver = v && v[0] >= '1' && v[0] <= '5' && v[0] != '4' && v[1] == '\0' ? v[0] - '0' : 5;
     const bool fast = ver != 1 && tm_aligned16(a->q) && tm_aligned16(a->k_cache) && tm_aligned16(a->v_cache) &&
                       tm_aligned16(a->out) && (a->block_size & (a->block_size - 1)) == 0 && a->block_size <= (1 << 20);
     if (fast && (a->head_dim == 128 || a->head_dim == 64)) {
         const bool hd128 = a->head_dim == 128;
         if (a->kv_fp8) return hd128 ? launch_v3<128>(a, stream) : launch_v3<64>(a, stream); /* fp8: v3 only */
-        if (ver == 4) { /* key tile: TM_CUDA_ATTN_PREFILL_BN=64/128, else 64 for head_dim 128, 128 for 64 */
-            const char *bn = getenv("TM_CUDA_ATTN_PREFILL_BN");
-            const bool big = bn && strcmp(bn, "128") == 0 ? true : bn && strcmp(bn, "64") == 0 ? false : !hd128;
-            if (hd128) return big ? launch_v4<128, 128>(a, stream) : launch_v4<128, 64>(a, stream);
-            return big ? launch_v4<64, 128>(a, stream) : launch_v4<64, 64>(a, stream);
-        }
         if (ver == 5) { /* key tile: TM_CUDA_ATTN_PREFILL_BN=64/128, else 128 for head_dim 128, 64 for 64 */
             const char *bn = getenv("TM_CUDA_ATTN_PREFILL_BN");
             const bool big = bn && strcmp(bn, "128") == 0 ? true : bn && strcmp(bn, "64") == 0 ? false : hd128;
