@@ -948,7 +948,10 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
         cp_async16(sQ + sw128<BM>(r, c), src, ok);
     }
 
-    const int ltid = tid - NT / 2; /* warpgroup 1 makes every K/V copy (see above) */
+    /* warpgroup 1 makes every K/V copy (see above); warpgroup 0's ltid is negative, and issue() tests `loader`
+     * before any address below is used. (tid & 127 reads better but reschedules the whole loop, which was
+     * measured as it is.) */
+    const int ltid = tid - NT / 2;
     const int cchunk = ltid % CPR, crow = ltid / CPR;
     const bool loader = wg == 1;
     const int32_t bsl = g.bs_log2, bmask = (1 << g.bs_log2) - 1;
