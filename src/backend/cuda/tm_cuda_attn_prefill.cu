@@ -903,7 +903,7 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  * left: its V was last read by the P V product of round j - STAGES + 1, which every warp has waited for before
  * the barrier that opens round j - STAGES + 2. So STAGES - 2 tiles are in flight behind the one in use.
  * grid / tile mapping as v3; dynamic smem (BM + 2 * STAGES * BN) * HD * 2 + 1024. */
-template <int HD, int BN, int STAGES>
+template <int HD, int BN, int STAGES, bool STAGGER>
 __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_attn_args a, const prefill_geom g) {
     constexpr int NT = 256, BM = 128;
     constexpr int CPR = HD / 8, RPP = NT / CPR, Q_ROWS = BM / RPP;
@@ -989,8 +989,45 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
         }
         cp_async_commit();
     };
+    /* STAGGER: K and V of a tile are copied a round apart (V is first read a round after K), so that with the same
+     * slots each of them is STAGES - 1 rounds ahead instead of STAGES - 2: round j copies K_{j+STAGES-1} and
+     * V_{j+STAGES-2}, into the slots that K_{j-1} (read by S_{j-1} in round j - 1) and V_{j-2} (read by the P V
+     * product issued in round j - 1 and waited for there) left. One commit group per round. */
+    auto copy_tile = [&](uint32_t dst, const uint16_t *src0, int32_t j) { /* tile j's K (or V) rows */
+        const int32_t k0 = (n_kt - 1 - j) * BN;
+        const uint32_t st = dst + (uint32_t)(j % STAGES) * TILE;
+        if (j == 0) {
 #pragma unroll
-    for (int j = 0; j < STAGES - 2; j++) issue(j); /* with Q in the first group */
+            for (int p = 0; p < KV_ROWS; p++) {
+                const int row = crow + p * LRPP;
+                const int32_t key = k0 + row;
+                const bool ok = key < kv_end;
+                const size_t off = ok ? (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD : 0;
+                cp_async16(st + sw128<BN>(row, cchunk), src0 + off, ok);
+            }
+        } else {
+#pragma unroll
+            for (int p = 0; p < KV_ROWS; p++) {
+                const int row = crow + p * LRPP;
+                const uint32_t key = (uint32_t)(k0 + row);
+                const uint32_t id = (uint32_t)__ldg(bt + (key >> bsl));
+                cp_async16_all(st + sw128<BN>(row, cchunk),
+                               src0 + (size_t)id * blk_stride + (key & (uint32_t)bmask) * (uint32_t)HD);
+            }
+        }
+    };
+    auto issue_staggered = [&](int32_t jk, int32_t jv) {
+        if (loader && jk < n_kt) copy_tile(sK, kc, jk);
+        if (loader && jv >= 0 && jv < n_kt) copy_tile(sV, vc, jv);
+        cp_async_commit();
+    };
+    if constexpr (STAGGER) {
+#pragma unroll
+        for (int j = 0; j < STAGES - 1; j++) issue_staggered(j, j - 1); /* with Q in the first group */
+    } else {
+#pragma unroll
+        for (int j = 0; j < STAGES - 2; j++) issue(j); /* with Q in the first group */
+    }
 
     int32_t lim[2];
 #pragma unroll
@@ -1079,10 +1116,17 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
     };
 
     for (int32_t j = 0; j < n_kt; j++) {
-        cp_async_wait<STAGES - 3>(); /* this thread's copies of tile j (and Q) have landed */
-        fence_proxy_async();
-        __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
-        issue(j + STAGES - 2); /* warpgroup 1 only, before its products: issued after them, 2-10% slower */
+        if constexpr (STAGGER) {
+            cp_async_wait<STAGES - 2>(); /* K_j and V_{j-1} (and Q) have landed */
+            fence_proxy_async();
+            __syncthreads();
+            issue_staggered(j + STAGES - 1, j + STAGES - 2);
+        } else {
+            cp_async_wait<STAGES - 3>(); /* this thread's copies of tile j (and Q) have landed */
+            fence_proxy_async();
+            __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
+            issue(j + STAGES - 2); /* warpgroup 1 only, before its products: issued after them, 2-10% slower */
+        }
         fence_regs(sc);
         fence_regs(o);
         fence_regs_u(pa);
@@ -1107,6 +1151,11 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
             o[4 * d + 3] *= alpha[1];
         }
         pack_p();
+    }
+    if constexpr (STAGGER) { /* V of the last tile was copied in the round before the last */
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
     }
     /* the last tile's O += P V */
     fence_regs(o);
@@ -1194,7 +1243,9 @@ cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     if (grid > INT32_MAX) return cudaErrorInvalidValue;
     if (grid == 0) return cudaSuccess;
     const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024; /* hd 128, BN 128: 230400 B */
-    auto kern = attn_prefill_kernel_v5<HD, BN, STAGES>;
+    /* TM_CUDA_ATTN_PREFILL_STAGGER=1: K and V a round apart (not yet measured on the GPU) */
+    auto kern = tm_env_is_1("TM_CUDA_ATTN_PREFILL_STAGGER") ? attn_prefill_kernel_v5<HD, BN, STAGES, true>
+                                                             : attn_prefill_kernel_v5<HD, BN, STAGES, false>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     kern<<<(unsigned)grid, 256, smem, stream>>>(*a, g);
