@@ -321,7 +321,10 @@ static cudaError_t launch(const layer *L, lcase *c, bool pdl, cudaStream_t st) {
         return e;
     }
     TB_CHECK(cudaStreamSynchronize(st));
-    return cudaSuccess;
+    bool failed = false;
+    TB_CHECK(tm_cuda_layer_failed(L->work_d, &failed, st));
+    if (failed) printf("# layer: a grid barrier gave up waiting\n");
+    return failed ? cudaErrorLaunchTimeout : cudaSuccess;
 }
 
 /* ---- timing --------------------------------------------------------------------------------------------------- */

@@ -426,10 +426,22 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     return TM_OK;
 }
 
+/* TM_CUDA_LAYER=1: a step is wrong if a whole-layer launch gave up at a grid barrier (never expected: the grid is
+ * co-resident); checked after each step, which waits for it (the opt-in mode's cost) */
+static tm_status layer_check(cu_backend *c, tm_error *err) {
+    if (!c->layer_on || !c->layer_work || cu_failed(c)) return TM_OK;
+    bool failed = false;
+    cudaError_t e = tm_cuda_layer_failed(c->layer_work, &failed, c->stream);
+    if (e != cudaSuccess) return tm_err(err, TM_ERR_DEVICE, "whole-layer kernel check: %s", cudaGetErrorString(e));
+    if (failed)
+        return tm_err(err, TM_ERR_DEVICE, "whole-layer kernel: a grid barrier gave up waiting; results are wrong");
+    return TM_OK;
+}
+
 static tm_status cu_end_step(tm_backend *be, bool *rerun, tm_error *err) {
     cu_backend *c = cu(be);
     *rerun = false;
-    if (!c->capturing) return TM_OK;
+    if (!c->capturing) return layer_check(c, err);
     c->capturing = false;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
@@ -451,7 +463,7 @@ static tm_status cu_end_step(tm_backend *be, bool *rerun, tm_error *err) {
     tm_log(TM_LOG_INFO, "cuda: captured decode graph %d (%d tokens, %d logits, context bucket %d)", c->n_graphs,
            c->pending.n_tokens, c->pending.n_logits, c->pending.ctx_bucket);
     if (cu_fail(c, cudaGraphLaunch(exec, c->stream), "graph launch")) return tm_err(err, c->err_code, "%s", c->err.msg);
-    return TM_OK;
+    return layer_check(c, err);
 }
 
 static tm_status cu_last_error(tm_backend *be, tm_error *err) {

@@ -221,6 +221,9 @@ typedef struct tm_cuda_layer_args {
 size_t tm_cuda_layer_work_bytes(int32_t n_heads, int32_t head_dim);
 /* cudaErrorNotSupported (nothing launched) for a shape or device it does not take */
 cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStream_t stream);
+/* *failed = whether a launch on `work` gave up waiting at a grid barrier (the launch's results are then wrong; it is
+ * never expected, since the grid is co-resident). Waits for the stream. The flag stays set. */
+cudaError_t tm_cuda_layer_failed(const void *work, bool *failed, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -692,6 +692,17 @@ extern "C" size_t tm_cuda_layer_work_bytes(int32_t n_heads, int32_t head_dim) {
     return kWorkHeader + (size_t)n_heads * kMaxSplits * (sizeof(float) * 2 + sizeof(float) * (size_t)head_dim);
 }
 
+extern "C" cudaError_t tm_cuda_layer_failed(const void *work, bool *failed, cudaStream_t stream) {
+    *failed = false;
+    if (!work) return cudaErrorInvalidValue;
+    unsigned int v = 0;
+    cudaError_t e = cudaMemcpyAsync(&v, &static_cast<const work_hdr *>(work)->error, sizeof v, cudaMemcpyDeviceToHost,
+                                    stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    *failed = e == cudaSuccess && v != 0;
+    return e;
+}
+
 extern "C" cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStream_t stream) {
     if (!a || !a->wq || !a->wk || !a->wv || !a->wo || !a->w_gate || !a->w_up || !a->w_down || !a->attn_norm ||
         !a->ffn_norm || !a->position || !a->slot || !a->context_len || !a->block_table || !a->k_cache ||
