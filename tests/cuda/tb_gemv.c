@@ -1109,28 +1109,21 @@ static void run_timed(void *p) {
     }
 }
 
-/* per-call microseconds of `calls` back-to-back calls captured in one CUDA graph (median of replays) */
-#define GRAPH_CALLS 20
-static double time_graph_us(targ *a, bool pdl) {
-    set_pdl(pdl);
-    cudaGraph_t g;
+/* microseconds of one replay of graph g on s (median of 9 after 2 warm-ups); g and its instance are destroyed */
+static double graph_replay_us(cudaGraph_t g, cudaStream_t s) {
     cudaGraphExec_t ge;
-    TB_CHECK(cudaStreamBeginCapture(a->stream, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < GRAPH_CALLS; i++) run_timed(a);
-    TB_CHECK(cudaStreamEndCapture(a->stream, &g));
     TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    set_pdl(false);
     cudaEvent_t e0, e1;
     TB_CHECK(cudaEventCreate(&e0));
     TB_CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < 2; i++) TB_CHECK(cudaGraphLaunch(ge, a->stream));
-    TB_CHECK(cudaStreamSynchronize(a->stream));
+    for (int i = 0; i < 2; i++) TB_CHECK(cudaGraphLaunch(ge, s));
+    TB_CHECK(cudaStreamSynchronize(s));
     enum { REPS = 9 };
     float ms[REPS];
     for (int i = 0; i < REPS; i++) {
-        TB_CHECK(cudaEventRecord(e0, a->stream));
-        TB_CHECK(cudaGraphLaunch(ge, a->stream));
-        TB_CHECK(cudaEventRecord(e1, a->stream));
+        TB_CHECK(cudaEventRecord(e0, s));
+        TB_CHECK(cudaGraphLaunch(ge, s));
+        TB_CHECK(cudaEventRecord(e1, s));
         TB_CHECK(cudaEventSynchronize(e1));
         TB_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
     }
@@ -1139,7 +1132,19 @@ static double time_graph_us(targ *a, bool pdl) {
     TB_CHECK(cudaEventDestroy(e1));
     TB_CHECK(cudaGraphExecDestroy(ge));
     TB_CHECK(cudaGraphDestroy(g));
-    return (double)ms[REPS / 2] * 1000.0 / GRAPH_CALLS;
+    return (double)ms[REPS / 2] * 1000.0;
+}
+
+/* per-call microseconds of `calls` back-to-back calls captured in one CUDA graph (median of replays) */
+#define GRAPH_CALLS 20
+static double time_graph_us(targ *a, bool pdl) {
+    set_pdl(pdl);
+    cudaGraph_t g;
+    TB_CHECK(cudaStreamBeginCapture(a->stream, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < GRAPH_CALLS; i++) run_timed(a);
+    TB_CHECK(cudaStreamEndCapture(a->stream, &g));
+    set_pdl(false);
+    return graph_replay_us(g, a->stream) / GRAPH_CALLS;
 }
 
 /* ---- a decode layer's GEMV chain ------------------------------------------------------------------------------- */
@@ -1179,7 +1184,6 @@ static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t
     TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     TB_CHECK(cudaDeviceSynchronize());
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     for (int l = 0; l < layers; l++) {
         const tm_cuda_gemv_job qkv[3] = {
@@ -1193,30 +1197,11 @@ static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t
         TB_CHECK(tm_cuda_gemv(w[l][6], t, dim, ffn, h, 1, NULL, o, false, s));
     }
     TB_CHECK(cudaStreamEndCapture(s, &g));
-    TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    TB_CHECK(cudaEventCreate(&e0));
-    TB_CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < 2; i++) TB_CHECK(cudaGraphLaunch(ge, s));
-    enum { REPS = 9 };
-    float ms[REPS];
-    for (int i = 0; i < REPS; i++) {
-        TB_CHECK(cudaEventRecord(e0, s));
-        TB_CHECK(cudaGraphLaunch(ge, s));
-        TB_CHECK(cudaEventRecord(e1, s));
-        TB_CHECK(cudaEventSynchronize(e1));
-        TB_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
-    }
-    qsort(ms, REPS, sizeof(float), tb_cmp_f);
-    const double us = (double)ms[REPS / 2] * 1000.0 / layers;
+    const double us = graph_replay_us(g, s) / layers;
     const double floor_us = layer_bytes / (tb_env_d("TM_CEIL_COPY_GBS", 4300.0) * 1e3);
     char name[80];
     snprintf(name, sizeof name, "%s layer chain (floor %.1f us)", label, floor_us);
     timed_result("gemv_chain", name, us, layer_bytes, 0.0, true);
-    TB_CHECK(cudaEventDestroy(e0));
-    TB_CHECK(cudaEventDestroy(e1));
-    TB_CHECK(cudaGraphExecDestroy(ge));
-    TB_CHECK(cudaGraphDestroy(g));
     TB_CHECK(cudaStreamDestroy(s));
     for (int l = 0; l < layers; l++)
         for (int k = 0; k < NW; k++) TB_CHECK(cudaFree(w[l][k]));
