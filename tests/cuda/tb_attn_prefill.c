@@ -276,28 +276,23 @@ static void rows_free(tb_rows *r) {
     free(r->ref);
 }
 
-/* version codes: 1, 2, 3, 5 force that kernel, 0 the launcher's default (variable unset), 50 v5 with 64-key tiles,
- * 51 v5 with K and V copied a round apart (TM_CUDA_ATTN_PREFILL_STAGGER) */
+/* version codes: 1, 2, 3, 5 force that kernel, 0 the launcher's default (variable unset), 50 v5 with 64-key tiles */
 #define V_DEFAULT 0
 #define V5_BN64 50
-#define V5_STAGGER 51
 static void set_version(int v) {
     unsetenv("TM_CUDA_ATTN_PREFILL_BN");
-    unsetenv("TM_CUDA_ATTN_PREFILL_STAGGER");
     if (v == V_DEFAULT) {
         unsetenv("TM_CUDA_ATTN_PREFILL_V");
         return;
     }
     setenv("TM_CUDA_ATTN_PREFILL_V", v == 1 ? "1" : v == 2 ? "2" : v == 3 ? "3" : "5", 1);
     if (v == V5_BN64) setenv("TM_CUDA_ATTN_PREFILL_BN", "64", 1);
-    if (v == V5_STAGGER) setenv("TM_CUDA_ATTN_PREFILL_STAGGER", "1", 1);
 }
 
 static void version_name(char *buf, size_t n, const char *shape, int v) {
     const char *f = g_fp8 ? "_fp8" : "";
     if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, f);
     else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, f);
-    else if (v == V5_STAGGER) snprintf(buf, n, "%s%s_v5stagger", shape, f);
     else snprintf(buf, n, "%s%s_v%d", shape, f, v);
 }
 
@@ -348,7 +343,7 @@ static const tb_shape check_shapes[] = {
     {"gqa2_hd96_bs16_v1path", 8, 4, 96, 16, 3, {S1(70, 70), S1(1, 90), S1(33, 200)}},
 };
 
-/* timed shapes (v2, v3, v5 with either key tile and staggered; the first also with v1): Llama-3-8B and 1B geometry */
+/* timed shapes (v2, v3, v5 with either key tile; the first also with v1): Llama-3-8B and Llama-3.2-1B geometry */
 static tb_shape time_shapes[] = {
     {"8b_prefill_4096", 32, 8, 128, 16, 1, {S1(4096, 4096)}},
     {"8b_prefill_4096_b4", 32, 8, 128, 16, 4, {S1(4096, 4096), S1(4096, 4096), S1(4096, 4096), S1(4096, 4096)}},
@@ -411,11 +406,10 @@ int main(void) {
 
     /* the default (v5: intra-warpgroup overlap, 128-key tiles for head_dim 128, 64 for 64), forced with either key
      * tile and as the launcher's default (variable unset) */
-    const int v5[] = {5, V5_BN64, V5_STAGGER, V_DEFAULT};
-    run_checks(v5, 4, true);
+    const int v5[] = {5, V5_BN64, V_DEFAULT};
+    run_checks(v5, 3, true);
     run_timing(5);
     run_timing(V5_BN64);
-    run_timing(V5_STAGGER);
 
     /* the simple fallback (v1) and the mma.sync version (v2) */
     const int v12[] = {1, 2};
@@ -437,6 +431,5 @@ int main(void) {
 
     unsetenv("TM_CUDA_ATTN_PREFILL_V");
     unsetenv("TM_CUDA_ATTN_PREFILL_BN");
-    unsetenv("TM_CUDA_ATTN_PREFILL_STAGGER");
     return tb_finish("tb_attn_prefill");
 }

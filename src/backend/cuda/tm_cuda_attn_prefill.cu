@@ -9,8 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <type_traits>
-
 /* Four kernels behind one launcher: v5 by default for head_dim 64 / 128 over a bf16 cache, v3 over an fp8 cache
  * (any other head_dim, a block_size that is no power of two or a pointer that is not 16-byte aligned takes v1;
  * v2, v3 and v5 cover the same cases); TM_CUDA_ATTN_PREFILL_V=1/2/3/5 forces that version (fp8: v1 or v3),
@@ -905,7 +903,7 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  * left: its V was last read by the P V product of round j - STAGES + 1, which every warp has waited for before
  * the barrier that opens round j - STAGES + 2. So STAGES - 2 tiles are in flight behind the one in use.
  * grid / tile mapping as v3; dynamic smem (BM + 2 * STAGES * BN) * HD * 2 + 1024. */
-template <int HD, int BN, int STAGES, bool STAGGER>
+template <int HD, int BN, int STAGES>
 __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_attn_args a, const prefill_geom g) {
     constexpr int NT = 256, BM = 128;
     constexpr int CPR = HD / 8, RPP = NT / CPR, Q_ROWS = BM / RPP;
@@ -962,56 +960,37 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
     const uint16_t *const kc = a.k_cache + kv_head_off, *const vc = a.v_cache + kv_head_off;
     /* tile j (visited order: from the diagonal down) covers keys (n_kt-1-j)*BN ..; one commit group per call */
     const ptrdiff_t v_minus_k = vc - kc; /* V rows sit at the same offsets from vc as K rows from kc */
-    /* tile j's rows into slot j % STAGES of the K ring, the V ring or both (TO_K, TO_V: std::integral_constant),
-     * K and V sharing the address arithmetic */
-    auto copy_rows = [&](int32_t j, auto to_k, auto to_v) {
-        constexpr bool TO_K = decltype(to_k)::value, TO_V = decltype(to_v)::value;
-        const int32_t k0 = (n_kt - 1 - j) * BN;
-        const uint32_t st = (uint32_t)(j % STAGES) * TILE;
-        if (j == 0) { /* the only tile that can reach past kv_end: zero-fill those keys */
+    auto issue = [&](int32_t j) {
+        if (loader && j < n_kt) {
+            const int32_t k0 = (n_kt - 1 - j) * BN;
+            const uint32_t st = (uint32_t)(j % STAGES) * TILE;
+            if (j == 0) { /* the only tile that can reach past kv_end: zero-fill those keys */
 #pragma unroll
-            for (int p = 0; p < KV_ROWS; p++) {
-                const int row = crow + p * LRPP;
-                const int32_t key = k0 + row;
-                const bool ok = key < kv_end;
-                const size_t off = ok ? (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD : 0;
-                if constexpr (TO_K) cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
-                if constexpr (TO_V) cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
-            }
-        } else { /* every key below kv_end: no predicates, 32-bit key arithmetic, one wide multiply a row */
+                for (int p = 0; p < KV_ROWS; p++) {
+                    const int row = crow + p * LRPP;
+                    const int32_t key = k0 + row;
+                    const bool ok = key < kv_end;
+                    const size_t off =
+                        ok ? (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD : 0;
+                    cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
+                    cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
+                }
+            } else { /* every key below kv_end: no predicates, 32-bit key arithmetic, one wide multiply a row */
 #pragma unroll
-            for (int p = 0; p < KV_ROWS; p++) {
-                const int row = crow + p * LRPP;
-                const uint32_t key = (uint32_t)(k0 + row);
-                const uint32_t id = (uint32_t)__ldg(bt + (key >> bsl));
-                const uint16_t *src = kc + (size_t)id * blk_stride + (key & (uint32_t)bmask) * (uint32_t)HD;
-                if constexpr (TO_K) cp_async16_all(sK + st + sw128<BN>(row, cchunk), src);
-                if constexpr (TO_V) cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + v_minus_k);
+                for (int p = 0; p < KV_ROWS; p++) {
+                    const int row = crow + p * LRPP;
+                    const uint32_t key = (uint32_t)(k0 + row);
+                    const uint32_t id = (uint32_t)__ldg(bt + (key >> bsl));
+                    const uint16_t *src = kc + (size_t)id * blk_stride + (key & (uint32_t)bmask) * (uint32_t)HD;
+                    cp_async16_all(sK + st + sw128<BN>(row, cchunk), src);
+                    cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + v_minus_k);
+                }
             }
         }
-    };
-    const std::true_type yes{};
-    const std::false_type no{};
-    auto issue = [&](int32_t j) { /* K and V of tile j; one commit group per call */
-        if (loader && j < n_kt) copy_rows(j, yes, yes);
         cp_async_commit();
     };
-    /* STAGGER: K and V of a tile are copied a round apart (V is first read a round after K), so that with the same
-     * slots each of them is STAGES - 1 rounds ahead instead of STAGES - 2: round j copies K_{j+STAGES-1} and
-     * V_{j+STAGES-2}, into the slots that K_{j-1} (read by S_{j-1} in round j - 1) and V_{j-2} (read by the P V
-     * product issued in round j - 1 and waited for there) left. One commit group per round. */
-    auto issue_staggered = [&](int32_t jk, int32_t jv) {
-        if (loader && jk < n_kt) copy_rows(jk, yes, no);
-        if (loader && jv >= 0 && jv < n_kt) copy_rows(jv, no, yes);
-        cp_async_commit();
-    };
-    if constexpr (STAGGER) {
 #pragma unroll
-        for (int j = 0; j < STAGES - 1; j++) issue_staggered(j, j - 1); /* with Q in the first group */
-    } else {
-#pragma unroll
-        for (int j = 0; j < STAGES - 2; j++) issue(j); /* with Q in the first group */
-    }
+    for (int j = 0; j < STAGES - 2; j++) issue(j); /* with Q in the first group */
 
     int32_t lim[2];
 #pragma unroll
@@ -1100,17 +1079,10 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
     };
 
     for (int32_t j = 0; j < n_kt; j++) {
-        if constexpr (STAGGER) {
-            cp_async_wait<STAGES - 2>(); /* K_j and V_{j-1} (and Q) have landed */
-            fence_proxy_async();
-            __syncthreads();
-            issue_staggered(j + STAGES - 1, j + STAGES - 2);
-        } else {
-            cp_async_wait<STAGES - 3>(); /* this thread's copies of tile j (and Q) have landed */
-            fence_proxy_async();
-            __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
-            issue(j + STAGES - 2); /* warpgroup 1 only, before its products: issued after them, 2-10% slower */
-        }
+        cp_async_wait<STAGES - 3>(); /* this thread's copies of tile j (and Q) have landed */
+        fence_proxy_async();
+        __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
+        issue(j + STAGES - 2); /* warpgroup 1 only, before its products: issued after them, 2-10% slower */
         fence_regs(sc);
         fence_regs(o);
         fence_regs_u(pa);
@@ -1135,11 +1107,6 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
             o[4 * d + 3] *= alpha[1];
         }
         pack_p();
-    }
-    if constexpr (STAGGER) { /* V of the last tile was copied in the round before the last */
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
     }
     /* the last tile's O += P V */
     fence_regs(o);
@@ -1227,9 +1194,7 @@ cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     if (grid > INT32_MAX) return cudaErrorInvalidValue;
     if (grid == 0) return cudaSuccess;
     const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024; /* hd 128, BN 128: 230400 B */
-    /* TM_CUDA_ATTN_PREFILL_STAGGER=1: K and V a round apart (not yet measured on the GPU) */
-    auto kern = tm_env_is_1("TM_CUDA_ATTN_PREFILL_STAGGER") ? attn_prefill_kernel_v5<HD, BN, STAGES, true>
-                                                             : attn_prefill_kernel_v5<HD, BN, STAGES, false>;
+    auto kern = attn_prefill_kernel_v5<HD, BN, STAGES>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     kern<<<(unsigned)grid, 256, smem, stream>>>(*a, g);
