@@ -2,7 +2,7 @@
 # gpu.sh -- the one GPU script: kernel checks and micro-benchmarks, end-to-end benchmarks, the HF side by side,
 # and GPU-vs-CPU parity, with a short table last. Runs on a machine with an NVIDIA GPU from the repo root.
 #
-#   scripts/gpu.sh [STAGE...]     stages: kernels e2e hf parity tp (default: all but tp; tp needs >= 2 GPUs)
+#   scripts/gpu.sh [STAGE...]     stages: kernels e2e fp8 hf parity tp (default: all but tp; tp needs >= 2 GPUs)
 #
 # Binaries come from .gpu/bin when present (built elsewhere by scripts/gpu_pack.sh, with their shared libraries
 # in .gpu/lib), else they are built here into build-gpu (needs the Debian build dependencies). Logs and JSON go
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/gpu}
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(kernels e2e hf parity)   # tp: on demand
+[ ${#stages[@]} -eq 0 ] && stages=(kernels e2e fp8 hf parity)   # tp: on demand
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
@@ -125,6 +125,52 @@ EOF
   cat "$OUT/tp_8b_fp8.json"; tail -n 3 "$OUT/tp_8b_fp8.err"
   r=$(python3 -c "import json; j=json.load(open('$OUT/tp_8b_fp8.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")
   row "e2e throughput 8B bf16, fp8 KV, ${n}x1024/1024" "$r"
+  }
+fi
+
+if want fp8; then
+  # fp8 weights (W8A8, per-tensor scales: dummy:<shape>:fp8): batch-1 decode against its floor (the fp8 weight
+  # bytes), the GPU against the CPU backend on the same host-made weights, and the 8B throughput with an fp8 cache
+  for shape in llama3.2-1b llama3-8b; do
+    echo "== bench latency dummy:$shape:fp8 (batch 1)"
+    timeout 300 $TM bench latency -m "dummy:$shape:fp8" --device cuda --input-len 128 --output-len 256 -r 3 --json \
+      >"$OUT/lat_${shape}_fp8.json" 2>"$OUT/lat_${shape}_fp8.err"
+    cat "$OUT/lat_${shape}_fp8.json"; tail -n 3 "$OUT/lat_${shape}_fp8.err"
+    r=$(python3 - "$OUT/lat_${shape}_fp8.json" "$COPY" <<'EOF'
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no result"); sys.exit()
+floor = float(sys.argv[2]) * 1e9 / j["weight_bytes"]
+print(f'tg {j["tg_tok_s"]:.0f} tok/s = {100 * j["tg_tok_s"] / floor:.1f}% of floor {floor:.0f}; pp128 {j["pp_tok_s"]:.0f} tok/s')
+EOF
+)
+    row "e2e decode b=1 $shape fp8" "$r"
+  done
+  for dev in cpu cuda; do
+    TM_DUMMY_HOST=1 timeout 120 $TM run -m dummy:smollm2-135m:fp8 --device $dev -p "eight bit weights" -n 48 --temp 0 \
+      --ignore-eos --json 2>"$OUT/fp8_greedy_$dev.err" | tail -n 1 >"$OUT/fp8_greedy_$dev.json"
+  done
+  r=$(python3 - "$OUT" <<'EOF'
+import json, sys
+try:
+    a, b = (json.load(open(f"{sys.argv[1]}/fp8_greedy_{d}.json"))["text"] for d in ("cpu", "cuda"))
+except Exception as e:
+    print(f"no result ({e})"); sys.exit()
+n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print("same greedy text" if a == b else f"texts part after {n} of {len(a)} characters")
+EOF
+)
+  row "greedy smollm2 fp8: GPU vs CPU" "$r"
+  n=${TP_PROMPTS:-1000}
+  [ "$n" -gt 0 ] && {
+  echo "== bench throughput dummy:llama3-8b:fp8 with the fp8 KV cache, $n x 1024 in / 1024 out"
+  timeout 540 $TM bench throughput -m dummy:llama3-8b:fp8 --device cuda --num-prompts "$n" --input-len 1024 \
+    --output-len 1024 --max-seqs 256 -b 8192 --kv-cache-dtype fp8 --json >"$OUT/tp_8b_w8.json" 2>"$OUT/tp_8b_w8.err"
+  cat "$OUT/tp_8b_w8.json"; tail -n 3 "$OUT/tp_8b_w8.err"
+  r=$(python3 -c "import json; j=json.load(open('$OUT/tp_8b_w8.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")
+  row "e2e throughput 8B fp8 W8A8, fp8 KV, ${n}x1024/1024" "$r"
   }
 fi
 

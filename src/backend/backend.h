@@ -17,6 +17,11 @@ typedef struct tm_weight {
     uint64_t dummy_seed;
     float dummy_scale, dummy_constant;
     const void *aux;    /* a backend's companion copy made by weight_place, or NULL (cpu: the decode layout) */
+    /* fp8_e4m3 weights (W8A8 with static per-tensor scales, as FP8 checkpoints carry them): element value =
+     * scale * e4m3. A product first rounds each activation to e4m3 after dividing it by act_scale (a power of two,
+     * so act_scale * e4m3(x / act_scale) is exact in bf16), then out = scale * act_scale * sum(e4m3(x / act_scale)
+     * * e4m3(w)) (+ bias). Every backend and every batch size computes this; 0 for the other types. */
+    float scale, act_scale;
 } tm_weight;
 
 /* One engine step's batch: flat and ragged. Token i belongs to sequence seq_index[i]; the tokens of

@@ -2,6 +2,7 @@
 #include "tm_model.h"
 
 #include "backend/cpu/tm_quant.h"
+#include "core/tm_fp8.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -281,13 +282,25 @@ typedef struct dummy_alloc {
     float *row;    /* (max_cols) scratch */
 } dummy_alloc;
 
+/* fp8 dummies (W8A8, static per-tensor scales as FP8 checkpoints carry them): the weight scale maps the dummy range
+ * uniform(-dummy_scale, dummy_scale) onto e4m3's whole range (+-448), byte = e4m3(value / scale). The activation
+ * scale is a power of two (so act_scale * e4m3(x / act_scale) is exact in bf16): activations entering a linear come
+ * out of an RMSNorm (RMS ~1; the dummy norms are 1) or are smaller (attention output, SwiGLU), and 1/16 keeps them
+ * within e4m3's normal range (down to 2^-6 * 1/16 ~ 1e-3) up to 448 / 16 = 28 before they saturate. */
+#define TM_DUMMY_FP8_ACT_SCALE (1.0f / 16.0f)
+
 static tm_weight dummy_weight(dummy_alloc *da, tm_dtype type, int64_t rows, int64_t cols, float scale, float constant) {
     tm_weight w = {0};
     uint64_t rb = tm_dtype_row_bytes(type, (uint64_t)cols);
+    const bool fp8 = type == TM_DT_FP8_E4M3;
     w.type = type;
     w.rows = rows;
     w.cols = cols;
-    if (!da->base) { /* deferred: the backend makes it from this recipe */
+    if (fp8) {
+        w.scale = scale / 448.0f;
+        w.act_scale = TM_DUMMY_FP8_ACT_SCALE;
+    }
+    if (!da->base) { /* deferred: the backend makes it from this recipe (fp8: byte = e4m3((dummy_scale * u) / scale)) */
         w.dummy = true;
         w.dummy_seed = da->seed ^ (da->used * 0x9e3779b97f4a7c15ull);
         w.dummy_scale = scale;
@@ -300,7 +313,12 @@ static tm_weight dummy_weight(dummy_alloc *da, tm_dtype type, int64_t rows, int6
     for (int64_t r = 0; r < rows; r++) {
         uint64_t st = da->seed ^ (da->used + (uint64_t)r * 0x9e3779b97f4a7c15ull);
         for (int64_t c = 0; c < cols; c++) da->row[c] = constant != 0.0f ? constant : scale * rnd_uniform(&st);
-        tm_quant_row(type, da->row, dst + (uint64_t)r * rb, cols);
+        if (fp8) {
+            uint8_t *q = dst + (uint64_t)r * rb; /* (cols) e4m3 bytes */
+            for (int64_t c = 0; c < cols; c++) q[c] = tm_fp8_from_f32(da->row[c] / w.scale);
+        } else {
+            tm_quant_row(type, da->row, dst + (uint64_t)r * rb, cols);
+        }
     }
     da->used += (rb * (uint64_t)rows + 63) & ~(uint64_t)63;
     return w;
@@ -323,13 +341,16 @@ static tm_status parse_dummy(const char *spec, const dummy_shape **shape, tm_dty
     tm_dtype wt = TM_DT_F16;
     if (colon) {
         const char *tn = colon + 1;
-        const tm_dtype cand[] = {TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K, TM_DT_Q6_K};
-        bool found = false;
+        const tm_dtype cand[] = {TM_DT_F32,  TM_DT_F16,  TM_DT_BF16, TM_DT_Q8_0,    TM_DT_Q4_0,
+                                 TM_DT_Q4_1, TM_DT_Q4_K, TM_DT_Q6_K, TM_DT_FP8_E4M3};
+        bool found = !strcmp(tn, "fp8"); /* short for fp8_e4m3 */
+        if (found) wt = TM_DT_FP8_E4M3;
         for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
             if (!strcmp(tm_dtype_name(cand[i]), tn)) { wt = cand[i]; found = true; }
         if (!found)
             return tm_err(err, TM_ERR_INVALID,
-                          "unknown dummy weight type '%s' (known: f32, f16, bf16, q8_0, q4_0, q4_1, q4_K, q6_K)", tn);
+                          "unknown dummy weight type '%s' (known: f32, f16, bf16, q8_0, q4_0, q4_1, q4_K, q6_K, fp8)",
+                          tn);
         /* every matrix's columns (dim, heads x head_dim, ffn) must hold whole blocks of the type */
         const tm_dtype_info *ti = tm_dtype_get((uint32_t)wt);
         const int64_t blk = ti ? ti->block : 1;
@@ -372,11 +393,17 @@ static tm_status load_dummy(const char *spec, bool defer, tm_model *m, tm_error 
     tm_status s = parse_dummy(spec, &sh, &wt, hp, err);
     if (s != TM_OK) return s;
 
+    /* lt: the seven linear weights of a layer; et: the token embedding and the output projection (fp8 dummies keep
+     * them bf16, as published FP8 checkpoints do); norms are f32 */
+    const tm_dtype lt = wt, et = wt == TM_DT_FP8_E4M3 ? TM_DT_BF16 : wt;
     int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
-    uint64_t rb_dim = tm_dtype_row_bytes(wt, (uint64_t)dim), rb_ffn = tm_dtype_row_bytes(wt, (uint64_t)hp->ffn_dim);
+    uint64_t rb_dim = tm_dtype_row_bytes(lt, (uint64_t)dim), rb_ffn = tm_dtype_row_bytes(lt, (uint64_t)hp->ffn_dim);
+    /* 9 weights a layer, each rounded up to 64 bytes (10 * 64 covers it) */
     uint64_t per_layer = 2 * (uint64_t)dim * 4 + ((uint64_t)qd + 2 * (uint64_t)kvd + 2 * (uint64_t)hp->ffn_dim) * rb_dim +
-                         (uint64_t)dim * tm_dtype_row_bytes(wt, (uint64_t)qd) + (uint64_t)dim * rb_ffn + 10 * 64;
-    uint64_t total = (uint64_t)hp->n_layers * per_layer + (uint64_t)hp->n_vocab * rb_dim * (sh->tied ? 1 : 2) +
+                         (uint64_t)dim * tm_dtype_row_bytes(lt, (uint64_t)qd) + (uint64_t)dim * rb_ffn + 10 * 64;
+    /* embedding, output norm, output: 3 * 63 bytes of rounding in the 256 */
+    uint64_t total = (uint64_t)hp->n_layers * per_layer +
+                     (uint64_t)hp->n_vocab * tm_dtype_row_bytes(et, (uint64_t)dim) * (sh->tied ? 1 : 2) +
                      (uint64_t)dim * 4 + 256;
     dummy_alloc da = {0};
     da.cap = total;
@@ -391,9 +418,9 @@ static tm_status load_dummy(const char *spec, bool defer, tm_model *m, tm_error 
     m->dummy_mem = da.base;
     m->dummy_bytes = total;
     float sc = 0.04f; /* uniform(-0.04, 0.04): std ~ 0.023, like an initialised transformer */
-    m->tok_embd = dummy_weight(&da, wt, hp->n_vocab, dim, 1.0f, 0.0f);
+    m->tok_embd = dummy_weight(&da, et, hp->n_vocab, dim, 1.0f, 0.0f);
     m->output_norm = dummy_weight(&da, TM_DT_F32, 1, dim, 0.0f, 1.0f);
-    m->output = sh->tied ? m->tok_embd : dummy_weight(&da, wt, hp->n_vocab, dim, sc, 0.0f);
+    m->output = sh->tied ? m->tok_embd : dummy_weight(&da, et, hp->n_vocab, dim, sc, 0.0f);
     m->layers = tm_calloc((size_t)hp->n_layers, sizeof(tm_layer));
     if (!m->layers) {
         free(da.row);
@@ -402,14 +429,14 @@ static tm_status load_dummy(const char *spec, bool defer, tm_model *m, tm_error 
     for (int32_t l = 0; l < hp->n_layers; l++) {
         tm_layer *L = &m->layers[l];
         L->attn_norm = dummy_weight(&da, TM_DT_F32, 1, dim, 0.0f, 1.0f);
-        L->wq = dummy_weight(&da, wt, qd, dim, sc, 0.0f);
-        L->wk = dummy_weight(&da, wt, kvd, dim, sc, 0.0f);
-        L->wv = dummy_weight(&da, wt, kvd, dim, sc, 0.0f);
-        L->wo = dummy_weight(&da, wt, dim, qd, sc, 0.0f);
+        L->wq = dummy_weight(&da, lt, qd, dim, sc, 0.0f);
+        L->wk = dummy_weight(&da, lt, kvd, dim, sc, 0.0f);
+        L->wv = dummy_weight(&da, lt, kvd, dim, sc, 0.0f);
+        L->wo = dummy_weight(&da, lt, dim, qd, sc, 0.0f);
         L->ffn_norm = dummy_weight(&da, TM_DT_F32, 1, dim, 0.0f, 1.0f);
-        L->w_gate = dummy_weight(&da, wt, hp->ffn_dim, dim, sc, 0.0f);
-        L->w_up = dummy_weight(&da, wt, hp->ffn_dim, dim, sc, 0.0f);
-        L->w_down = dummy_weight(&da, wt, dim, hp->ffn_dim, sc, 0.0f);
+        L->w_gate = dummy_weight(&da, lt, hp->ffn_dim, dim, sc, 0.0f);
+        L->w_up = dummy_weight(&da, lt, hp->ffn_dim, dim, sc, 0.0f);
+        L->w_down = dummy_weight(&da, lt, dim, hp->ffn_dim, sc, 0.0f);
     }
     free(da.row);
     if (da.used > da.cap) return tm_err(err, TM_ERR_INTERNAL, "dummy weight arena overflow");

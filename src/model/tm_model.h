@@ -53,7 +53,9 @@ typedef struct tm_model {
 } tm_model;
 
 /* Load a GGUF file (path) or a dummy model ("dummy:NAME[:TYPE]", NAME in smollm2-135m, llama3.2-1b,
- * llama3-8b, llama2-7b; TYPE in f32,f16,bf16,q8_0,q4_0,q4_1 (default f16)). */
+ * llama3-8b, llama2-7b; TYPE in f32,f16,bf16,q8_0,q4_0,q4_1,q4_K,q6_K,fp8 (= fp8_e4m3) (default f16)). fp8: the seven
+ * linear weights of each layer are e4m3 with per-tensor scales (W8A8, tm_weight's scale and act_scale); the token
+ * embedding and the output projection are bf16. */
 tm_status tm_model_load(const char *spec, tm_model **out, tm_error *err);
 void tm_model_free(tm_model *m);
 typedef struct tm_model_load_opts {
@@ -67,7 +69,8 @@ void tm_model_unplace(tm_model *placed, tm_backend *be);
 /* true when some weight is a deferred dummy recipe (only a device backend can run the model) */
 bool tm_model_has_deferred(const tm_model *m);
 /* Hyper-parameters and weight type of a dummy spec ("dummy:NAME[:TYPE]") without allocating its weights
- * (for planning); the shape tm_model_load would give. */
+ * (for planning); the shape tm_model_load would give. weight_type is the linears' type (TM_DT_FP8_E4M3 for fp8,
+ * whose embedding and output projection are bf16). */
 tm_status tm_model_dummy_hparams(const char *spec, tm_hparams *hp, tm_dtype *weight_type, tm_error *err);
 /* Names of the dummy shapes, NULL-terminated. */
 const char *const *tm_model_dummy_names(void);

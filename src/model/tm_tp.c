@@ -238,6 +238,10 @@ tm_status tm_tp_shard_model(const tm_model *m, int32_t n_ranks, int32_t rank, tm
         d->type = w->type;
         d->rows = sl.split == TM_TP_ROWS ? sl.count : w->rows;
         d->cols = sl.split == TM_TP_COLS ? sl.count : w->cols;
+        /* fp8: the per-tensor scales hold for every slice (a row-parallel slice's partial sums are scaled alike, so
+         * their sum is the whole product) */
+        d->scale = w->scale;
+        d->act_scale = w->act_scale;
         off += align64(b);
         sh->weight_bytes += b;
     }

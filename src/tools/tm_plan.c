@@ -102,10 +102,12 @@ tm_status tm_plan_dense_weight_bytes(const tm_hparams *hp, tm_dtype wtype, uint6
     bool ok = matrix_bytes(TM_DT_F32, 2, dim, &layer) && matrix_bytes(wtype, qd + 2 * kvd, dim, &layer) &&
               matrix_bytes(wtype, dim, qd, &layer) && matrix_bytes(wtype, 2 * ffn, dim, &layer) &&
               matrix_bytes(wtype, dim, ffn, &layer);
-    /* token embedding (vocab, dim), output_norm (f32), output (vocab, dim) unless tied to the embedding */
+    /* token embedding (vocab, dim), output_norm (f32), output (vocab, dim) unless tied to the embedding; fp8 models
+     * keep these two bf16 (as FP8 checkpoints and fp8 dummies do) */
+    const tm_dtype et = wtype == TM_DT_FP8_E4M3 ? TM_DT_BF16 : wtype;
     uint64_t total = layer;
-    ok = ok && mul_in(&total, (uint64_t)hp->n_layers) && matrix_bytes(wtype, vocab, dim, &total) &&
-         matrix_bytes(TM_DT_F32, 1, dim, &total) && (hp->tied_embeddings || matrix_bytes(wtype, vocab, dim, &total));
+    ok = ok && mul_in(&total, (uint64_t)hp->n_layers) && matrix_bytes(et, vocab, dim, &total) &&
+         matrix_bytes(TM_DT_F32, 1, dim, &total) && (hp->tied_embeddings || matrix_bytes(et, vocab, dim, &total));
     if (!ok)
         return tm_err(err, TM_ERR_INVALID, "cannot size %s weights for dim %d / ffn %d / q %llu (not whole blocks, or overflow)",
                       tm_dtype_name(wtype), hp->dim, hp->ffn_dim, (unsigned long long)qd);

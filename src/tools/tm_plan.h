@@ -43,7 +43,8 @@ tm_status tm_plan_compute(const tm_hparams *hp, uint64_t weight_bytes, const tm_
                           tm_error *err);
 
 /* Bytes of the weights the forward pass reads for a llama-layout model of shape hp with matrices (and the
- * token embedding) in type wtype and norms in f32 — the layout of dummy models ("dummy:NAME[:TYPE]").
+ * token embedding) in type wtype and norms in f32 — the layout of dummy models ("dummy:NAME[:TYPE]"); with wtype
+ * TM_DT_FP8_E4M3 only the layers' linears are fp8 and the embedding and output projection bf16 (dummy:NAME:fp8).
  * Fails when a row length is not a multiple of wtype's block, or on overflow. */
 tm_status tm_plan_dense_weight_bytes(const tm_hparams *hp, tm_dtype wtype, uint64_t *out, tm_error *err);
 

@@ -35,7 +35,10 @@ static tm_status model_shape(const char *spec, tm_hparams *hp, uint64_t *weight_
         tm_dtype wt;
         tm_status s = tm_model_dummy_hparams(spec, hp, &wt, err);
         if (s != TM_OK) return s;
-        snprintf(wdesc, wdesc_cap, "%s weights, f32 norms", tm_dtype_name(wt));
+        if (wt == TM_DT_FP8_E4M3)
+            snprintf(wdesc, wdesc_cap, "fp8_e4m3 linears (W8A8), bf16 embedding and output, f32 norms");
+        else
+            snprintf(wdesc, wdesc_cap, "%s weights, f32 norms", tm_dtype_name(wt));
         return tm_plan_dense_weight_bytes(hp, wt, weight_bytes, err);
     }
     tm_model *m = NULL;
@@ -167,7 +170,7 @@ int tm_cmd_plan(int argc, char **argv) {
 
     tm_hparams hp;
     uint64_t weight_bytes = 0;
-    char wdesc[64];
+    char wdesc[96];
     if (model_shape(model, &hp, &weight_bytes, wdesc, sizeof wdesc, &err) != TM_OK) {
         fprintf(stderr, "tokenmill plan: %s\n", err.msg);
         return 1;

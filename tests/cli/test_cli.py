@@ -149,6 +149,19 @@ def test_dummy_model_generates():
     assert json.loads(r.stdout)["tokens"] == 4
 
 
+def test_dummy_fp8_model_generates():
+    # fp8 e4m3 linears (W8A8) on the cpu: greedy text does not depend on the prefill chunk (-b 2: 2 tokens a pass)
+    args = ("run", "-m", "dummy:smollm2-135m:fp8", "-p", "abc", "-n", "4", "--ignore-eos", "--json", "--temp", "0",
+            "-c", "64")
+    a, b = tm(*args), tm(*args, "-b", "2")
+    assert a.returncode == 0, a.stderr
+    assert b.returncode == 0, b.stderr
+    assert json.loads(a.stdout)["tokens"] == 4
+    assert json.loads(a.stdout)["text"] == json.loads(b.stdout)["text"]
+    r = tm("run", "-m", "dummy:smollm2-135m:fp9", "-p", "abc")
+    assert r.returncode == 1 and "fp8" in r.stderr
+
+
 def test_interactive_chat_keeps_the_conversation():
     r = tm("chat", "-m", MODEL, "--temp", "0", "-n", "24",
            input="What is the capital of France?\nAnd of Germany?\n\n")

@@ -91,6 +91,11 @@ def test_gqa_and_kv_dtypes():
     # weight type of a dummy: q8_0 is 34 bytes per 32 weights
     q8 = plan_json("-m", "dummy:llama3-8b:q8_0", "--mem", "80GB")
     assert abs(q8["weight_bytes"] / f16["weight_bytes"] - 34 / 64) < 0.001
+    # fp8 (W8A8): the linears in one byte each, embedding and output projection bf16, norms f32
+    w8 = plan_json("-m", "dummy:llama3-8b:fp8", "--mem", "80GB")
+    assert w8["weight_bytes"] == 6979321856 + 2 * 2 * 525336576 + 65 * 4096 * 4
+    r = tm("plan", "-m", "dummy:llama3-8b:fp8", "--mem", "80GB")
+    assert r.returncode == 0 and "fp8_e4m3 linears (W8A8), bf16 embedding and output" in r.stdout
 
 
 def test_units_block_rounding_and_defaults():

@@ -115,19 +115,19 @@ static void check_case(int32_t t, int64_t rows, int64_t cols, int n, bool random
         const char *kv = v == 1 ? "v1" : "v2";
         /* f32 out + bias */
         tb_poison(out_d, no * 4);
-        TB_RUN(tm_cuda_gemv(wg_d, t, rows, cols, x_d, n, bias_d, out_d, true, 0));
+        TB_RUN(tm_cuda_gemv(wg_d, t, rows, cols, x_d, n, bias_d, out_d, true, NULL, 0));
         tb_download(out_f, out_d, no * 4);
         snprintf(name, sizeof name, "%s %s f32+b", kv, tag);
         tb_result("gemv", name, tb_rel_err(out_f, ref_bias, no), 1e-4, 0, 0, 0, 'm');
         /* bf16 out, no bias */
         tb_poison(out_d, no * 4);
-        TB_RUN(tm_cuda_gemv(wg_d, t, rows, cols, x_d, n, NULL, out_d, false, 0));
+        TB_RUN(tm_cuda_gemv(wg_d, t, rows, cols, x_d, n, NULL, out_d, false, NULL, 0));
         tb_download(out_h, out_d, no * 2);
         snprintf(name, sizeof name, "%s %s bf16", kv, tag);
         tb_result("gemv", name, tb_rel_err_bf16(out_h, ref_nob, no), 1e-2, 0, 0, 0, 'm');
         /* SwiGLU */
         tb_poison(out_d, no * 4);
-        TB_RUN(tm_cuda_gemv_swiglu(wg_d, wu_d, t, rows, cols, x_d, n, out_d, 0));
+        TB_RUN(tm_cuda_gemv_swiglu(wg_d, wu_d, t, rows, cols, x_d, n, out_d, NULL, 0));
         tb_download(out_h, out_d, no * 2);
         snprintf(name, sizeof name, "%s %s", kv, tag);
         tb_result("gemv_swiglu", name, tb_rel_err_bf16(out_h, ref_sw, no), 1e-2, 0, 0, 0, 'm');
@@ -244,13 +244,13 @@ static void check_group(int32_t t, int64_t cols, const int64_t *rows, int nj, bo
             for (int n = MAX_N; n >= 1; n--) { /* n = 8 first: the other n compare with it */
                 tm_cuda_gemv_job jobs[MAX_JOBS];
                 for (int j = 0; j < nj; j++) {
-                    jobs[j] = (tm_cuda_gemv_job){w_d[j], rows[j], f32 && j != 1 ? bias_d[j] : NULL, out_g[j]};
+                    jobs[j] = (tm_cuda_gemv_job){w_d[j], rows[j], f32 && j != 1 ? bias_d[j] : NULL, out_g[j], 0, 0};
                     tb_poison(out_g[j], (size_t)MAX_N * (size_t)rows[j] * 4);
                     tb_poison(out_s[j], (size_t)MAX_N * (size_t)rows[j] * 4);
                 }
                 TB_RUN(tm_cuda_gemv_group(jobs, nj, t, cols, x_d, n, f32, 0));
                 for (int j = 0; j < nj; j++)
-                    TB_RUN(tm_cuda_gemv(w_d[j], t, rows[j], cols, x_d, n, jobs[j].bias, out_s[j], f32, 0));
+                    TB_RUN(tm_cuda_gemv(w_d[j], t, rows[j], cols, x_d, n, jobs[j].bias, out_s[j], f32, NULL, 0));
                 size_t o = 0, k = 0;
                 for (int j = 0; j < nj; j++) {
                     const size_t cnt = (size_t)n * (size_t)rows[j];
@@ -358,7 +358,7 @@ static void check_chain(bool pdl) {
     set_pdl(pdl);
     cudaStream_t s;
     TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const tm_cuda_gemv_job jobs[2] = {{w1_d, f, NULL, h_d}, {w3_d, e, b3_d, g_d}};
+    const tm_cuda_gemv_job jobs[2] = {{w1_d, f, NULL, h_d, 0, 0}, {w3_d, e, b3_d, g_d, 0, 0}};
     for (int graph = 0; graph < 2; graph++) {
         tb_poison(h_d, (size_t)n * f * 2);
         tb_poison(g_d, (size_t)n * e * 2);
@@ -369,7 +369,7 @@ static void check_chain(bool pdl) {
             cudaGraphExec_t ge;
             TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
             TB_CHECK(tm_cuda_gemv_group(jobs, 2, t, d, x_d, n, false, s));
-            TB_CHECK(tm_cuda_gemv(w2_d, t, d, f, h_d, n, NULL, o_d, true, s));
+            TB_CHECK(tm_cuda_gemv(w2_d, t, d, f, h_d, n, NULL, o_d, true, NULL, s));
             TB_CHECK(cudaStreamEndCapture(s, &g));
             TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
             for (int rep = 0; rep < 3; rep++) TB_CHECK(cudaGraphLaunch(ge, s));
@@ -378,7 +378,7 @@ static void check_chain(bool pdl) {
             TB_CHECK(cudaGraphDestroy(g));
         } else {
             TB_CHECK(tm_cuda_gemv_group(jobs, 2, t, d, x_d, n, false, s));
-            TB_CHECK(tm_cuda_gemv(w2_d, t, d, f, h_d, n, NULL, o_d, true, s));
+            TB_CHECK(tm_cuda_gemv(w2_d, t, d, f, h_d, n, NULL, o_d, true, NULL, s));
             TB_CHECK(cudaStreamSynchronize(s));
         }
         TB_CHECK(cudaGetLastError());
@@ -483,7 +483,7 @@ static void norm_launch(void *p, cudaStream_t s) {
     norm_run *r = p;
     if (r->poison_in_graph) TB_CHECK(cudaMemsetAsync(r->nout, 0xFF, (size_t)r->n * (size_t)r->rows * 2, s));
     TB_CHECK(tm_cuda_gemv_add_rmsnorm(r->w, r->t, r->rows, r->cols, r->x, r->n, r->bias, r->out, r->res, r->nw,
-                                      NORM_EPS, r->nout, r->scratch, s));
+                                      NORM_EPS, r->nout, r->scratch, NULL, s));
 }
 
 /* tm_cuda_gemv_add_rmsnorm on (rows, cols) weights of type t for n = 1..8, each n run directly, 3 times in a row
@@ -573,7 +573,7 @@ static void check_fused_norm(int32_t t, int64_t rows, int64_t cols, bool with_bi
             tb_poison(out2_d, nr * 2);
             tb_poison(nout2_d, nr * 2);
             TB_CHECK(cudaDeviceSynchronize());
-            TB_CHECK(tm_cuda_gemv(w_d, t, rows, cols, x_d, n, with_bias ? b_d : NULL, out2_d, false, s));
+            TB_CHECK(tm_cuda_gemv(w_d, t, rows, cols, x_d, n, with_bias ? b_d : NULL, out2_d, false, NULL, s));
             TB_CHECK(tm_cuda_add_rmsnorm(res2_d, out2_d, nw_d, NORM_EPS, n, (int32_t)rows, nout2_d, s));
             TB_CHECK(cudaStreamSynchronize(s));
             tb_download(out2_h, out2_d, cnt * 2);
@@ -792,9 +792,9 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             tb_poison(kc_d, ncache * 2);
             tb_poison(vc_d, ncache * 2);
             TB_CHECK(cudaDeviceSynchronize());
-            rope_run r = {{{w_d[0], rq, c->bias ? b_d[0] : NULL, o_d[0]},
-                           {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL},
-                           {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL}},
+            rope_run r = {{{w_d[0], rq, c->bias ? b_d[0] : NULL, o_d[0], 0, 0},
+                           {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL, 0, 0},
+                           {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL, 0, 0}},
                           t, cols, x_d, n,
                           {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d, false},
                           ncache * 2, mode == 2};
@@ -826,7 +826,7 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             tb_poison(vc2_d, ncache * 2);
             TB_CHECK(cudaDeviceSynchronize());
             tm_cuda_gemv_job gj[3];
-            for (int j = 0; j < 3; j++) gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j]};
+            for (int j = 0; j < 3; j++) gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0};
             TB_CHECK(tm_cuda_gemv_group(gj, 3, t, cols, x_d, n, false, s));
             tm_cuda_rope_args ra = {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, o2_d[0], o2_d[1], o2_d[2],
                                     kc2_d, vc2_d, false};
@@ -917,23 +917,23 @@ static int fused_refusals(void) {
     float *res = tb_dev(1 << 16), *nw = tb_dev(1 << 16);
     TB_CHECK(cudaMemset(sc, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES));
     int bad = 0;
-    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 12, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, sc, 0) !=
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 12, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, sc, NULL, 0) !=
            cudaErrorNotSupported; /* rows % 8 */
-    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res + 1, nw, 1e-5f, o, sc, 0) !=
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res + 1, nw, 1e-5f, o, sc, NULL, 0) !=
            cudaErrorNotSupported; /* residual alignment */
-    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 0, NULL, NULL, res, nw, 1e-5f, o, sc, 0) !=
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 0, NULL, NULL, res, nw, 1e-5f, o, sc, NULL, 0) !=
            cudaErrorInvalidValue;
-    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, NULL, 0) !=
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, NULL, NULL, 0) !=
            cudaErrorInvalidValue;
     setenv("TM_CUDA_GEMV_V", "1", 1);
-    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, sc, 0) !=
+    bad += tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, 16, 64, x, 1, NULL, NULL, res, nw, 1e-5f, o, sc, NULL, 0) !=
            cudaErrorNotSupported;
     unsetenv("TM_CUDA_GEMV_V");
     int32_t *pos = tb_dev(64);
     int64_t *sl = tb_dev(64);
     TB_CHECK(cudaMemset(pos, 0, 64));
     TB_CHECK(cudaMemset(sl, 0xFF, 64)); /* slot -1: the valid call writes no cache entry */
-    tm_cuda_gemv_job jobs[3] = {{w, 4 * 64, NULL, o}, {w, 2 * 64, NULL, NULL}, {w, 2 * 64, NULL, NULL}};
+    tm_cuda_gemv_job jobs[3] = {{w, 4 * 64, NULL, o, 0, 0}, {w, 2 * 64, NULL, NULL, 0, 0}, {w, 2 * 64, NULL, NULL, 0, 0}};
     tm_cuda_rope_args ra = {1, 4, 2, 64, 64, 16, false, nw, pos, sl, NULL, NULL, NULL, (uint16_t *)res,
                             (uint16_t *)res, false};
     bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaSuccess;
@@ -992,15 +992,15 @@ static void check_args(void) {
     uint16_t *x = tb_dev(64 * 2);
     void *w = tb_dev(4096), *o = tb_dev(4096);
     int bad = 0;
-    bad += tm_cuda_gemv(w, TM_DT_BF16, 4, 8, x, 0, NULL, o, true, 0) != cudaErrorInvalidValue;
-    bad += tm_cuda_gemv(w, TM_DT_BF16, 4, 8, x, MAX_N + 1, NULL, o, true, 0) != cudaErrorInvalidValue;
-    bad += tm_cuda_gemv(w, TM_DT_Q4_0, 4, 48, x, 1, NULL, o, true, 0) != cudaErrorInvalidValue; /* cols % 32 */
-    bad += tm_cuda_gemv(w, TM_DT_Q5_0, 4, 32, x, 1, NULL, o, true, 0) != cudaErrorInvalidValue; /* unsupported */
-    bad += tm_cuda_gemv(w, TM_DT_BF16, -1, 8, x, 1, NULL, o, true, 0) != cudaErrorInvalidValue;
-    bad += tm_cuda_gemv_swiglu(w, NULL, TM_DT_BF16, 4, 8, x, 1, o, 0) != cudaErrorInvalidValue;
-    bad += tm_cuda_gemv(w, TM_DT_BF16, 0, 8, x, 1, NULL, o, true, 0) != cudaSuccess; /* nothing to do */
+    bad += tm_cuda_gemv(w, TM_DT_BF16, 4, 8, x, 0, NULL, o, true, NULL, 0) != cudaErrorInvalidValue;
+    bad += tm_cuda_gemv(w, TM_DT_BF16, 4, 8, x, MAX_N + 1, NULL, o, true, NULL, 0) != cudaErrorInvalidValue;
+    bad += tm_cuda_gemv(w, TM_DT_Q4_0, 4, 48, x, 1, NULL, o, true, NULL, 0) != cudaErrorInvalidValue; /* cols % 32 */
+    bad += tm_cuda_gemv(w, TM_DT_Q5_0, 4, 32, x, 1, NULL, o, true, NULL, 0) != cudaErrorInvalidValue; /* unsupported */
+    bad += tm_cuda_gemv(w, TM_DT_BF16, -1, 8, x, 1, NULL, o, true, NULL, 0) != cudaErrorInvalidValue;
+    bad += tm_cuda_gemv_swiglu(w, NULL, TM_DT_BF16, 4, 8, x, 1, o, NULL, 0) != cudaErrorInvalidValue;
+    bad += tm_cuda_gemv(w, TM_DT_BF16, 0, 8, x, 1, NULL, o, true, NULL, 0) != cudaSuccess; /* nothing to do */
     tm_cuda_gemv_job jobs[MAX_JOBS + 1];
-    for (int j = 0; j <= MAX_JOBS; j++) jobs[j] = (tm_cuda_gemv_job){w, 2, NULL, o};
+    for (int j = 0; j <= MAX_JOBS; j++) jobs[j] = (tm_cuda_gemv_job){w, 2, NULL, o, 0, 0};
     bad += tm_cuda_gemv_group(jobs, 0, TM_DT_BF16, 8, x, 1, true, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_gemv_group(jobs, MAX_JOBS + 1, TM_DT_BF16, 8, x, 1, true, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_gemv_group(NULL, 1, TM_DT_BF16, 8, x, 1, true, 0) != cudaErrorInvalidValue;
@@ -1053,15 +1053,15 @@ static void run_timed(void *p) {
     const size_t rb = row_bytes_of(a->t, a->cols);
     switch (a->kind) {
     case K_SWIGLU:
-        TB_CHECK(tm_cuda_gemv_swiglu(w, w + rb * (size_t)a->rows[0], a->t, a->rows[0], a->cols, a->x, a->n, a->out,
+        TB_CHECK(tm_cuda_gemv_swiglu(w, w + rb * (size_t)a->rows[0], a->t, a->rows[0], a->cols, a->x, a->n, a->out, NULL,
                                      a->stream));
         break;
     case K_NORM_FUSED:
         TB_CHECK(tm_cuda_gemv_add_rmsnorm(w, a->t, a->rows[0], a->cols, a->x, a->n, NULL, NULL, a->res, a->nw, 1e-5f,
-                                          a->nout, a->scratch, a->stream));
+                                          a->nout, a->scratch, NULL, a->stream));
         break;
     case K_NORM_PAIR:
-        TB_CHECK(tm_cuda_gemv(w, a->t, a->rows[0], a->cols, a->x, a->n, NULL, a->out, false, a->stream));
+        TB_CHECK(tm_cuda_gemv(w, a->t, a->rows[0], a->cols, a->x, a->n, NULL, a->out, false, NULL, a->stream));
         TB_CHECK(tm_cuda_add_rmsnorm(a->res, a->out, a->nw, 1e-5f, a->n, (int32_t)a->rows[0], a->nout, a->stream));
         break;
     case K_ROPE_FUSED:
@@ -1069,7 +1069,7 @@ static void run_timed(void *p) {
         tm_cuda_gemv_job jobs[3];
         size_t wo = 0, oo = 0;
         for (int j = 0; j < 3; j++) {
-            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo};
+            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0};
             wo += rb * (size_t)a->rows[j];
             oo += (size_t)a->n * (size_t)a->rows[j] * 2;
         }
@@ -1091,7 +1091,7 @@ static void run_timed(void *p) {
         tm_cuda_gemv_job jobs[3];
         size_t wo = 0, oo = 0;
         for (int j = 0; j < 3; j++) {
-            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo};
+            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0};
             wo += rb * (size_t)a->rows[j];
             oo += (size_t)a->n * (size_t)a->rows[j] * (a->out_f32 ? 4 : 2);
         }
@@ -1100,11 +1100,11 @@ static void run_timed(void *p) {
         else
             for (int j = 0; j < 3; j++)
                 TB_CHECK(tm_cuda_gemv(jobs[j].w, a->t, jobs[j].rows, a->cols, a->x, a->n, NULL, jobs[j].out,
-                                      a->out_f32, a->stream));
+                                      a->out_f32, NULL, a->stream));
         break;
     }
     default:
-        TB_CHECK(tm_cuda_gemv(w, a->t, a->rows[0], a->cols, a->x, a->n, NULL, a->out, a->out_f32, a->stream));
+        TB_CHECK(tm_cuda_gemv(w, a->t, a->rows[0], a->cols, a->x, a->n, NULL, a->out, a->out_f32, NULL, a->stream));
         break;
     }
 }
@@ -1187,14 +1187,14 @@ static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t
     TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     for (int l = 0; l < layers; l++) {
         const tm_cuda_gemv_job qkv[3] = {
-            {w[l][0], qd, NULL, q}, {w[l][1], kvd, NULL, kv}, {w[l][2], kvd, NULL, kv + kvd}};
+            {w[l][0], qd, NULL, q, 0, 0}, {w[l][1], kvd, NULL, kv, 0, 0}, {w[l][2], kvd, NULL, kv + kvd, 0, 0}};
         TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s));
         TB_CHECK(tm_cuda_gemv_group(qkv, 3, t, dim, xn, 1, false, s));
         TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s)); /* in attention's place */
-        TB_CHECK(tm_cuda_gemv(w[l][3], t, dim, qd, q, 1, NULL, o, false, s));
+        TB_CHECK(tm_cuda_gemv(w[l][3], t, dim, qd, q, 1, NULL, o, false, NULL, s));
         TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s));
-        TB_CHECK(tm_cuda_gemv_swiglu(w[l][4], w[l][5], t, ffn, dim, xn, 1, h, s));
-        TB_CHECK(tm_cuda_gemv(w[l][6], t, dim, ffn, h, 1, NULL, o, false, s));
+        TB_CHECK(tm_cuda_gemv_swiglu(w[l][4], w[l][5], t, ffn, dim, xn, 1, h, NULL, s));
+        TB_CHECK(tm_cuda_gemv(w[l][6], t, dim, ffn, h, 1, NULL, o, false, NULL, s));
     }
     TB_CHECK(cudaStreamEndCapture(s, &g));
     const double us = graph_replay_us(g, s) / layers;

@@ -703,6 +703,13 @@ static void test_bad_tensor_type(void **state) {
     gw = small_gw();
     tm_gw_tensor(gw, "t.x", 0xDEADBEEFu, 2, ne, NULL, 64);
     expect_refused(gw, "unknown tensor type 3735928559");
+    /* internal formats (activation blocks, fp8 e4m3 weights and KV) are never valid in a file */
+    gw = small_gw();
+    tm_gw_tensor(gw, "t.fp8", TM_DT_FP8_E4M3, 2, ne, NULL, 64);
+    expect_refused(gw, "unknown tensor type 66");
+    gw = small_gw();
+    tm_gw_tensor(gw, "t.q16", TM_DT_Q16, 2, ne, NULL, 144);
+    expect_refused(gw, "unknown tensor type 64");
     /* row not a multiple of the block */
     gw = small_gw();
     uint64_t ne33[2] = {33, 2};

@@ -286,6 +286,26 @@ static void test_dense_weights_match_dummy_loader(void **state) {
         assert_true(m->hp.tied_embeddings); /* the untied case is covered by the 7B/8B parameter counts */
         tm_model_free(m);
     }
+    /* fp8: e4m3 linears with bf16 embedding and output (a deferred load counts the same bytes without making them) */
+    const char *fp8_specs[] = {"dummy:smollm2-135m:fp8", "dummy:llama3-8b:fp8"};
+    for (size_t i = 0; i < 2; i++) {
+        tm_model *m = NULL;
+        tm_error err = {0};
+        tm_model_load_opts lo = {.defer_dummy = true};
+        if (tm_model_load_ex(fp8_specs[i], &lo, &m, &err) != TM_OK) fail_msg("%s: %s", fp8_specs[i], err.msg);
+        uint64_t w = 0;
+        assert_int_equal(tm_plan_dense_weight_bytes(&m->hp, TM_DT_FP8_E4M3, &w, &err), TM_OK);
+        assert_int_equal(w, m->weight_bytes);
+        tm_model_free(m);
+    }
+    /* Llama-3-8B: 6,979,321,856 linear parameters in one byte, embedding and output (2 x 525,336,576) in two, 65 f32
+     * norms */
+    tm_hparams h8;
+    tm_dtype wt8;
+    assert_int_equal(tm_model_dummy_hparams("dummy:llama3-8b:fp8", &h8, &wt8, NULL), TM_OK);
+    uint64_t w8 = 0;
+    assert_int_equal(tm_plan_dense_weight_bytes(&h8, wt8, &w8, NULL), TM_OK);
+    assert_int_equal(w8, 6979321856ull + 2ull * 2 * 525336576 + 65ull * 4096 * 4);
     /* untied output adds exactly one more (vocab, dim) matrix */
     tm_hparams hp = llama2_7b();
     uint64_t untied = 0, tied = 0;

@@ -47,6 +47,7 @@ typedef struct tm_cpu_backend {
     size_t att_done_cap;
     struct x4_chunk *x4c;    /* (n_x4c) huge-page chunks the decode copies are cut from (freed with the backend) */
     int32_t n_x4c, cap_x4c;
+    float fp8_lut[256];      /* the value of every e4m3 byte (fp8 weights on the scalar path) */
 } tm_cpu_backend;
 
 static tm_cpu_backend *cpu(tm_backend *be) { return (tm_cpu_backend *)be; }
@@ -55,7 +56,8 @@ static tm_cpu_backend *cpu(tm_backend *be) { return (tm_cpu_backend *)be; }
 
 static void *cpu_alloc(tm_backend *be, size_t n) {
     tm_cpu_backend *c = cpu(be);
-    /* any activation row converts to at most 4 bytes per element (q16: 2.25, q8: 1.13, f32: 4) */
+    /* any activation row converts to at most 4 bytes per element (q16: 2.25, q8: 1.13, f32: 4, fp8 weights' rounded
+     * activations: 4, kept as f32), so the scratch holds the conversion of any buffer handed out here */
     size_t need = n * sizeof(float) + 4096;
     if (need > c->scratch_bytes) {
         uint8_t *s = tm_aligned_alloc(64, need);
@@ -149,9 +151,13 @@ static void embed_fn(void *p, int ith, int nth) {
     int64_t lo, hi;
     tm_split_range(t->n, ith, nth, &lo, &hi);
     uint64_t rb = tm_dtype_row_bytes(t->w->type, (uint64_t)t->w->cols);
-    for (int64_t i = lo; i < hi; i++)
-        tm_dequant_row(t->w->type, (const uint8_t *)t->w->data + (uint64_t)t->ids[i] * rb, t->x + i * t->w->cols,
-                       t->w->cols);
+    const bool fp8 = t->w->type == TM_DT_FP8_E4M3; /* element = scale * e4m3 (tm_dequant_row gives the e4m3) */
+    for (int64_t i = lo; i < hi; i++) {
+        float *xi = t->x + i * t->w->cols;
+        tm_dequant_row(t->w->type, (const uint8_t *)t->w->data + (uint64_t)t->ids[i] * rb, xi, t->w->cols);
+        if (fp8)
+            for (int64_t c = 0; c < t->w->cols; c++) xi[c] *= t->w->scale;
+    }
 }
 
 static void cpu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids, int32_t n, void *x) {
@@ -212,6 +218,11 @@ typedef struct {
     tm_vec_dot_x4_fn x4;        /* q16 decode: four rows of a weight's x4 copy (w->aux) at once, or NULL */
     tm_vec_dot_x4row_fn x4row;  /* q16 prefill: one row of the x4 copy against up to 8 activation rows */
     tm_mat_dot_x4_fn x4mat;     /* q8: mat_dot over the x4 copy (decode: fused four-row kernel), or NULL */
+    bool fp8;                   /* fp8_e4m3 weights (W8A8, matmul_rows_fp8): qo and the kernels above unused; xq holds
+                                 * e4m3(x / act_scale) as f32 */
+    float act_scale;            /* fp8: the group's activation scale */
+    void (*fp8_to_f32)(const uint8_t *x, float *out, int64_t n); /* fp8, AVX2: widens weight bytes (exact, F16C) */
+    const float *fp8_lut;       /* fp8, scalar: the 256 e4m3 values instead (a look-up beats the branchy decode) */
     const tm_matmul_job *jobs;
     int32_t n_jobs;
     int64_t blk_start[TM_MATMUL_MAX_JOBS + 1]; /* first global row block of each job */
@@ -222,12 +233,75 @@ typedef struct {
     int32_t n;
 } matmul_task;
 
+/* fp8 weights: each activation divided by the activation scale and rounded to e4m3 (nearest even, saturating at
+ * +-448), stored as its f32 value; x, y (n) */
+static void fp8_act_row(const float *x, float act_scale, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = tm_fp8_to_f32(tm_fp8_from_f32(x[i] / act_scale));
+}
+
 static void quant_act_fn(void *p, int ith, int nth) {
     matmul_task *t = p;
     int64_t lo, hi;
     tm_split_range(t->n, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++)
-        t->qo->from_float(t->x + i * t->cols, (uint8_t *)t->xq + (size_t)i * t->arb, t->cols);
+    for (int64_t i = lo; i < hi; i++) {
+        uint8_t *y = (uint8_t *)t->xq + (size_t)i * t->arb;
+        if (t->fp8) fp8_act_row(t->x + i * t->cols, t->act_scale, (float *)y, t->cols);
+        else t->qo->from_float(t->x + i * t->cols, y, t->cols);
+    }
+}
+
+/* ---- matmul: fp8_e4m3 weights (W8A8) ------------------------------------------------------------ */
+
+/* Semantics (backend.h, tm_weight): out = scale * act_scale * sum(e4m3(x / act_scale) * e4m3(w)) (+ bias). The
+ * activations arrive rounded (quant_act_fn, once per row for the group); a weight row is widened to f32 a chunk
+ * at a time (AVX2: the kernel table's fp8_to_f32; scalar: a 256-entry table; both exact) once per tile of tokens,
+ * and each (row, token) pair sums its products in double, chunk by chunk in column order. e4m3 values are multiples of 2^-9 below 2^9 with 4
+ * significant bits, so every product is exact in f32 (8 bits, a multiple of 2^-18 below 2^18) and every partial
+ * sum of up to 2^17 columns is exact in double: the sum is the exact one whatever the order, the lanes or the
+ * thread, and the result rounds once to f32 (times scale * act_scale), then adds the bias. A pair's bits therefore
+ * depend on its weight row and activation row only (never on the batch), and equal a double reference's. */
+enum { TM_FP8_CHUNK = 256 };
+
+static inline double fp8_dot_chunk(const float *w, const float *x, int64_t n) {
+    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        a0 += (double)(w[c] * x[c]);
+        a1 += (double)(w[c + 1] * x[c + 1]);
+        a2 += (double)(w[c + 2] * x[c + 2]);
+        a3 += (double)(w[c + 3] * x[c + 3]);
+    }
+    for (; c < n; c++) a0 += (double)(w[c] * x[c]);
+    return (a0 + a1) + (a2 + a3);
+}
+
+/* rows [r0, r1) of one fp8 job, all tokens */
+static void matmul_rows_fp8(const matmul_task *t, const tm_matmul_job *job, int64_t r0, int64_t r1) {
+    const int64_t rows = job->w->rows, cols = t->cols;
+    const uint8_t *wbase = job->w->data; /* (rows, cols) e4m3 bytes */
+    const float *bias = job->bias ? job->bias->data : NULL;
+    const double sc = (double)(job->w->scale * job->w->act_scale); /* act_scale a power of two: exact */
+    float *out = job->out;
+    float wf[TM_FP8_CHUNK];        /* a chunk of the weight row, widened */
+    double acc[TM_TOKEN_TILE];     /* the tile's sums for the current row */
+    for (int32_t t0 = 0; t0 < t->n; t0 += TM_TOKEN_TILE) {
+        int32_t t1 = t0 + TM_TOKEN_TILE < t->n ? t0 + TM_TOKEN_TILE : t->n;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = wbase + (uint64_t)r * (uint64_t)cols;
+            for (int32_t i = t0; i < t1; i++) acc[i - t0] = 0.0;
+            for (int64_t c0 = 0; c0 < cols; c0 += TM_FP8_CHUNK) {
+                const int64_t cn = cols - c0 < TM_FP8_CHUNK ? cols - c0 : TM_FP8_CHUNK;
+                if (t->fp8_lut)
+                    for (int64_t c = 0; c < cn; c++) wf[c] = t->fp8_lut[wr[c0 + c]];
+                else
+                    t->fp8_to_f32(wr + c0, wf, cn);
+                for (int32_t i = t0; i < t1; i++)
+                    acc[i - t0] += fp8_dot_chunk(wf, (const float *)(t->xq + (size_t)i * t->arb) + c0, cn);
+            }
+            const float b = bias ? bias[r] : 0.0f;
+            for (int32_t i = t0; i < t1; i++) out[(int64_t)i * rows + r] = (float)(acc[i - t0] * sc) + b;
+        }
+    }
 }
 
 /* rows [r0, r1) of one job, all tokens, tiled so a tile of activation rows stays in L2 */
@@ -238,6 +312,10 @@ static void matmul_rows(const matmul_task *t, const tm_matmul_job *job, int64_t 
     const float *bias = job->bias ? job->bias->data : NULL;
     float *out = job->out;
     float tmp[TM_MULTI_MAX];
+    if (t->fp8) {
+        matmul_rows_fp8(t, job, r0, r1);
+        return;
+    }
     if (t->n <= TM_QUANT16_X4_MAX_ROWS && t->x4 && job->w->aux) { /* decode: four weight rows per call from the
                                                                      * sequential x4 copy; r0, r1: multiples of 4 */
         const uint8_t *g = (const uint8_t *)job->w->aux + (uint64_t)r0 * rb;
@@ -320,19 +398,14 @@ static const tm_quant_ops *cpu_dot_ops(const tm_cpu_backend *c, tm_dtype t) {
 
 static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs, const void *x, int32_t n) {
     tm_cpu_backend *c = cpu(be);
-    /* one conversion of x serves the group only when every weight has the same type */
+    const bool fp8 = jobs[0].w->type == TM_DT_FP8_E4M3;
+    /* one conversion of x serves the group only when every weight has the same type (fp8: and activation scale) */
     for (int32_t j = 1; j < n_jobs; j++)
-        if (jobs[j].w->type != jobs[0].w->type) {
+        if (jobs[j].w->type != jobs[0].w->type || (fp8 && jobs[j].w->act_scale != jobs[0].w->act_scale)) {
             for (int32_t k = 0; k < n_jobs; k++) cpu_matmul(be, &jobs[k], 1, x, n);
             return;
         }
     matmul_task t = {0};
-    t.qo = cpu_dot_ops(c, jobs[0].w->type);
-    t.multi = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_multi_avx2(jobs[0].w->type) : NULL;
-    t.mat = c->act_bits == 8;
-    t.x4 = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_x4_avx2(jobs[0].w->type) : NULL;
-    t.x4row = t.x4 ? tm_quant16_x4row_avx2(jobs[0].w->type) : NULL;
-    t.x4mat = c->act_bits == 8 && c->isa == TM_ISA_AVX2 ? tm_quant_x4_avx2(jobs[0].w->type) : NULL;
     t.jobs = jobs;
     t.n_jobs = n_jobs;
     t.cols = jobs[0].w->cols;
@@ -340,6 +413,27 @@ static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs
     t.n = n;
     for (int32_t j = 0; j < n_jobs; j++)
         t.blk_start[j + 1] = t.blk_start[j] + (jobs[j].w->rows + TM_ROW_BLOCK - 1) / TM_ROW_BLOCK;
+    const int64_t nblk = t.blk_start[n_jobs];
+    if (fp8) { /* the tm_quant_ops tables have no fp8 entry: matmul_rows_fp8 */
+        t.fp8 = true;
+        t.act_scale = jobs[0].w->act_scale;
+        t.fp8_to_f32 = c->k.fp8_to_f32;
+        t.fp8_lut = c->isa == TM_ISA_AVX2 ? NULL : c->fp8_lut;
+        /* x is an activation buffer of at least n * cols floats (cpu_alloc), which keeps the scratch at least that
+         * large: the rounded rows, f32 too, fit */
+        t.arb = (size_t)t.cols * sizeof(float);
+        t.xq = c->scratch;
+        if (n < 4) quant_act_fn(&t, 0, 1);
+        else tm_threadpool_run(c->tp, quant_act_fn, &t);
+        tm_threadpool_run_range(c->tp, nblk, n <= 2 ? 1 : nblk, matmul_fn, &t);
+        return;
+    }
+    t.qo = cpu_dot_ops(c, jobs[0].w->type);
+    t.multi = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_multi_avx2(jobs[0].w->type) : NULL;
+    t.mat = c->act_bits == 8;
+    t.x4 = c->act_bits == 16 && c->isa == TM_ISA_AVX2 ? tm_quant16_x4_avx2(jobs[0].w->type) : NULL;
+    t.x4row = t.x4 ? tm_quant16_x4row_avx2(jobs[0].w->type) : NULL;
+    t.x4mat = c->act_bits == 8 && c->isa == TM_ISA_AVX2 ? tm_quant_x4_avx2(jobs[0].w->type) : NULL;
     if (t.qo->act_type == TM_DT_F32) {
         t.xq = x;
         t.arb = (size_t)t.cols * sizeof(float);
@@ -351,7 +445,6 @@ static void cpu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs
     }
     /* each thread's row blocks as one contiguous stream (static parts beat interleaved chunks: the hardware
      * prefetcher follows one stream per thread), the back half of a slow thread's rest taken by a done one */
-    const int64_t nblk = t.blk_start[n_jobs];
     /* decode: a row block per claim; prefill: a quarter of a part (each call re-reads the activation tiles) */
     const int64_t grain = n <= 2 ? 1 : nblk;
     tm_threadpool_run_range(c->tp, nblk, grain, matmul_fn, &t);
@@ -810,6 +903,16 @@ static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     tm_cpu_backend *c = cpu(be);
     w->aux = NULL;
     if (!w->data) return tm_err(err, TM_ERR_INVALID, "cpu backend: weight without data (deferred dummy)");
+    if (w->type == TM_DT_FP8_E4M3) { /* read row-major as it is (matmul_rows_fp8): no decode copy */
+        int e2;
+        const bool pow2 = isfinite(w->act_scale) && w->act_scale > 0.0f && frexpf(w->act_scale, &e2) == 0.5f;
+        if (!(isfinite(w->scale) && w->scale > 0.0f) || !pow2)
+            return tm_err(err, TM_ERR_INVALID,
+                          "cpu backend: fp8_e4m3 weight (%lld x %lld) needs a positive finite scale and a power-of-two "
+                          "activation scale (has %g and %g)",
+                          (long long)w->rows, (long long)w->cols, (double)w->scale, (double)w->act_scale);
+        return TM_OK;
+    }
     const char *off = getenv("TM_CPU_NO_X4");
     const bool kern = c->act_bits == 16 ? tm_quant16_x4_avx2(w->type) != NULL : tm_quant_x4_avx2(w->type) != NULL;
     if (c->isa != TM_ISA_AVX2 || !kern || !tm_quant16_x4_eligible(w->type, w->rows, w->cols) || (off && !strcmp(off, "1")))
@@ -859,6 +962,7 @@ tm_status tm_backend_cpu_create(const tm_cpu_cfg *cfg, tm_backend **out, tm_erro
     c->act_bits = bits;
     c->isa = tm_cpu_use_avx2() ? TM_ISA_AVX2 : TM_ISA_SCALAR;
     c->k = tm_cpu_kernels_select(c->isa == TM_ISA_AVX2);
+    for (int b = 0; b < 256; b++) c->fp8_lut[b] = tm_fp8_to_f32((uint8_t)b);
     tm_status s = tm_threadpool_create(cfg->n_threads, &c->tp, err);
     if (s != TM_OK) {
         free(c);

@@ -1,5 +1,6 @@
 /* tm_quant.c -- reference (de)quantization of GGUF block types, scalar dot kernels, ops tables and dispatch. */
 #include "backend/cpu/tm_quant.h"
+#include "core/tm_fp8.h"
 
 #include <float.h>
 #include <math.h>
@@ -166,6 +167,7 @@ void tm_dequant_row(tm_dtype t, const void *src, float *dst, int64_t n) {
     case TM_DT_Q4_K: deq_q4_K(src, dst, nb); break;
     case TM_DT_Q6_K: deq_q6_K(src, dst, nb); break;
     case TM_DT_Q8_K: deq_q8_K(src, dst, nb); break;
+    case TM_DT_FP8_E4M3: tm_fp8_row_to_f32(s, dst, n); break; /* the e4m3 values; a weight's scale is the caller's */
     default: break;
     }
 }
@@ -377,6 +379,9 @@ void tm_quant_row(tm_dtype t, const float *src, void *dst, int64_t n) {
     case TM_DT_Q4_K: quant_q4_K(src, dst, nb); break;
     case TM_DT_Q6_K: quant_q6_K(src, dst, nb); break;
     case TM_DT_Q8_K: tm_quant_act_q8_K(src, dst, n); break;
+    case TM_DT_FP8_E4M3: /* each value rounded to e4m3 (nearest even, saturating at +-448); no scale */
+        for (int64_t i = 0; i < n; i++) d[i] = tm_fp8_from_f32(src[i]);
+        break;
     default: break;
     }
 }

@@ -7,9 +7,12 @@
 
 typedef enum tm_isa { TM_ISA_SCALAR = 0, TM_ISA_AVX2 = 1 } tm_isa;
 
-/* Reference dequantization of n elements of type t (n a multiple of the block size) to f32. */
+/* Reference dequantization of n elements of type t (n a multiple of the block size) to f32. FP8_E4M3 gives the
+ * e4m3 values themselves: an fp8 weight's per-tensor scale (tm_weight.scale) is for the caller to apply. */
 void tm_dequant_row(tm_dtype t, const void *src, float *dst, int64_t n);
-/* Reference quantization of f32 to t (for tests and dummy weights); t in F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q4_K,Q6_K,Q8_1,Q8_K */
+/* Reference quantization of f32 to t (for tests and dummy weights); t in F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q4_K,Q6_K,Q8_1,
+ * Q8_K,FP8_E4M3 (tm_fp8_from_f32 of each value: divide by the weight's scale first). There are no dot-product ops
+ * (tm_quant_ops) for FP8_E4M3: the CPU backend computes fp8 weights (W8A8) on its own path. */
 void tm_quant_row(tm_dtype t, const float *src, void *dst, int64_t n);
 
 /* The dot-product recipe for a weight type: activations are converted to act_type once per row of x,

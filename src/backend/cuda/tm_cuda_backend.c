@@ -61,6 +61,9 @@ typedef struct cu_backend {
     size_t attn_work_bytes;
     uint16_t *deq;               /* (deq_elems) dequantized weight for large-batch GEMMs */
     size_t deq_elems, deq_need;
+    uint8_t *xq8;                /* (xq8_bytes) e4m3 activations of the fp8 GEMMs: (max_tokens, max_fp8_cols) */
+    size_t xq8_bytes;
+    int64_t max_fp8_cols;
     uint16_t *ffn_tmp;           /* (ffn_elems) up projection for large-batch SwiGLU */
     size_t ffn_elems;
     int64_t max_ffn_rows;
@@ -162,12 +165,17 @@ static tm_status cu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
                       (long long)w->cols, tm_dtype_name(w->type), (double)bytes / 1e6, cudaGetErrorString(e));
     }
     if (w->dummy) {
-        if (w->type != TM_DT_F32 && w->type != TM_DT_F16 && w->type != TM_DT_BF16) {
+        const bool f8 = w->type == TM_DT_FP8_E4M3;
+        if ((w->type != TM_DT_F32 && w->type != TM_DT_F16 && w->type != TM_DT_BF16 && !f8) ||
+            (f8 && (!(w->scale > 0.0f) || w->dummy_constant != 0.0f))) {
             cudaFree(d);
-            return tm_err(err, TM_ERR_UNSUPPORTED, "deferred dummy weights are made on the device in f32/f16/bf16 only");
+            return tm_err(err, TM_ERR_UNSUPPORTED,
+                          "deferred dummy weights are made on the device in f32/f16/bf16, or random fp8 with a scale");
         }
-        e = tm_cuda_fill_random(d, (int32_t)w->type, (size_t)w->rows * (size_t)w->cols, w->dummy_seed, w->dummy_scale,
-                                w->dummy_constant, c->stream);
+        /* fp8: the bytes are e4m3(dummy_scale * uniform / scale), so the weight's values are dummy_scale * uniform
+         * rounded to the fp8 grid */
+        e = tm_cuda_fill_random(d, (int32_t)w->type, (size_t)w->rows * (size_t)w->cols, w->dummy_seed,
+                                f8 ? w->dummy_scale / w->scale : w->dummy_scale, w->dummy_constant, c->stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     } else {
         e = cudaMemcpy(d, w->data, bytes, cudaMemcpyHostToDevice);
@@ -178,8 +186,9 @@ static tm_status cu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     }
     w->data = d;
     w->dummy = false;
-    bool quant = w->type != TM_DT_BF16;
+    bool quant = w->type != TM_DT_BF16 && w->type != TM_DT_FP8_E4M3; /* fp8 GEMMs read the weight as it is */
     if (quant && (size_t)(w->rows * w->cols) > c->deq_need) c->deq_need = (size_t)(w->rows * w->cols);
+    if (w->type == TM_DT_FP8_E4M3 && w->cols > c->max_fp8_cols) c->max_fp8_cols = w->cols;
     if (w->rows > c->max_ffn_rows) c->max_ffn_rows = w->rows;
     return TM_OK;
 }
@@ -320,6 +329,9 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
                   err)) != TM_OK)
         return s;
     c->ffn_elems = ffn_bytes / 2;
+    if ((s = grow(c, (void **)&c->xq8, &c->xq8_bytes, (size_t)c->max_tokens * (size_t)c->max_fp8_cols, "fp8 activations",
+                  err)) != TM_OK)
+        return s;
 
     /* layout: slots (i64) | ids | pos | seq | lidx | qstart | ctx | btab */
     size_t o_slots = 0, o_ids = align8(o_slots + (size_t)nt * 8), o_pos = align8(o_ids + (size_t)nt * 4),
@@ -510,12 +522,60 @@ static void cu_add_rmsnorm(tm_backend *be, void *residual, const void *x, const 
     buf_mark(c, out, false);
 }
 
+/* the GEMV launchers' view of a weight: its fp8 scales (gate and up for SwiGLU), or NULL for the other types */
+static const tm_cuda_fp8_scales *fp8_of(const tm_weight *w, const tm_weight *up, tm_cuda_fp8_scales *buf) {
+    if (w->type != TM_DT_FP8_E4M3) return NULL;
+    *buf = (tm_cuda_fp8_scales){.w = w->scale, .w_up = up ? up->scale : 0.0f, .act = w->act_scale};
+    return buf;
+}
+
+static tm_cuda_gemv_job gemv_job(const tm_weight *w, const tm_weight *bias, void *out) {
+    return (tm_cuda_gemv_job){.w = w->data, .rows = w->rows, .bias = bias ? bias->data : NULL, .out = out,
+                              .scale = w->scale, .act_scale = w->act_scale};
+}
+
+/* fp8 weights at large n (W8A8, backend.h): x (n, cols) rounded to e4m3 once for every product that shares its
+ * act_scale, then one cuBLASLt fp8 GEMM per weight: outs[i] (n, ws[i]->rows) bf16 = scale * act_scale * xq · wqᵀ */
+static void matmul_fp8(cu_backend *c, const tm_weight *const *ws, const tm_weight *const *biases, void *const *outs,
+                       const bool *out_f32, int32_t count, const void *x, int32_t n) {
+    float quantized_for = 0.0f; /* the act_scale xq8 holds x for, 0: none yet */
+    for (int32_t i = 0; i < count && !cu_failed(c); i++) {
+        const tm_weight *w = ws[i];
+        if (biases[i]) {
+            cu_fail(c, cudaErrorNotSupported, "fp8 GEMM with a bias");
+            return;
+        }
+        if ((size_t)n * (size_t)w->cols > c->xq8_bytes) {
+            cu_fail(c, cudaErrorMemoryAllocation, "fp8 activation buffer too small");
+            return;
+        }
+        if (w->act_scale != quantized_for) {
+            if (cu_fail(c, tm_cuda_quant_fp8(x, (size_t)n * (size_t)w->cols, 1.0f / w->act_scale, c->xq8, c->stream),
+                        "quant_fp8"))
+                return;
+            quantized_for = w->act_scale;
+        }
+        tm_error e;
+        if (tm_cuda_blas_gemm_fp8(c->blas, c->xq8, w->data, w->scale * w->act_scale, outs[i], out_f32[i], n, w->rows,
+                                  w->cols, c->stream, &e) != TM_OK &&
+            c->err_code == TM_OK)
+            c->err_code = tm_err(&c->err, TM_ERR_DEVICE, "%s", e.msg);
+    }
+}
+
 /* out (n, rows) = x · wᵀ: fused dequant GEMV for small n, cuBLASLt (after dequantizing to bf16) otherwise */
 static void matmul_one(cu_backend *c, const tm_weight *w, const tm_weight *bias, const void *x, int32_t n, void *out,
                        bool out_f32) {
     const float *bd = bias ? bias->data : NULL;
     if (n <= TM_CUDA_GEMV_MAX_N) {
-        cu_fail(c, tm_cuda_gemv(w->data, (int32_t)w->type, w->rows, w->cols, x, n, bd, out, out_f32, c->stream), "gemv");
+        tm_cuda_fp8_scales f8;
+        cu_fail(c, tm_cuda_gemv(w->data, (int32_t)w->type, w->rows, w->cols, x, n, bd, out, out_f32, fp8_of(w, NULL, &f8),
+                                c->stream),
+                "gemv");
+        return;
+    }
+    if (w->type == TM_DT_FP8_E4M3) {
+        matmul_fp8(c, &w, &bias, &out, &out_f32, 1, x, n);
         return;
     }
     const uint16_t *wb = w->data;
@@ -545,13 +605,29 @@ static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs,
     if (group) {
         tm_cuda_gemv_job gj[TM_CUDA_GEMV_MAX_JOBS];
         for (int32_t j = 0; j < n_jobs; j++) {
-            gj[j] = (tm_cuda_gemv_job){.w = jobs[j].w->data, .rows = jobs[j].w->rows,
-                                       .bias = jobs[j].bias ? jobs[j].bias->data : NULL, .out = jobs[j].out};
+            gj[j] = gemv_job(jobs[j].w, jobs[j].bias, jobs[j].out);
             buf_mark(c, jobs[j].out, jobs[j].out_f32);
         }
         cu_fail(c, tm_cuda_gemv_group(gj, n_jobs, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n, jobs[0].out_f32,
                                       c->stream),
                 "gemv_group");
+        return;
+    }
+    /* large batches of fp8 weights (q, k, v): x rounded to e4m3 once for all of them */
+    bool all_fp8 = n > TM_CUDA_GEMV_MAX_N && n_jobs <= TM_MATMUL_MAX_JOBS;
+    for (int32_t j = 0; j < n_jobs && all_fp8; j++) all_fp8 = jobs[j].w->type == TM_DT_FP8_E4M3;
+    if (all_fp8) {
+        const tm_weight *ws[TM_MATMUL_MAX_JOBS], *bs[TM_MATMUL_MAX_JOBS];
+        void *outs[TM_MATMUL_MAX_JOBS];
+        bool f32[TM_MATMUL_MAX_JOBS];
+        for (int32_t j = 0; j < n_jobs; j++) {
+            ws[j] = jobs[j].w;
+            bs[j] = jobs[j].bias;
+            outs[j] = jobs[j].out;
+            f32[j] = jobs[j].out_f32;
+            buf_mark(c, jobs[j].out, jobs[j].out_f32);
+        }
+        matmul_fp8(c, ws, bs, outs, f32, n_jobs, x, n);
         return;
     }
     for (int32_t j = 0; j < n_jobs && !cu_failed(c); j++) {
@@ -566,7 +642,9 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
     if (cu_failed(c)) return;
     buf_mark(c, out, false);
     if (n <= TM_CUDA_GEMV_MAX_N) {
-        cu_fail(c, tm_cuda_gemv_swiglu(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x, n, out, c->stream),
+        tm_cuda_fp8_scales f8;
+        cu_fail(c, tm_cuda_gemv_swiglu(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x, n, out,
+                                       fp8_of(gate, up, &f8), c->stream),
                 "gemv_swiglu");
         return;
     }
@@ -574,8 +652,15 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
         cu_fail(c, cudaErrorMemoryAllocation, "ffn buffer too small");
         return;
     }
-    matmul_one(c, gate, NULL, x, n, out, false);
-    matmul_one(c, up, NULL, x, n, c->ffn_tmp, false);
+    if (gate->type == TM_DT_FP8_E4M3 && up->type == TM_DT_FP8_E4M3) { /* x rounded to e4m3 once for both */
+        const tm_weight *ws[2] = {gate, up}, *bs[2] = {NULL, NULL};
+        void *outs[2] = {out, c->ffn_tmp};
+        const bool f32[2] = {false, false};
+        matmul_fp8(c, ws, bs, outs, f32, 2, x, n);
+    } else {
+        matmul_one(c, gate, NULL, x, n, out, false);
+        matmul_one(c, up, NULL, x, n, c->ffn_tmp, false);
+    }
     if (!cu_failed(c)) cu_fail(c, tm_cuda_swiglu(out, c->ffn_tmp, n, (int32_t)gate->rows, out, c->stream), "swiglu");
 }
 
@@ -629,9 +714,10 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
         norm_w->cols != w->rows)
         return false;
     if (cu_failed(c)) return true; /* ops do nothing after an error */
+    tm_cuda_fp8_scales f8;
     cudaError_t e = tm_cuda_gemv_add_rmsnorm(w->data, (int32_t)w->type, w->rows, w->cols, x, n,
                                              job->bias ? job->bias->data : NULL, NULL, residual, norm_w->data, eps,
-                                             norm_out, c->norm_scratch, c->stream);
+                                             norm_out, c->norm_scratch, fp8_of(w, NULL, &f8), c->stream);
     if (e == cudaErrorNotSupported) return false;
     cu_fail(c, e, "gemv_add_rmsnorm");
     buf_mark(c, norm_out, false);
@@ -650,9 +736,7 @@ static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const 
     if (cu_failed(c)) return true;
     if (!rope_table(c, a)) return true;
     tm_cuda_gemv_job gj[3];
-    for (int32_t j = 0; j < 3; j++)
-        gj[j] = (tm_cuda_gemv_job){.w = jobs[j].w->data, .rows = jobs[j].w->rows,
-                                   .bias = jobs[j].bias ? jobs[j].bias->data : NULL, .out = j == 0 ? q : NULL};
+    for (int32_t j = 0; j < 3; j++) gj[j] = gemv_job(jobs[j].w, jobs[j].bias, j == 0 ? q : NULL);
     tm_cuda_rope_args r = {
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
@@ -840,6 +924,7 @@ static void cu_free(tm_backend *be) {
     cudaFree(c->d_inv_freq);
     cudaFree(c->attn_work);
     cudaFree(c->deq);
+    cudaFree(c->xq8);
     cudaFree(c->ffn_tmp);
     cudaFreeHost(c->host_stage);
     cudaFree(c->d_ids_out);

@@ -59,10 +59,10 @@ static tm_status lt_load(lt_api *a, tm_error *err) {
     return TM_OK;
 }
 
-/* One cached plan per (n, m, k, out type, bias): descriptors and the heuristic's first algorithm. */
+/* One cached plan per (n, m, k, input type, out type, bias): descriptors and the heuristic's first algorithm. */
 typedef struct blas_plan {
     int64_t n, m, k;
-    bool out_f32, bias;
+    bool fp8, out_f32, bias; /* fp8: e4m3 x and w (else bf16) */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -144,8 +144,10 @@ static tm_status plan_make(tm_cuda_blas *b, blas_plan *p, tm_error *err) {
         LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
         LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
-    LT(lt->layout_create(&p->la, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->m, p->k));
-    LT(lt->layout_create(&p->lb, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->n, p->k));
+    /* fp8 (Hopper): A transposed, B not ("TN"), k and the leading dimensions multiples of 16, C of D's type */
+    const cudaDataType_t it = p->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    LT(lt->layout_create(&p->la, it, (uint64_t)p->k, (uint64_t)p->m, p->k));
+    LT(lt->layout_create(&p->lb, it, (uint64_t)p->k, (uint64_t)p->n, p->k));
     LT(lt->layout_create(&p->lc, ct, (uint64_t)p->m, (uint64_t)p->n, p->m));
     cublasLtMatmulPreference_t pref = NULL;
     LT(lt->pref_create(&pref));
@@ -157,8 +159,8 @@ static tm_status plan_make(tm_cuda_blas *b, blas_plan *p, tm_error *err) {
     if (cs != CUBLAS_STATUS_SUCCESS) goto fail;
     if (!found) {
         plan_destroy(lt, p);
-        return tm_err(err, TM_ERR_DEVICE, "cuBLASLt has no algorithm for %lld x %lld x %lld", (long long)p->n,
-                      (long long)p->m, (long long)p->k);
+        return tm_err(err, TM_ERR_DEVICE, "cuBLASLt has no %s algorithm for %lld x %lld x %lld", p->fp8 ? "fp8" : "bf16",
+                      (long long)p->n, (long long)p->m, (long long)p->k);
     }
     p->algo = res.algo;
     return TM_OK;
@@ -169,13 +171,14 @@ fail:
 #undef LT
 }
 
-tm_status tm_cuda_blas_gemm(tm_cuda_blas *b, const uint16_t *x, const uint16_t *w, const float *bias, void *out,
-                            bool out_f32, int64_t n, int64_t m, int64_t k, cudaStream_t stream, tm_error *err) {
+/* out (n, m) = alpha * x · wᵀ (+ bias): the bf16 and the fp8 products */
+static tm_status gemm_run(tm_cuda_blas *b, const void *x, const void *w, bool fp8, float alpha, const float *bias,
+                          void *out, bool out_f32, int64_t n, int64_t m, int64_t k, cudaStream_t stream, tm_error *err) {
     blas_plan *p = NULL;
     bool want_bias = bias != NULL;
     for (int32_t i = 0; i < b->n_plans && !p; i++) {
         blas_plan *q = &b->plans[i];
-        if (q->n == n && q->m == m && q->k == k && q->out_f32 == out_f32 && q->bias == want_bias) p = q;
+        if (q->n == n && q->m == m && q->k == k && q->fp8 == fp8 && q->out_f32 == out_f32 && q->bias == want_bias) p = q;
     }
     if (!p) {
         if (b->n_plans == b->cap_plans) {
@@ -185,7 +188,7 @@ tm_status tm_cuda_blas_gemm(tm_cuda_blas *b, const uint16_t *x, const uint16_t *
             b->plans = np;
             b->cap_plans = cap;
         }
-        blas_plan fresh = {.n = n, .m = m, .k = k, .out_f32 = out_f32, .bias = want_bias};
+        blas_plan fresh = {.n = n, .m = m, .k = k, .fp8 = fp8, .out_f32 = out_f32, .bias = want_bias};
         tm_status s = plan_make(b, &fresh, err);
         if (s != TM_OK) return s;
         b->plans[b->n_plans++] = fresh;
@@ -195,11 +198,24 @@ tm_status tm_cuda_blas_gemm(tm_cuda_blas *b, const uint16_t *x, const uint16_t *
         cublasStatus_t cs = b->lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
         if (cs != CUBLAS_STATUS_SUCCESS) return tm_err(err, TM_ERR_DEVICE, "cuBLASLt bias: %s", b->lt.status_string(cs));
     }
-    float alpha = 1.0f, beta = 0.0f;
+    const float beta = 0.0f;
     cublasStatus_t cs = b->lt.matmul(b->h, p->op, &alpha, w, p->la, x, p->lb, &beta, out, p->lc, out, p->lc, &p->algo,
                                      b->ws, b->ws_bytes, stream);
     if (cs != CUBLAS_STATUS_SUCCESS)
         return tm_err(err, TM_ERR_DEVICE, "cublasLtMatmul %lld x %lld x %lld: %s", (long long)n, (long long)m,
                       (long long)k, b->lt.status_string(cs));
     return TM_OK;
+}
+
+tm_status tm_cuda_blas_gemm(tm_cuda_blas *b, const uint16_t *x, const uint16_t *w, const float *bias, void *out,
+                            bool out_f32, int64_t n, int64_t m, int64_t k, cudaStream_t stream, tm_error *err) {
+    return gemm_run(b, x, w, false, 1.0f, bias, out, out_f32, n, m, k, stream, err);
+}
+
+tm_status tm_cuda_blas_gemm_fp8(tm_cuda_blas *b, const uint8_t *xq, const uint8_t *w, float alpha, void *out,
+                                bool out_f32, int64_t n, int64_t m, int64_t k, cudaStream_t stream, tm_error *err) {
+    if (k % 16 || m % 16 || ((uintptr_t)xq & 15u) || ((uintptr_t)w & 15u))
+        return tm_err(err, TM_ERR_UNSUPPORTED, "fp8 GEMM %lld x %lld x %lld: needs k and m multiples of 16 and 16-byte "
+                      "aligned operands", (long long)n, (long long)m, (long long)k);
+    return gemm_run(b, xq, w, true, alpha, NULL, out, out_f32, n, m, k, stream, err);
 }

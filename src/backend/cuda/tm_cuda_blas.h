@@ -1,4 +1,4 @@
-/* tm_cuda_blas.h -- dense bf16 GEMMs through cuBLASLt: one handle, one workspace, cached algorithm choices. */
+/* tm_cuda_blas.h -- dense bf16 and fp8 GEMMs through cuBLASLt: one handle, one workspace, cached algorithm choices. */
 #ifndef TM_CUDA_BLAS_H
 #define TM_CUDA_BLAS_H
 
@@ -15,5 +15,11 @@ void tm_cuda_blas_free(tm_cuda_blas *b);
  * out_f32 else bf16. All row-major, device memory; enqueued on stream (graph-capturable). */
 tm_status tm_cuda_blas_gemm(tm_cuda_blas *b, const uint16_t *x, const uint16_t *w, const float *bias, void *out,
                             bool out_f32, int64_t n, int64_t m, int64_t k, cudaStream_t stream, tm_error *err);
+
+/* out (n, m) = alpha * xq (n, k) e4m3 · w (m, k) e4m3 ᵀ, f32 accumulation, out bf16 (f32 when out_f32): the W8A8
+ * product of backend.h (xq = e4m3(x / act_scale), alpha = scale * act_scale). k and m multiples of 16, operands
+ * 16-byte aligned (TM_ERR_UNSUPPORTED otherwise); no bias. */
+tm_status tm_cuda_blas_gemm_fp8(tm_cuda_blas *b, const uint8_t *xq, const uint8_t *w, float alpha, void *out,
+                                bool out_f32, int64_t n, int64_t m, int64_t k, cudaStream_t stream, tm_error *err);
 
 #endif /* TM_CUDA_BLAS_H */

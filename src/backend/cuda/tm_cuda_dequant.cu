@@ -112,7 +112,9 @@ extern "C" bool tm_cuda_weight_type_supported(int32_t type) {
 extern "C" cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t rows, int64_t cols, uint16_t *out,
                                             cudaStream_t stream) {
     tmq::info ti;
-    if (!w || !out || rows < 0 || cols <= 0 || !tmq::type_info(type, &ti) || cols % ti.qk) return cudaErrorInvalidValue;
+    /* fp8 rows do not carry their per-tensor scale: only the GEMV (which takes it) and the fp8 GEMM read them */
+    if (!w || !out || rows < 0 || cols <= 0 || type == TM_DT_FP8_E4M3 || !tmq::type_info(type, &ti) || cols % ti.qk)
+        return cudaErrorInvalidValue;
     if (rows == 0) return cudaSuccess;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
     const uint8_t *wb = (const uint8_t *)w;
@@ -134,7 +136,8 @@ extern "C" cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t
 extern "C" cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t cols, const int32_t *ids, int32_t n,
                                      float *x, cudaStream_t stream) {
     tmq::info ti;
-    if (!table || !ids || !x || n < 0 || cols <= 0 || !tmq::type_info(type, &ti) || cols % ti.qk)
+    if (!table || !ids || !x || n < 0 || cols <= 0 || type == TM_DT_FP8_E4M3 || !tmq::type_info(type, &ti) ||
+        cols % ti.qk)
         return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;

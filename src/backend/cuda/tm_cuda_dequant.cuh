@@ -1,4 +1,4 @@
-/* tm_cuda_dequant.cuh -- device-side decoding of GGUF weight blocks (f32, f16, bf16, q8_0, q4_0, q4_1, q4_K, q6_K). */
+/* tm_cuda_dequant.cuh -- device-side decoding of weight blocks (GGUF f32, f16, bf16, q8_0, q4_0, q4_1, q4_K, q6_K; fp8 e4m3). */
 #ifndef TM_CUDA_DEQUANT_CUH
 #define TM_CUDA_DEQUANT_CUH
 
@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "core/tm_dtype.h"
+#include "tm_cuda_fp8.cuh"
 
 namespace tmq {
 
@@ -120,6 +121,7 @@ __host__ __device__ __forceinline__ bool type_info(int32_t type, info *i) {
     case TM_DT_Q4_1: *i = {TM_QK4_1, (int)sizeof(tm_block_q4_1)}; return true;
     case TM_DT_Q4_K: *i = {TM_QK_K, (int)sizeof(tm_block_q4_K)}; return true;
     case TM_DT_Q6_K: *i = {TM_QK_K, (int)sizeof(tm_block_q6_K)}; return true;
+    case TM_DT_FP8_E4M3: *i = {16, 16}; return true; /* rows of whole 16-byte units (t_fp8) */
     default: return false;
     }
 }
@@ -172,6 +174,7 @@ __device__ __forceinline__ float deq_elem(int32_t type, const uint8_t *row, int6
         const int sc = (int8_t)b[192 + 8 * h + l / 16 + 2 * g];
         return __fmul_rn(__fmul_rn(f16f(rd16(b + 208)), (float)sc), (float)q);
     }
+    case TM_DT_FP8_E4M3: return tm_fp8_to_f32(row[j]); /* the e4m3 value: the per-tensor scale is the caller's */
     default: return 0.0f;
     }
 }
@@ -304,6 +307,43 @@ struct t_q4_1 {
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = __fadd_rn(__fmul_rn(v[j], d), m);
     }
+};
+
+/* fp8 e4m3 (W8A8 weights, backend.h): unit = 16 elements = 16 bytes, 2 runs of 8. q = the e4m3 values themselves
+ * (exact in f32); the weight's per-tensor scale is not in the row: the GEMV applies it, with the activation scale,
+ * to its sums (so vals() is the unscaled value too, and dequant/embed do not take this type). */
+struct t_fp8 {
+    static constexpr int QK = 16, RUNS = 2, ALIGN = 16, UNROLL = 4;
+    static constexpr bool HAS_SCALE = false, HAS_MIN = false;
+    struct Raw {
+        uint4 v;
+    };
+    __device__ static int units(int cols) { return cols / 16; }
+    __device__ static int xoff(int u, int k) { return 16 * u + 8 * k; }
+    __device__ static void load(const uint8_t *row, int u, Raw &r) { r.v = ld_stream_v4(row + 16 * (int64_t)u); }
+    __device__ static void scales(const Raw &, float *, float *) {}
+    __device__ static void qrun(const Raw &r, int k, float *q) {
+        const uint32_t w[2] = {k ? r.v.z : r.v.x, k ? r.v.w : r.v.y};
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t f = tm_fp8x2_to_f16x2(w[i] >> (16 * h));
+                const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&f));
+                q[4 * i + 2 * h] = v.x;
+                q[4 * i + 2 * h + 1] = v.y;
+            }
+        }
+    }
+    __device__ static void vals(const Raw &r, int k, float *v) { qrun(r, k, v); }
+};
+
+/* the traits whose activations are rounded to e4m3 too (W8A8): the GEMV scales x and the sums (tm_cuda_gemv.cu) */
+template <class T> struct act_fp8 {
+    static constexpr bool value = false;
+};
+template <> struct act_fp8<t_fp8> {
+    static constexpr bool value = true;
 };
 
 /* q8_0 (34 B: d, qs[32] int8): unit = half a block (h = u & 1: elements 16h .. 16h+15), 2 runs of 8 */
@@ -442,7 +482,8 @@ struct t_q6_K {
 
 } /* namespace tmq */
 
-/* Expands F(trait) for the weight type number t (a switch; `default:` is left to the caller). */
+/* Expands F(trait) for the weight type number t (a switch; `default:` is left to the caller). The GGUF types, whose
+ * rows carry their scales: dequant and embed take these; the GEMV also takes fp8 (TMQ_GEMV_TYPE_CASES). */
 #define TMQ_TYPE_CASES(t, F)                                                                                       \
     case TM_DT_F32: F(tmq::t_f32); break;                                                                          \
     case TM_DT_F16: F(tmq::t_f16); break;                                                                          \
@@ -453,6 +494,10 @@ struct t_q6_K {
     case TM_DT_Q4_K: F(tmq::t_q4_K); break;                                                                        \
     case TM_DT_Q6_K: F(tmq::t_q6_K); break;
 
+#define TMQ_GEMV_TYPE_CASES(t, F)                                                                                  \
+    TMQ_TYPE_CASES(t, F)                                                                                           \
+    case TM_DT_FP8_E4M3: F(tmq::t_fp8); break;
+
 namespace tmq {
 /* the byte alignment the unit (v2) kernels need for a row of weight type t (blocks read at fixed offsets); 0 for a
  * type they do not know */
@@ -460,7 +505,7 @@ static inline int unit_align(int32_t type) {
     int align = 0;
     switch (type) {
 #define TMQ_ALIGN(T) align = T::ALIGN
-        TMQ_TYPE_CASES(type, TMQ_ALIGN)
+        TMQ_GEMV_TYPE_CASES(type, TMQ_ALIGN)
 #undef TMQ_ALIGN
     default: break;
     }

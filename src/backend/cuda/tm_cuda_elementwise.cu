@@ -1,4 +1,5 @@
-/* tm_cuda_elementwise.cu -- SwiGLU, row gather, bf16 <-> f32 conversions and device-side random fills. */
+/* tm_cuda_elementwise.cu -- SwiGLU, row gather, bf16 <-> f32 and bf16 -> fp8 conversions, device-side random fills. */
+#include "tm_cuda_fp8.cuh"
 #include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
@@ -170,6 +171,8 @@ template <>
 __device__ __forceinline__ __half from_f32<__half>(float f) { return __float2half_rn(f); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
+template <>
+__device__ __forceinline__ uint8_t from_f32<uint8_t>(float f) { return tm_fp8_of(f); } /* e4m3 */
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fill_random_kernel_v1(T *dst, size_t n, uint64_t seed, float scale,
@@ -179,7 +182,47 @@ __global__ void __launch_bounds__(kThreads) fill_random_kernel_v1(T *dst, size_t
         dst[i] = from_f32<T>(constant != 0.0f ? constant : scale * hash_uniform(seed, i));
 }
 
+/* ---- bf16 -> fp8 (the activations of an fp8 GEMM) ---- */
+
+/* out = e4m3(x * inv): kUnroll chunks of 8 per thread (16-byte loads, 8-byte stores) when vec, then the tail (or
+ * everything) element by element */
+__global__ void __launch_bounds__(kThreads) quant_fp8_kernel_v1(const uint16_t *__restrict__ x, size_t n, float inv,
+                                                                bool vec, uint8_t *__restrict__ out) {
+    const size_t stride = (size_t)gridDim.x * kThreads;
+    size_t done = 0;
+    if (vec) {
+        const size_t nch = n >> 3;
+        const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+        uint2 *o2 = reinterpret_cast<uint2 *>(out);
+        for (size_t c = (size_t)blockIdx.x * kThreads + threadIdx.x; c < nch; c += stride) {
+            const uint4 u = __ldg(x4 + c);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+            uint32_t o[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const uint32_t lo = tm_fp8x2_of(__uint_as_float(w[2 * i] << 16) * inv,
+                                                __uint_as_float(w[2 * i] & 0xffff0000u) * inv);
+                const uint32_t hi = tm_fp8x2_of(__uint_as_float(w[2 * i + 1] << 16) * inv,
+                                                __uint_as_float(w[2 * i + 1] & 0xffff0000u) * inv);
+                o[i] = lo | (hi << 16);
+            }
+            o2[c] = make_uint2(o[0], o[1]);
+        }
+        done = nch << 3;
+    }
+    for (size_t i = done + (size_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += stride)
+        out[i] = tm_fp8_of(bf(x[i]) * inv);
+}
+
 } // namespace
+
+extern "C" cudaError_t tm_cuda_quant_fp8(const uint16_t *x, size_t n, float inv, uint8_t *out, cudaStream_t stream) {
+    if (!x || !out || !(inv > 0.0f)) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    const bool vec = tm_aligned16(x) && ((uintptr_t)out & 7u) == 0;
+    quant_fp8_kernel_v1<<<grid_for(vec && n >= 8 ? n / 8 : n, kThreads), kThreads, 0, stream>>>(x, n, inv, vec, out);
+    return cudaGetLastError();
+}
 
 extern "C" cudaError_t tm_cuda_swiglu(const uint16_t *gate, const uint16_t *up, int32_t n, int32_t ffn, uint16_t *out,
                                       cudaStream_t stream) {
@@ -234,6 +277,9 @@ extern "C" cudaError_t tm_cuda_fill_random(void *dst, int32_t type, size_t n, ui
     case TM_DT_BF16:
         fill_random_kernel_v1<__nv_bfloat16><<<grid, kThreads, 0, stream>>>((__nv_bfloat16 *)dst, n, seed, scale,
                                                                              constant);
+        break;
+    case TM_DT_FP8_E4M3:
+        fill_random_kernel_v1<uint8_t><<<grid, kThreads, 0, stream>>>((uint8_t *)dst, n, seed, scale, constant);
         break;
     default:
         return cudaErrorInvalidValue;

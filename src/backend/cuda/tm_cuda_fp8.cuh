@@ -45,6 +45,20 @@ __device__ __forceinline__ void tm_fp8x16_to_bf16(uint4 in, uint4 &lo, uint4 &hi
     hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+/* W8A8 activations: the eight bf16 of a 16-byte item times inv (1 / act_scale, a power of two: exact), each rounded
+ * to e4m3 (nearest even, saturating at +-448) and widened back to f32 (exact) */
+__device__ __forceinline__ void tm_fp8_round8(uint4 u, float inv, float *out) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t h =
+            tm_fp8x2_to_f16x2(tm_fp8x2_of(__uint_as_float(w[i] << 16) * inv, __uint_as_float(w[i] & 0xffff0000u) * inv));
+        const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+    }
+}
+
 /* eight bf16 (a 16-byte item) -> eight e4m3 bytes (an 8-byte store) */
 __device__ __forceinline__ uint2 tm_fp8x8_of_bf16(uint4 u) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};

@@ -5,6 +5,7 @@
 #include "backend/cuda/tm_cuda_dequant.cuh"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 
 /* out (n, rows) = x (n, cols) bf16 . w^T for n <= 8: batch-1 decode, bound by the weight read.
@@ -91,7 +92,9 @@ template <bool SWIGLU>
 __global__ void __launch_bounds__(kThreadsV1)
     gemv_kernel_v1(const uint8_t *__restrict__ wa, const uint8_t *__restrict__ wb, int32_t type, int64_t rows,
                    int64_t cols, int64_t row_bytes, const uint16_t *__restrict__ x, int n,
-                   const float *__restrict__ bias, void *__restrict__ out, bool out_f32) {
+                   const float *__restrict__ bias, void *__restrict__ out, bool out_f32, float x_inv, float sc_a,
+                   float sc_b) {
+    /* fp8 weights (x_inv != 0): x rounded to e4m3 after scaling by x_inv, the sums scaled by sc_a (sc_b: up) */
     const int64_t r = blockIdx.x;
     const uint8_t *ra = wa + r * row_bytes;
     const uint8_t *rb = SWIGLU ? wb + r * row_bytes : ra;
@@ -104,7 +107,8 @@ __global__ void __launch_bounds__(kThreadsV1)
 #pragma unroll
         for (int b = 0; b < TM_CUDA_GEMV_MAX_N; b++) {
             if (b < n) {
-                const float xv = tmq::bf16f(x[b * cols + j]);
+                float xv = tmq::bf16f(x[b * cols + j]);
+                if (x_inv != 0.0f) xv = tm_fp8_to_f32(tm_fp8_of(xv * x_inv));
                 acc[0][b] = fmaf(va, xv, acc[0][b]);
                 if (SWIGLU) acc[1][b] = fmaf(vb, xv, acc[1][b]);
             }
@@ -129,6 +133,10 @@ __global__ void __launch_bounds__(kThreadsV1)
             s0 += red[w][0][b];
             s1 += red[w][1][b];
         }
+        if (x_inv != 0.0f) {
+            s0 *= sc_a;
+            s1 *= sc_b;
+        }
         if (SWIGLU)
             store_out(out, false, b * rows + r, silu_mul(s0, s1));
         else
@@ -145,7 +153,7 @@ template <class T, int N> __host__ __device__ constexpr int unroll_for() {
 /* acc[i][b] += dot(unit u of weight row i, x[b]) for the NR rows of the block, all N batch rows */
 template <class T, int N, int NR>
 __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u, const uint16_t *x,
-                                         int64_t cols, float (&acc)[NR][N]) {
+                                         int64_t cols, float (&acc)[NR][N], float x_inv) {
     float s[NR][T::RUNS], m[NR][T::RUNS];
     if constexpr (T::HAS_SCALE) {
 #pragma unroll
@@ -186,6 +194,18 @@ __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u
                     if constexpr (T::HAS_MIN) acc[i][b] = fmaf(m[i][k], xs[b], acc[i][b]);
                 }
             }
+        } else if constexpr (tmq::act_fp8<T>::value) { /* W8A8: x / act_scale rounded to e4m3, once per run */
+            float xq[N][8];
+#pragma unroll
+            for (int b = 0; b < N; b++) tm_fp8_round8(xv[b], x_inv, xq[b]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int b = 0; b < N; b++) {
+#pragma unroll
+                    for (int i = 0; i < NR; i++) acc[i][b] = fmaf(q[i][j], xq[b][j], acc[i][b]);
+                }
+            }
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -211,7 +231,7 @@ __device__ __forceinline__ void gemv_pdl_wait() {
  * previous kernel after the weight loads are issued and before x is read */
 template <class T, int N, int NR, int K>
 __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u, int stride,
-                                          const uint16_t *x, int64_t cols, float (&acc)[NR][N],
+                                          const uint16_t *x, int64_t cols, float (&acc)[NR][N], float x_inv,
                                           bool pdl_wait = false) {
     typename T::Raw raw[K][NR];
 #pragma unroll
@@ -221,7 +241,7 @@ __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u,
     }
     if (pdl_wait) gemv_pdl_wait();
 #pragma unroll
-    for (int k = 0; k < K; k++) unit_dot<T, N, NR>(raw[k], u + k * stride, x, cols, acc);
+    for (int k = 0; k < K; k++) unit_dot<T, N, NR>(raw[k], u + k * stride, x, cols, acc, x_inv);
 }
 
 /* resident 4-warp blocks per SM asked of the register allocator: 8 (<= 64 registers) at n = 1, i.e. 32 warps per
@@ -241,6 +261,10 @@ struct v2_args {
     int64_t row_bytes;
     int cols;
     bool out_f32, pdl;
+    /* fp8 weights (W8A8, backend.h): x is rounded to e4m3 after scaling by x_inv = 1 / act_scale; the sums of job j
+     * are scaled by sc[j] = scale_j * act_scale (sc_up: the SwiGLU up weights') */
+    float x_inv, sc_up;
+    float sc[kMaxJobs];
     /* EPI_NORM (one job; out[0] may be NULL) */
     float *residual;              /* (n, rows) f32 */
     const float *norm_w;          /* (rows) f32 */
@@ -357,9 +381,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     const float *bias = a.bias[0];
     void *out = a.out[0];
     int rows = a.rows[0], b0 = 0, jid = 0;
+    float sc = 0.0f;
+    if constexpr (tmq::act_fp8<T>::value) sc = a.sc[0];
+    (void)sc;
 #pragma unroll
     for (int k = 1; k < kMaxJobs; k++) {
         if (bid >= a.blk0[k]) {
+            if constexpr (tmq::act_fp8<T>::value) sc = a.sc[k];
             wj = a.w[k];
             bias = a.bias[k];
             out = a.out[k];
@@ -392,18 +420,26 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
      * kernels), so they are in flight while the previous kernel finishes */
     bool wait = a.pdl;
     for (; u + (U - 1) * stride < nu; u += U * stride) {
-        gemv_step<T, N, NR, U>(wr, u, stride, x, cols, acc, wait);
+        gemv_step<T, N, NR, U>(wr, u, stride, x, cols, acc, a.x_inv, wait);
         wait = false;
     }
     if (wait) gemv_pdl_wait();
     if constexpr (U >= 4) {
         if (u + stride < nu) {
-            gemv_step<T, N, NR, 2>(wr, u, stride, x, cols, acc);
+            gemv_step<T, N, NR, 2>(wr, u, stride, x, cols, acc, a.x_inv);
             u += 2 * stride;
         }
     }
     if constexpr (U >= 2) {
-        if (u < nu) gemv_step<T, N, NR, 1>(wr, u, stride, x, cols, acc);
+        if (u < nu) gemv_step<T, N, NR, 1>(wr, u, stride, x, cols, acc, a.x_inv);
+    }
+    if constexpr (tmq::act_fp8<T>::value) { /* W8A8: the products of e4m3 values, times both scales */
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const float si = SWIGLU && i == 1 ? a.sc_up : sc;
+#pragma unroll
+            for (int b = 0; b < N; b++) acc[i][b] *= si;
+        }
     }
 
     __shared__ float red[kMaxWarps][NR][N];
@@ -531,41 +567,58 @@ bool v2_ok(int32_t type, const void *wa, const void *wb, int64_t cols, const uin
 }
 
 /* One product (job) through v1: one block per output row. */
-cudaError_t launch_v1(const tm_cuda_gemv_job &j, const void *w_up, int32_t type, int64_t cols, int64_t row_bytes,
-                      const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
+cudaError_t launch_v1(const tm_cuda_gemv_job &j, const void *w_up, float up_scale, int32_t type, int64_t cols,
+                      int64_t row_bytes, const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
     const uint8_t *wa = (const uint8_t *)j.w;
+    const bool f8 = type == TM_DT_FP8_E4M3;
+    const float x_inv = f8 ? 1.0f / j.act_scale : 0.0f, sa = j.scale * j.act_scale, sb = up_scale * j.act_scale;
     if (swiglu)
-        gemv_kernel_v1<true><<<(unsigned)j.rows, kThreadsV1, 0, stream>>>(wa, (const uint8_t *)w_up, type, j.rows, cols,
-                                                                          row_bytes, x, n, NULL, j.out, false);
+        gemv_kernel_v1<true><<<(unsigned)j.rows, kThreadsV1, 0, stream>>>(
+            wa, (const uint8_t *)w_up, type, j.rows, cols, row_bytes, x, n, NULL, j.out, false, x_inv, sa, sb);
     else
         gemv_kernel_v1<false><<<(unsigned)j.rows, kThreadsV1, 0, stream>>>(wa, wa, type, j.rows, cols, row_bytes, x, n,
-                                                                           j.bias, j.out, out_f32);
+                                                                           j.bias, j.out, out_f32, x_inv, sa, sb);
     return cudaGetLastError();
 }
 
+/* fp8 weights need positive, finite scales (and up_scale for SwiGLU); other types ignore them */
+bool fp8_scales_ok(int32_t type, const tm_cuda_gemv_job &j, bool swiglu, float up_scale) {
+    if (type != TM_DT_FP8_E4M3) return true;
+    int e;
+    const bool w = j.scale > 0.0f && j.scale < INFINITY;
+    const bool act = j.act_scale > 0.0f && j.act_scale < INFINITY && frexpf(j.act_scale, &e) == 0.5f; /* 2^k */
+    return w && act && (!swiglu || (up_scale > 0.0f && up_scale < INFINITY));
+}
+
 /* Every launcher ends here: n_jobs products sharing type, cols and x (swiglu: exactly one job, whose w is the
- * gate, with w_up the up weights). Jobs with 0 rows are skipped. */
-cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, int32_t type, int64_t cols,
-                     const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
+ * gate, with w_up the up weights and up_scale their fp8 scale). Jobs with 0 rows are skipped. */
+cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, float up_scale, int32_t type,
+                     int64_t cols, const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
     tmq::info ti;
     if (!jobs || n_jobs < 1 || n_jobs > kMaxJobs || !x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 ||
         cols > INT32_MAX || !tmq::type_info(type, &ti) || cols % ti.qk || (swiglu && (n_jobs != 1 || !w_up)))
         return cudaErrorInvalidValue;
     for (int32_t j = 0; j < n_jobs; j++)
-        if (!jobs[j].w || !jobs[j].out || jobs[j].rows < 0 || jobs[j].rows > INT32_MAX) return cudaErrorInvalidValue;
+        if (!jobs[j].w || !jobs[j].out || jobs[j].rows < 0 || jobs[j].rows > INT32_MAX ||
+            !fp8_scales_ok(type, jobs[j], swiglu, up_scale))
+            return cudaErrorInvalidValue;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
 
-    /* v2 for all jobs at once when every job meets its alignment needs, else each job on its own as
-     * tm_cuda_gemv would run it (v2 or v1), so that a job's results never depend on its companions */
+    /* v2 for all jobs at once when every job meets its alignment needs (and, fp8, all share the activation
+     * scale), else each job on its own as tm_cuda_gemv would run it (v2 or v1), so that a job's results never
+     * depend on its companions */
     bool all_v2 = !tm_env_is_1("TM_CUDA_GEMV_V");
     for (int32_t j = 0; j < n_jobs && all_v2; j++)
-        if (jobs[j].rows > 0) all_v2 = v2_ok(type, jobs[j].w, swiglu ? w_up : jobs[j].w, cols, x);
+        if (jobs[j].rows > 0)
+            all_v2 = v2_ok(type, jobs[j].w, swiglu ? w_up : jobs[j].w, cols, x) &&
+                     (type != TM_DT_FP8_E4M3 || jobs[j].act_scale == jobs[0].act_scale);
     if (!all_v2) {
         for (int32_t j = 0; j < n_jobs; j++) {
             if (jobs[j].rows == 0) continue;
             cudaError_t e = (n_jobs > 1 && !tm_env_is_1("TM_CUDA_GEMV_V"))
-                                ? gemv_run(&jobs[j], 1, w_up, type, cols, x, n, out_f32, swiglu, stream)
-                                : launch_v1(jobs[j], w_up, type, cols, row_bytes, x, n, out_f32, swiglu, stream);
+                                ? gemv_run(&jobs[j], 1, w_up, up_scale, type, cols, x, n, out_f32, swiglu, stream)
+                                : launch_v1(jobs[j], w_up, up_scale, type, cols, row_bytes, x, n, out_f32, swiglu,
+                                            stream);
             if (e != cudaSuccess) return e;
         }
         return cudaSuccess;
@@ -583,6 +636,7 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
         a.out[nj] = jobs[j].out;
         a.rows[nj] = (int)jobs[j].rows;
         a.blk0[nj] = (int)blocks;
+        a.sc[nj] = jobs[j].scale * jobs[j].act_scale;
         blocks += (jobs[j].rows + R - 1) / R;
         nj++;
     }
@@ -593,6 +647,11 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
         a.out[j] = a.out[0];
         a.rows[j] = a.rows[0];
         a.blk0[j] = INT_MAX;
+        a.sc[j] = a.sc[0];
+    }
+    if (type == TM_DT_FP8_E4M3) {
+        a.x_inv = 1.0f / jobs[0].act_scale;
+        a.sc_up = up_scale * jobs[0].act_scale;
     }
     a.w_up = (const uint8_t *)w_up;
     a.x = x;
@@ -603,7 +662,7 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     switch (type) {
 #define TMQ_LAUNCH(T)                                                                                              \
     return swiglu ? launch_v2<T, EPI_SWIGLU>(a, n, (int)blocks, stream) : launch_v2<T, EPI_PLAIN>(a, n, (int)blocks, stream)
-        TMQ_TYPE_CASES(type, TMQ_LAUNCH)
+        TMQ_GEMV_TYPE_CASES(type, TMQ_LAUNCH)
 #undef TMQ_LAUNCH
     default: return cudaErrorInvalidValue;
     }
@@ -621,8 +680,12 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     if (tm_env_is_1("TM_CUDA_GEMV_V")) return cudaErrorNotSupported;
     int64_t blocks = 0;
     for (int32_t j = 0; j < n_jobs; j++) {
-        if (!jobs[j].w || jobs[j].rows < 2 || jobs[j].rows % 2 || jobs[j].rows > INT32_MAX) return cudaErrorInvalidValue;
+        if (!jobs[j].w || jobs[j].rows < 2 || jobs[j].rows % 2 || jobs[j].rows > INT32_MAX ||
+            !fp8_scales_ok(type, jobs[j], false, 0.0f))
+            return cudaErrorInvalidValue;
         if (!v2_ok(type, jobs[j].w, jobs[j].w, cols, x)) return cudaErrorNotSupported;
+        if (type == TM_DT_FP8_E4M3 && jobs[j].act_scale != jobs[0].act_scale) return cudaErrorNotSupported;
+        a.sc[j] = jobs[j].scale * jobs[j].act_scale;
         a.w[j] = (const uint8_t *)jobs[j].w;
         a.bias[j] = jobs[j].bias;
         a.out[j] = jobs[j].out;
@@ -637,7 +700,9 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
         a.out[j] = a.out[0];
         a.rows[j] = a.rows[0];
         a.blk0[j] = INT_MAX;
+        a.sc[j] = a.sc[0];
     }
+    if (type == TM_DT_FP8_E4M3) a.x_inv = 1.0f / jobs[0].act_scale;
     a.w_up = NULL;
     a.x = x;
     a.row_bytes = cols / ti.qk * ti.bytes;
@@ -646,7 +711,7 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     a.pdl = tm_pdl_gemv_on();
     switch (type) {
 #define TMQ_LAUNCH(T) return launch_v2<T, EPI>(a, n, (int)blocks, stream)
-        TMQ_TYPE_CASES(type, TMQ_LAUNCH)
+        TMQ_GEMV_TYPE_CASES(type, TMQ_LAUNCH)
 #undef TMQ_LAUNCH
     default: return cudaErrorInvalidValue;
     }
@@ -657,27 +722,28 @@ bool aligned(const void *p, uintptr_t k) { return ((uintptr_t)p & (k - 1)) == 0;
 } /* namespace */
 
 extern "C" cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
-                                    int32_t n, const float *bias, void *out, bool out_f32, cudaStream_t stream) {
-    const tm_cuda_gemv_job job = {w, rows, bias, out};
-    return gemv_run(&job, 1, NULL, type, cols, x, n, out_f32, false, stream);
+                                    int32_t n, const float *bias, void *out, bool out_f32,
+                                    const tm_cuda_fp8_scales *fp8, cudaStream_t stream) {
+    const tm_cuda_gemv_job job = {w, rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f};
+    return gemv_run(&job, 1, NULL, 0.0f, type, cols, x, n, out_f32, false, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                           const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream) {
-    return gemv_run(jobs, n_jobs, NULL, type, cols, x, n, out_f32, false, stream);
+    return gemv_run(jobs, n_jobs, NULL, 0.0f, type, cols, x, n, out_f32, false, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
                                            int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
-                                           cudaStream_t stream) {
-    const tm_cuda_gemv_job job = {w_gate, rows, NULL, out};
-    return gemv_run(&job, 1, w_up, type, cols, x, n, false, true, stream);
+                                           const tm_cuda_fp8_scales *fp8, cudaStream_t stream) {
+    const tm_cuda_gemv_job job = {w_gate, rows, NULL, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f};
+    return gemv_run(&job, 1, w_up, fp8 ? fp8->w_up : 0.0f, type, cols, x, n, false, true, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, int64_t cols,
                                                 const uint16_t *x, int32_t n, const float *bias, uint16_t *out,
                                                 float *residual, const float *norm_w, float eps, uint16_t *norm_out,
-                                                void *scratch, cudaStream_t stream) {
+                                                void *scratch, const tm_cuda_fp8_scales *fp8, cudaStream_t stream) {
     if (!w || !residual || !norm_w || !norm_out || !scratch || rows <= 0) return cudaErrorInvalidValue;
     if (rows % 8 || !aligned(residual, 16) || !aligned(norm_w, 16) || !aligned(norm_out, 16) || !aligned(scratch, 4))
         return cudaErrorNotSupported;
@@ -687,7 +753,7 @@ extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int
     a.norm_out = norm_out;
     a.counter = (unsigned int *)scratch;
     a.eps = eps;
-    const tm_cuda_gemv_job job = {w, rows, bias, out};
+    const tm_cuda_gemv_job job = {w, rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f};
     return fused_run<EPI_NORM>(a, &job, 1, type, cols, x, n, stream);
 }
 

@@ -35,6 +35,9 @@ cudaError_t tm_cuda_swiglu(const uint16_t *gate, const uint16_t *up, int32_t n, 
 cudaError_t tm_cuda_get_rows(const uint16_t *x, const int32_t *idx, int32_t n_idx, int32_t width, uint16_t *out,
                              cudaStream_t stream);
 cudaError_t tm_cuda_bf16_to_f32(const uint16_t *x, size_t n, float *out, cudaStream_t stream);
+/* out (n) e4m3 bytes = x (n) bf16 * inv, each rounded to nearest even and saturated at +-448 (the activations of an
+ * fp8 GEMM: inv = 1 / act_scale, a power of two); inv > 0 */
+cudaError_t tm_cuda_quant_fp8(const uint16_t *x, size_t n, float inv, uint8_t *out, cudaStream_t stream);
 cudaError_t tm_cuda_f32_to_bf16(const float *x, size_t n, uint16_t *out, cudaStream_t stream);
 
 /* RoPE on q and k of this step's tokens, then k and v written to their cache slots (fused: k never goes back
@@ -72,19 +75,26 @@ size_t tm_cuda_sample_work_bytes(int32_t n_rows, int32_t vocab);
 cudaError_t tm_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const tm_cuda_sample_params *params,
                            void *work, int32_t *out_ids, float *out_logprob, cudaStream_t stream);
 
-/* Fill n elements of type (TM_DT_F32, TM_DT_F16 or TM_DT_BF16 numbers) with scale * uniform(-1, 1) from a
- * counter-based hash of (seed, index), or with `constant` when constant != 0 (dummy weights made on device). */
+/* Fill n elements of type (TM_DT_F32, TM_DT_F16, TM_DT_BF16 or TM_DT_FP8_E4M3 numbers; fp8: e4m3 of the value)
+ * with scale * uniform(-1, 1) from a counter-based hash of (seed, index), or with `constant` when constant != 0
+ * (dummy weights made on device). */
 cudaError_t tm_cuda_fill_random(void *dst, int32_t type, size_t n, uint64_t seed, float scale, float constant,
                                 cudaStream_t stream);
 
 /* ---- weights: dequantization, GEMV, embedding (tm_cuda_dequant.cu, tm_cuda_gemv.cu) ---- */
 
 /* Weight types: TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K, TM_DT_Q6_K
- * (numbers of tm_dtype). */
+ * (numbers of tm_dtype), and TM_DT_FP8_E4M3 (W8A8 with per-tensor scales, backend.h): the GEMVs take it with its
+ * scales; dequant and embed do not (cudaErrorInvalidValue), larger batches run tm_cuda_quant_fp8 and the fp8 GEMM. */
 bool tm_cuda_weight_type_supported(int32_t type);
 /* x (n, cols) f32 = rows ids[i] of table (n_vocab, cols) dequantized */
 cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t cols, const int32_t *ids, int32_t n, float *x,
                           cudaStream_t stream);
+/* The scales of an fp8_e4m3 weight (backend.h's tm_weight scale and act_scale; w_up: the SwiGLU up weight's
+ * scale). Launchers take NULL for the other types. */
+typedef struct tm_cuda_fp8_scales {
+    float w, w_up, act;
+} tm_cuda_fp8_scales;
 /* out (rows, cols) bf16 = dequant(w) ; for large batches, followed by a cuBLASLt GEMM */
 cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t rows, int64_t cols, uint16_t *out,
                                  cudaStream_t stream);
@@ -93,11 +103,13 @@ cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t rows, int6
  * 1 <= n <= TM_CUDA_GEMV_MAX_N. */
 #define TM_CUDA_GEMV_MAX_N 8
 cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x, int32_t n,
-                         const float *bias, void *out, bool out_f32, cudaStream_t stream);
+                         const float *bias, void *out, bool out_f32, const tm_cuda_fp8_scales *fp8,
+                         cudaStream_t stream);
 /* The same over two weights of one shape sharing x, with SwiGLU in the epilogue:
  * out (n, rows) bf16 = silu(x · w_gateᵀ) * (x · w_upᵀ) */
 cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows, int64_t cols,
-                                const uint16_t *x, int32_t n, uint16_t *out, cudaStream_t stream);
+                                const uint16_t *x, int32_t n, uint16_t *out, const tm_cuda_fp8_scales *fp8,
+                                cudaStream_t stream);
 /* Up to TM_CUDA_GEMV_MAX_JOBS tm_cuda_gemv products sharing type, cols and x in one launch (Q, K and V of a layer):
  * out_j (n, rows_j) = x · w_jᵀ (+ bias_j). jobs is a host array, read during the call (a captured graph keeps
  * its values); jobs with rows 0 are skipped. Every output row is bit-identical to tm_cuda_gemv on that job.
@@ -108,6 +120,7 @@ typedef struct tm_cuda_gemv_job {
     int64_t rows;
     const float *bias;            /* (rows) f32 or NULL */
     void *out;                    /* (n, rows) f32 when out_f32 else bf16 */
+    float scale, act_scale;       /* fp8_e4m3 weights: the tm_weight's scales (a group shares act_scale) */
 } tm_cuda_gemv_job;
 cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream);
@@ -129,7 +142,7 @@ cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int
 cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
                                      int32_t n, const float *bias, uint16_t *out, float *residual,
                                      const float *norm_w, float eps, uint16_t *norm_out, void *scratch,
-                                     cudaStream_t stream);
+                                     const tm_cuda_fp8_scales *fp8, cudaStream_t stream);
 
 /* The grouped Q/K/V GEMV (jobs[0] = q, [1] = k, [2] = v, bf16 outputs) with tm_cuda_rope_kv_write in its epilogue:
  * q, k, v = bf16(x · w_jᵀ (+ bias_j)), then q rotated into jobs[0].out, k rotated and v written to their cache

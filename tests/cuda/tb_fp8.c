@@ -1,0 +1,383 @@
+/* tb_fp8.c -- fp8 e4m3 weights (W8A8, backend.h): tm_cuda_quant_fp8, the fp8 GEMVs and the cuBLASLt fp8 GEMM
+ * against a double CPU reference, then their speed on Llama-3-8B shapes beside the bf16 ones. */
+#include "backend/cuda/tm_cuda_blas.h"
+#include "backend/cuda/tm_cuda_kernels.h"
+#include "core/tm_dtype.h"
+#include "core/tm_fp8.h"
+#include "tb_common.h"
+#include "tb_guard.h"
+
+/* The W8A8 product (backend.h): out = scale * act_scale * sum_j e4m3(x_j / act_scale) * e4m3(w_j) (+ bias), with
+ * x the bf16 activations and act_scale a power of two.
+ * Checks:
+ *  - tm_cuda_quant_fp8: every byte equal to the host rounding tm_fp8_from_f32(bf16(x) / act_scale) (values up to
+ *    ~20x the saturation point, so +-448 is hit), lengths 1, 7, 8, 4099, 1 Mi, aligned and not (scalar path);
+ *  - the GEMVs (tm_cuda_gemv with a bias and f32 output, bf16 output, SwiGLU with different gate and up scales,
+ *    a Q/K/V group with bit-identity to the single products), n = 1..8, v2 and v1 (TM_CUDA_GEMV_V=1), odd row
+ *    counts and cols of 16 .. 14336; tolerance 1e-4 (f32 out: the sums of exact products differ only in order)
+ *    and 1e-2 (bf16);
+ *  - the fp8 GEMM (tm_cuda_quant_fp8 then tm_cuda_blas_gemm_fp8, as the backend runs it for n > 8) on 8B shapes,
+ *    n = 16 .. 2048, on 512 sampled outputs against the double reference of the same quantized operands;
+ *    tolerance 1e-2 (bf16 out) and 1e-4 (f32 out);
+ *  - bad arguments: a missing or non-power-of-two activation scale, fp8 through dequant/embed, a k that is not a
+ *    multiple of 16.
+ * Timing: the fp8 GEMM against the bf16 GEMM on the 8B layer's shapes at n = 256 (a decode batch), 2048 and 8192
+ * (prefill chunks), TFLOP/s against the measured bf16 ceiling (the fp8 tensor-core peak is twice the bf16 one);
+ * the activation rounding kernel (GB/s); the fp8 GEMV at n = 1 on the 8B shapes (GB/s against the copy ceiling;
+ * weights rotate over >= 160 MB of copies so that L2 does not serve them). */
+
+#define ACT_SCALE (1.0f / 16.0f)
+
+static float fp8_val(uint8_t b) { return tm_fp8_to_f32(b); }
+
+/* (rows, cols) random e4m3 bytes: values of scale * uniform(-1, 1) / scale -> the whole e4m3 range */
+static uint8_t *make_fp8(int64_t rows, int64_t cols) {
+    uint8_t *w = tb_xmalloc((size_t)(rows * cols));
+    for (int64_t i = 0; i < rows * cols; i++) w[i] = tm_fp8_from_f32(tb_uniform() * 448.0f);
+    return w;
+}
+
+/* xq (n, cols) = the e4m3 values of bf16(x) / act, as the kernels round them */
+static float *quant_ref(const uint16_t *xh, size_t count, float act) {
+    float *q = tb_xmalloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) q[i] = fp8_val(tm_fp8_from_f32(tb_bf16_to_f32(xh[i]) / act));
+    return q;
+}
+
+/* one output of the W8A8 product in double */
+static double ref_dot(const uint8_t *w, const float *xq, int64_t cols, double scale) {
+    double s = 0.0;
+    for (int64_t j = 0; j < cols; j++) s += (double)fp8_val(w[j]) * (double)xq[j];
+    return s * scale;
+}
+
+/* ---- quantization kernel ------------------------------------------------------------------------------------- */
+
+static void check_quant(size_t n, int offset, float act) {
+    tb_case("quant_fp8 n=%zu off=%d", n, offset);
+    uint16_t *xh = tb_xmalloc((n + 8) * 2);
+    for (size_t i = 0; i < n + 8; i++) /* a few values far beyond 448 * act so that saturation is exercised */
+        xh[i] = tb_f32_to_bf16(tb_normal() * (i % 97 == 0 ? 200.0f * 448.0f * act : 2.0f));
+    uint16_t *x_d = tb_upload(xh, (n + 8) * 2);
+    uint8_t *o_d = tb_dev(n + 8), *o = tb_xmalloc(n + 8);
+    tb_poison(o_d, n + 8);
+    TB_RUN(tm_cuda_quant_fp8(x_d + offset, n, 1.0f / act, o_d + offset, 0));
+    tb_download(o, o_d, n + 8);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += o[offset + i] != tm_fp8_from_f32(tb_bf16_to_f32(xh[offset + i]) / act);
+    for (int i = 0; i < offset; i++) bad += o[i] != 0xFF; /* nothing written before the start */
+    char name[96];
+    snprintf(name, sizeof name, "n=%zu off=%d act=1/%g", n, offset, 1.0 / act);
+    tb_result("quant_fp8", name, (double)bad, 0, 0, 0, 0, 'm');
+    cudaFree(x_d);
+    cudaFree(o_d);
+    free(xh);
+    free(o);
+}
+
+/* ---- GEMVs ---------------------------------------------------------------------------------------------------- */
+
+static void set_version(int v) {
+    if (v == 1) setenv("TM_CUDA_GEMV_V", "1", 1);
+    else unsetenv("TM_CUDA_GEMV_V");
+}
+
+static void check_gemv(int64_t rows, int64_t cols, int n) {
+    tb_case("gemv fp8 %lldx%lld n%d", (long long)rows, (long long)cols, n);
+    const float sg = 0.04f / 448.0f, su = 0.013f / 448.0f; /* gate and up scales differ */
+    uint8_t *wg = make_fp8(rows, cols), *wu = make_fp8(rows, cols);
+    uint16_t *xh = tb_xmalloc((size_t)(n * cols) * 2);
+    tb_fill_bf16(xh, NULL, (size_t)(n * cols), 3.0f);
+    float *bias = tb_xmalloc((size_t)rows * sizeof(float));
+    tb_fill_f32(bias, (size_t)rows, 0.5f);
+    float *xq = quant_ref(xh, (size_t)(n * cols), ACT_SCALE);
+    const size_t no = (size_t)(n * rows);
+    float *ref_b = tb_xmalloc(no * 4), *ref = tb_xmalloc(no * 4), *ref_sw = tb_xmalloc(no * 4);
+    for (int b = 0; b < n; b++)
+        for (int64_t r = 0; r < rows; r++) {
+            const double g = ref_dot(wg + r * cols, xq + b * cols, cols, (double)sg * ACT_SCALE);
+            const double u = ref_dot(wu + r * cols, xq + b * cols, cols, (double)su * ACT_SCALE);
+            ref[b * rows + r] = (float)g;
+            ref_b[b * rows + r] = (float)(g + bias[r]);
+            ref_sw[b * rows + r] = (float)(g / (1.0 + exp(-g)) * u);
+        }
+    void *wg_d = tb_upload(wg, (size_t)(rows * cols)), *wu_d = tb_upload(wu, (size_t)(rows * cols));
+    uint16_t *x_d = tb_upload(xh, (size_t)(n * cols) * 2);
+    float *bias_d = tb_upload(bias, (size_t)rows * 4);
+    void *out_d = tb_dev(no * 4);
+    float *of = tb_xmalloc(no * 4);
+    uint16_t *oh = tb_xmalloc(no * 2);
+    const tm_cuda_fp8_scales sc = {.w = sg, .w_up = su, .act = ACT_SCALE};
+    char name[128];
+    for (int v = 2; v >= 1; v--) {
+        set_version(v);
+        tb_poison(out_d, no * 4);
+        TB_RUN(tm_cuda_gemv(wg_d, TM_DT_FP8_E4M3, rows, cols, x_d, n, bias_d, out_d, true, &sc, 0));
+        tb_download(of, out_d, no * 4);
+        snprintf(name, sizeof name, "v%d %lldx%lld n%d f32+b", v, (long long)rows, (long long)cols, n);
+        tb_result("gemv_fp8", name, tb_rel_err(of, ref_b, no), 1e-4, 0, 0, 0, 'm');
+        tb_poison(out_d, no * 4);
+        TB_RUN(tm_cuda_gemv(wg_d, TM_DT_FP8_E4M3, rows, cols, x_d, n, NULL, out_d, false, &sc, 0));
+        tb_download(oh, out_d, no * 2);
+        snprintf(name, sizeof name, "v%d %lldx%lld n%d bf16", v, (long long)rows, (long long)cols, n);
+        tb_result("gemv_fp8", name, tb_rel_err_bf16(oh, ref, no), 1e-2, 0, 0, 0, 'm');
+        tb_poison(out_d, no * 4);
+        TB_RUN(tm_cuda_gemv_swiglu(wg_d, wu_d, TM_DT_FP8_E4M3, rows, cols, x_d, n, out_d, &sc, 0));
+        tb_download(oh, out_d, no * 2);
+        snprintf(name, sizeof name, "v%d %lldx%lld n%d", v, (long long)rows, (long long)cols, n);
+        tb_result("gemv_fp8_swiglu", name, tb_rel_err_bf16(oh, ref_sw, no), 1e-2, 0, 0, 0, 'm');
+    }
+    set_version(2);
+    /* a group of three (q, k, v-like: the gate twice, with different scales, and the up weights): each output
+     * bit-identical to the single product with that job's scale */
+    const tm_cuda_gemv_job jobs[3] = {{wg_d, rows, NULL, NULL, sg, ACT_SCALE},
+                                      {wu_d, rows, bias_d, NULL, su, ACT_SCALE},
+                                      {wg_d, rows, NULL, NULL, 2.0f * sg, ACT_SCALE}};
+    tm_cuda_gemv_job gj[3];
+    float *single = tb_xmalloc(no * 4);
+    size_t diff = 0;
+    void *outs[3];
+    for (int j = 0; j < 3; j++) {
+        outs[j] = tb_dev(no * 4);
+        tb_poison(outs[j], no * 4);
+        gj[j] = jobs[j];
+        gj[j].out = outs[j];
+    }
+    TB_RUN(tm_cuda_gemv_group(gj, 3, TM_DT_FP8_E4M3, cols, x_d, n, true, 0));
+    for (int j = 0; j < 3; j++) {
+        const tm_cuda_fp8_scales s1 = {.w = jobs[j].scale, .act = ACT_SCALE};
+        TB_RUN(tm_cuda_gemv(jobs[j].w, TM_DT_FP8_E4M3, rows, cols, x_d, n, jobs[j].bias, out_d, true, &s1, 0));
+        tb_download(single, out_d, no * 4);
+        tb_download(of, outs[j], no * 4);
+        diff += memcmp(single, of, no * 4) != 0;
+        cudaFree(outs[j]);
+    }
+    snprintf(name, sizeof name, "group %lldx%lld n%d (jobs differing)", (long long)rows, (long long)cols, n);
+    tb_result("gemv_fp8_group", name, (double)diff, 0, 0, 0, 0, 'm');
+    cudaFree(wg_d);
+    cudaFree(wu_d);
+    cudaFree(x_d);
+    cudaFree(bias_d);
+    cudaFree(out_d);
+    free(wg);
+    free(wu);
+    free(xh);
+    free(bias);
+    free(xq);
+    free(ref_b);
+    free(ref);
+    free(ref_sw);
+    free(of);
+    free(oh);
+    free(single);
+}
+
+/* ---- GEMM ----------------------------------------------------------------------------------------------------- */
+
+static void check_gemm(tm_cuda_blas *blas, int64_t n, int64_t m, int64_t k, bool out_f32) {
+    tb_case("gemm fp8 %lldx%lldx%lld", (long long)n, (long long)m, (long long)k);
+    const float scale = 0.04f / 448.0f;
+    uint8_t *w = make_fp8(m, k);
+    uint16_t *xh = tb_xmalloc((size_t)(n * k) * 2);
+    tb_fill_bf16(xh, NULL, (size_t)(n * k), 2.0f);
+    float *xq = quant_ref(xh, (size_t)(n * k), ACT_SCALE);
+    void *w_d = tb_upload(w, (size_t)(m * k));
+    uint16_t *x_d = tb_upload(xh, (size_t)(n * k) * 2);
+    uint8_t *xq_d = tb_dev((size_t)(n * k));
+    const size_t no = (size_t)(n * m), es = out_f32 ? 4 : 2;
+    void *o_d = tb_dev(no * es);
+    void *o = tb_xmalloc(no * es);
+    tb_poison(o_d, no * es);
+    TB_RUN(tm_cuda_quant_fp8(x_d, (size_t)(n * k), 1.0f / ACT_SCALE, xq_d, 0));
+    tm_error err;
+    if (tm_cuda_blas_gemm_fp8(blas, xq_d, w_d, scale * ACT_SCALE, o_d, out_f32, n, m, k, 0, &err) != TM_OK) {
+        printf("# gemm_fp8: %s\n", err.msg);
+        tb_failures++;
+    }
+    TB_CHECK(cudaDeviceSynchronize());
+    tb_download(o, o_d, no * es);
+    double num = 0, den = 0;
+    for (int s = 0; s < 512; s++) {
+        const int64_t i = (int64_t)(tb_rand_u64() % (uint64_t)n), j = (int64_t)(tb_rand_u64() % (uint64_t)m);
+        const double ref = ref_dot(w + j * k, xq + i * k, k, (double)scale * ACT_SCALE);
+        const double got = out_f32 ? (double)((float *)o)[i * m + j] : (double)tb_bf16_to_f32(((uint16_t *)o)[i * m + j]);
+        if (!isfinite(got)) num = INFINITY;
+        num += (got - ref) * (got - ref);
+        den += ref * ref;
+    }
+    char name[96];
+    snprintf(name, sizeof name, "%lldx%lldx%lld %s", (long long)n, (long long)m, (long long)k, out_f32 ? "f32" : "bf16");
+    tb_result("gemm_fp8", name, sqrt(num / den), out_f32 ? 1e-4 : 1e-2, 0, 0, 0, 'c');
+    cudaFree(w_d);
+    cudaFree(x_d);
+    cudaFree(xq_d);
+    cudaFree(o_d);
+    free(w);
+    free(xh);
+    free(xq);
+    free(o);
+}
+
+static void check_args(tm_cuda_blas *blas) {
+    tb_case("arguments");
+    uint8_t *w = tb_dev(4096);
+    uint16_t *x = tb_dev(4096), *o = tb_dev(4096);
+    int bad = 0;
+    const tm_cuda_fp8_scales ok = {.w = 1.0f, .w_up = 1.0f, .act = 0.25f}, third = {.w = 1.0f, .act = 1.0f / 3.0f};
+    bad += tm_cuda_gemv(w, TM_DT_FP8_E4M3, 4, 32, x, 1, NULL, o, true, NULL, 0) != cudaErrorInvalidValue; /* no scales */
+    bad += tm_cuda_gemv(w, TM_DT_FP8_E4M3, 4, 32, x, 1, NULL, o, true, &third, 0) != cudaErrorInvalidValue; /* not 2^k */
+    bad += tm_cuda_gemv(w, TM_DT_FP8_E4M3, 4, 24, x, 1, NULL, o, true, &ok, 0) != cudaErrorInvalidValue; /* cols % 16 */
+    bad += tm_cuda_gemv(w, TM_DT_FP8_E4M3, 4, 32, x, 1, NULL, o, true, &ok, 0) != cudaSuccess;
+    bad += tm_cuda_gemv_swiglu(w, w, TM_DT_FP8_E4M3, 4, 32, x, 1, o, &third, 0) != cudaErrorInvalidValue;
+    bad += tm_cuda_dequant_bf16(w, TM_DT_FP8_E4M3, 4, 32, o, 0) != cudaErrorInvalidValue;
+    bad += tm_cuda_quant_fp8(x, 16, 0.0f, w, 0) != cudaErrorInvalidValue;
+    tm_error err;
+    bad += tm_cuda_blas_gemm_fp8(blas, w, w, 1.0f, o, false, 16, 16, 24, 0, &err) != TM_ERR_UNSUPPORTED; /* k % 16 */
+    TB_CHECK(cudaDeviceSynchronize());
+    tb_result("fp8_args", "refusals", bad, 0, 0, 0, 0, 'm');
+    cudaFree(w);
+    cudaFree(x);
+    cudaFree(o);
+}
+
+/* ---- timing --------------------------------------------------------------------------------------------------- */
+
+typedef struct mm_arg {
+    tm_cuda_blas *blas;
+    bool fp8;
+    const void *x, *w;
+    uint8_t *xq;
+    const uint16_t *xb;
+    void *out;
+    int64_t n, m, k;
+} mm_arg;
+
+static void run_mm(void *p) {
+    mm_arg *a = p;
+    tm_error err;
+    tm_status s = a->fp8 ? tm_cuda_blas_gemm_fp8(a->blas, a->x, a->w, 1e-4f, a->out, false, a->n, a->m, a->k, 0, &err)
+                         : tm_cuda_blas_gemm(a->blas, a->x, a->w, NULL, a->out, false, a->n, a->m, a->k, 0, &err);
+    if (s != TM_OK) {
+        fprintf(stderr, "gemm: %s\n", err.msg);
+        exit(2);
+    }
+}
+static void run_quant(void *p) {
+    mm_arg *a = p;
+    TB_CHECK(tm_cuda_quant_fp8(a->xb, (size_t)(a->n * a->k), 16.0f, a->xq, 0));
+}
+
+static void time_gemm(tm_cuda_blas *blas, int64_t n, int64_t m, int64_t k, const char *shape) {
+    if (!tb_budget_ok()) return;
+    tb_case("time gemm %s n=%lld", shape, (long long)n);
+    const size_t nx = (size_t)(n * k), nw = (size_t)(m * k), no = (size_t)(n * m);
+    uint8_t *w8 = make_fp8(m, k), *x8 = make_fp8(n, k);
+    uint16_t *wb = tb_xmalloc(nw * 2), *xb = tb_xmalloc(nx * 2);
+    tb_fill_bf16(wb, NULL, nw, 0.05f);
+    tb_fill_bf16(xb, NULL, nx, 1.0f);
+    void *w8_d = tb_upload(w8, nw), *x8_d = tb_upload(x8, nx), *wb_d = tb_upload(wb, nw * 2), *xb_d = tb_upload(xb, nx * 2);
+    void *o_d = tb_dev(no * 2);
+    mm_arg a8 = {blas, true, x8_d, w8_d, x8_d, xb_d, o_d, n, m, k}, ab = {blas, false, xb_d, wb_d, NULL, NULL, o_d, n, m, k};
+    const double flops = 2.0 * (double)n * (double)m * (double)k;
+    char name[96];
+    const double us8 = tb_time_us(run_mm, &a8, 3, 15), usb = tb_time_us(run_mm, &ab, 3, 15);
+    const double usq = tb_time_us(run_quant, &a8, 3, 15);
+    snprintf(name, sizeof name, "%s n=%lld fp8", shape, (long long)n);
+    tb_result("gemm_fp8", name, 0, 0, us8, (double)(nx + nw + 2 * no), flops, 'c');
+    snprintf(name, sizeof name, "%s n=%lld bf16", shape, (long long)n);
+    tb_result("gemm_fp8", name, 0, 0, usb, (double)(2 * nx + 2 * nw + 2 * no), flops, 'c');
+    snprintf(name, sizeof name, "%s n=%lld quant x", shape, (long long)n);
+    tb_result("quant_fp8", name, 0, 0, usq, (double)(3 * nx), 0, 'm');
+    printf("# key gemm %-10s n=%-5lld fp8 %7.1f us  bf16 %7.1f us  (x%.2f)  +quant %.1f us\n", shape, (long long)n, us8,
+           usb, usb / us8, usq);
+    cudaFree(w8_d);
+    cudaFree(x8_d);
+    cudaFree(wb_d);
+    cudaFree(xb_d);
+    cudaFree(o_d);
+    free(w8);
+    free(x8);
+    free(wb);
+    free(xb);
+}
+
+typedef struct gv_arg {
+    void **w;
+    int nw, i;
+    const uint16_t *x;
+    void *out;
+    int64_t rows, cols;
+    tm_cuda_fp8_scales sc;
+} gv_arg;
+static void run_gv(void *p) {
+    gv_arg *a = p;
+    TB_CHECK(tm_cuda_gemv(a->w[a->i], TM_DT_FP8_E4M3, a->rows, a->cols, a->x, 1, NULL, a->out, false, &a->sc, 0));
+    a->i = (a->i + 1) % a->nw;
+}
+
+static void time_gemv(int64_t rows, int64_t cols, const char *shape) {
+    if (!tb_budget_ok()) return;
+    tb_case("time gemv %s", shape);
+    const size_t wb = (size_t)(rows * cols);
+    int nw = (int)((160u << 20) / wb) + 1;
+    uint8_t *w = make_fp8(rows, cols);
+    void **wd = tb_xmalloc((size_t)nw * sizeof(void *));
+    for (int i = 0; i < nw; i++) wd[i] = tb_upload(w, wb);
+    uint16_t *xh = tb_xmalloc((size_t)cols * 2);
+    tb_fill_bf16(xh, NULL, (size_t)cols, 1.0f);
+    gv_arg a = {wd, nw, 0, tb_upload(xh, (size_t)cols * 2), tb_dev((size_t)rows * 2), rows, cols,
+                {.w = 1e-4f, .act = ACT_SCALE}};
+    const double us = tb_time_us(run_gv, &a, 5, 40);
+    char name[96];
+    snprintf(name, sizeof name, "%s n=1", shape);
+    tb_result("gemv_fp8", name, 0, 0, us, (double)wb + (double)cols * 2 + (double)rows * 2, 0, 'm');
+    for (int i = 0; i < nw; i++) cudaFree(wd[i]);
+    cudaFree((void *)a.x);
+    cudaFree(a.out);
+    free(wd);
+    free(w);
+    free(xh);
+}
+
+int main(int argc, char **argv) {
+    (void)argv;
+    tb_guard_init(25.0);
+    tb_seed();
+    tm_cuda_blas *blas = NULL;
+    tm_error err;
+    if (tm_cuda_blas_create((size_t)64 << 20, &blas, &err) != TM_OK) {
+        printf("# cuBLASLt: %s\n", err.msg);
+        return 1;
+    }
+    check_args(blas);
+    const size_t qn[] = {1, 7, 8, 4099, (size_t)1 << 20};
+    for (size_t i = 0; i < sizeof qn / sizeof qn[0]; i++) {
+        check_quant(qn[i], 0, ACT_SCALE);
+        check_quant(qn[i], 1, 0.25f);
+    }
+    const int64_t shapes[][2] = {{7, 16}, {37, 1184}, {130, 2048}, {1024, 4096}, {64, 14336}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int n = 1; n <= TM_CUDA_GEMV_MAX_N; n += (s < 2 ? 1 : 3)) check_gemv(shapes[s][0], shapes[s][1], n);
+    const int64_t gm[][3] = {{16, 1024, 4096}, {100, 6144, 4096}, {256, 14336, 4096}, {512, 4096, 14336},
+                             {2048, 4096, 4096}, {9, 4096, 2048}};
+    for (size_t s = 0; s < sizeof gm / sizeof gm[0]; s++) check_gemm(blas, gm[s][0], gm[s][1], gm[s][2], s == 1);
+    printf("# checks done in %.1f s\n", tb_elapsed_s());
+    fflush(stdout);
+    if (argc < 2) { /* any argument: checks only */
+        const int64_t ns[] = {256, 2048, 8192};
+        for (size_t i = 0; i < 3; i++) {
+            time_gemm(blas, ns[i], 6144, 4096, "8b-qkv");
+            time_gemm(blas, ns[i], 4096, 4096, "8b-o");
+            time_gemm(blas, ns[i], 14336, 4096, "8b-gate");
+            time_gemm(blas, ns[i], 4096, 14336, "8b-down");
+        }
+        time_gemv(6144, 4096, "8b-qkv");
+        time_gemv(14336, 4096, "8b-gate");
+        time_gemv(4096, 14336, "8b-down");
+    }
+    tm_cuda_blas_free(blas);
+    tb_case("finish");
+    tb_guard_report("tb_fp8");
+    return tb_finish("tb_fp8");
+}
