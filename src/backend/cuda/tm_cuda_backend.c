@@ -1059,6 +1059,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         goto fail;
     }
     if ((s = tm_cuda_blas_create((size_t)64 << 20, &c->blas, err)) != TM_OK) goto fail;
+    const char *fa = getenv("TM_CUDA_FP8_FAST_ACCUM"); /* fp8 GEMMs: 1 fast accumulation (tm_cuda_blas.h) */
+    tm_cuda_blas_set_fp8_fast_accum(c->blas, fa && !strcmp(fa, "1"));
     size_t rows = (size_t)(cfg->max_logits > 0 ? cfg->max_logits : cfg->max_tokens);
     c->cfg.max_logits = (int32_t)rows;
     if ((e = cudaMalloc((void **)&c->d_ids_out, rows * sizeof(int32_t))) != cudaSuccess ||

@@ -62,7 +62,7 @@ static tm_status lt_load(lt_api *a, tm_error *err) {
 /* One cached plan per (n, m, k, input type, out type, bias): descriptors and the heuristic's first algorithm. */
 typedef struct blas_plan {
     int64_t n, m, k;
-    bool fp8, out_f32, bias; /* fp8: e4m3 x and w (else bf16) */
+    bool fp8, fast, out_f32, bias; /* fp8: e4m3 x and w (else bf16); fast: fp8 fast accumulation */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -75,7 +75,10 @@ struct tm_cuda_blas {
     size_t ws_bytes;
     blas_plan *plans;    /* (n_plans) */
     int32_t n_plans, cap_plans;
+    bool fp8_fast;       /* fp8 GEMMs with fast accumulation (tm_cuda_blas_set_fp8_fast_accum) */
 };
+
+void tm_cuda_blas_set_fp8_fast_accum(tm_cuda_blas *b, bool on) { b->fp8_fast = on; }
 
 tm_status tm_cuda_blas_create(size_t workspace_bytes, tm_cuda_blas **out, tm_error *err) {
     *out = NULL;
@@ -138,6 +141,10 @@ static tm_status plan_make(tm_cuda_blas *b, blas_plan *p, tm_error *err) {
     LT(lt->desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (p->fp8) {
+        const int8_t fast = p->fast ? 1 : 0;
+        LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    }
     if (p->bias) {
         cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
         cudaDataType_t bt = CUDA_R_32F;
@@ -175,10 +182,12 @@ fail:
 static tm_status gemm_run(tm_cuda_blas *b, const void *x, const void *w, bool fp8, float alpha, const float *bias,
                           void *out, bool out_f32, int64_t n, int64_t m, int64_t k, cudaStream_t stream, tm_error *err) {
     blas_plan *p = NULL;
-    bool want_bias = bias != NULL;
+    bool want_bias = bias != NULL, fast = fp8 && b->fp8_fast;
     for (int32_t i = 0; i < b->n_plans && !p; i++) {
         blas_plan *q = &b->plans[i];
-        if (q->n == n && q->m == m && q->k == k && q->fp8 == fp8 && q->out_f32 == out_f32 && q->bias == want_bias) p = q;
+        if (q->n == n && q->m == m && q->k == k && q->fp8 == fp8 && q->fast == fast && q->out_f32 == out_f32 &&
+            q->bias == want_bias)
+            p = q;
     }
     if (!p) {
         if (b->n_plans == b->cap_plans) {
@@ -188,7 +197,7 @@ static tm_status gemm_run(tm_cuda_blas *b, const void *x, const void *w, bool fp
             b->plans = np;
             b->cap_plans = cap;
         }
-        blas_plan fresh = {.n = n, .m = m, .k = k, .fp8 = fp8, .out_f32 = out_f32, .bias = want_bias};
+        blas_plan fresh = {.n = n, .m = m, .k = k, .fp8 = fp8, .fast = fast, .out_f32 = out_f32, .bias = want_bias};
         tm_status s = plan_make(b, &fresh, err);
         if (s != TM_OK) return s;
         b->plans[b->n_plans++] = fresh;

@@ -22,4 +22,8 @@ tm_status tm_cuda_blas_gemm(tm_cuda_blas *b, const uint16_t *x, const uint16_t *
 tm_status tm_cuda_blas_gemm_fp8(tm_cuda_blas *b, const uint8_t *xq, const uint8_t *w, float alpha, void *out,
                                 bool out_f32, int64_t n, int64_t m, int64_t k, cudaStream_t stream, tm_error *err);
 
+/* fp8 GEMMs from now on with (on) or without cuBLASLt's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the
+ * tensor cores' accumulator is not promoted to full f32 every few k-steps; faster, less precise). Off at creation. */
+void tm_cuda_blas_set_fp8_fast_accum(tm_cuda_blas *b, bool on);
+
 #endif /* TM_CUDA_BLAS_H */
