@@ -42,10 +42,8 @@
  *   memory: the products run in f16 (e4m3 -> f16x2 is one exact conversion). A lane's K operand is 4 adjacent
  *   bytes of its token's row (one 4-byte load, two conversions), the k index of S = Q K^T being permuted within
  *   every 16 dims, and Q's fragments permuted alike (a dot product does not depend on the order of its terms);
- *   V's operand pairs two tokens of one dim: a lane loads 4 adjacent bytes (dims) of each of its 4 tokens and
- *   byte-permutes them into the pairs of 4 n-tiles, the output dims being permuted alike (fp8_vdim; the first
- *   version made two byte loads per pair and ran at 75-79% of the copy bandwidth). Half the bytes of bf16, and a
- *   smaller ring (3 CTAs per SM at head_dim 128).
+ *   V's operand pairs two tokens of one dim: two byte loads per pair. Half the bytes of bf16, and a smaller ring
+ *   (3 CTAs per SM at head_dim 128).
  *
  * Splits (v2, v3): the launcher picks n_splits (grid.x) from the number of (sequence, kv head, chunk) CTAs and
  * the GPU's resident CTA slots: when the CTAs fill the slots, the count whose last wave is fullest (1 when the
@@ -388,10 +386,6 @@ template <int HD> struct v3_cfg {
     static_assert(RAW_BYTES >= (size_t)DEC_WARPS * DEC_ROWS * (HD + 2) * 4, "reduction fits the raw ring");
 };
 
-/* fp8 cache: the head dim that column c (0..7) of O's n-tile j holds (the V operand's dims are permuted so that a
- * lane reads 4 adjacent bytes of a row: tile j = 4 q + r, column c -> dim 32 q + 4 c + r) */
-__device__ __forceinline__ int fp8_vdim(int j, int c) { return 32 * (j >> 2) + 4 * c + (j & 3); }
-
 template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params p) {
     tm_pdl_enter();
     using C = v3_cfg<HD>;
@@ -533,31 +527,16 @@ template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_
                 /* P as the A operand (k = the slice's 16 tokens): a0 = tokens 2 t4 (+1), a2 = 8 + 2 t4 (+1) */
                 const uint32_t pa0 = FP8 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
                 const uint32_t pa2 = FP8 ? pack_f16x2(p2, p3) : pack_bf16x2(p2, p3);
-                if constexpr (FP8) {
-                    /* V: lane (g, t4) loads 4 bytes, dims 32 q + 4 g .. + 3, of each of its tokens 2 t4, 2 t4 + 1
-                     * (b0) and 8 + 2 t4, 9 + 2 t4 (b1); byte r of them feeds n-tile j = 4 q + r, whose n index g is
-                     * dim 32 q + 4 g + r (the output dims are permuted alike: acc[j] column c is dim
-                     * fp8_vdim(j, c), undone when the warps merge). 4 word loads and 4 byte permutes per 4 tiles
-                     * instead of 16 byte loads: conflict-free (rows 2 t4 apart by 2 * (HD + 16) bytes). */
-                    const unsigned char *va = v8 + 2 * t4 * C::RS8 + 4 * g;
+                if constexpr (FP8) { /* V bytes of tokens 2 t4, 2 t4 + 1 (b0) and 8 + 2 t4, 9 + 2 t4 (b1), dim g */
+                    const unsigned char *va = v8 + 2 * t4 * C::RS8 + g;
 #pragma unroll
-                    for (int q = 0; q < HD / 32; q++) {
-                        const unsigned char *c = va + 32 * q;
-                        const uint32_t w0 = *(const uint32_t *)c, w1 = *(const uint32_t *)(c + C::RS8);
-                        const uint32_t w8 = *(const uint32_t *)(c + 8 * C::RS8), w9 = *(const uint32_t *)(c + 9 * C::RS8);
-                        /* (token a, token a + 1) byte pairs: dims r = 0, 1 (lo) and 2, 3 (hi), low half first */
-                        const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
-                        const uint32_t lo89 = __byte_perm(w8, w9, 0x5140), hi89 = __byte_perm(w8, w9, 0x7362);
-                        const uint32_t p01[4] = {lo01, lo01 >> 16, hi01, hi01 >> 16};
-                        const uint32_t p89[4] = {lo89, lo89 >> 16, hi89, hi89 >> 16};
-#pragma unroll
-                        for (int r = 0; r < 4; r++) {
-                            const int j = 4 * q + r;
-                            acc[j][0] *= alpha;
-                            acc[j][1] *= alpha;
-                            mma_rows8_f16(acc[j][0], acc[j][1], pa0, pa2, tm_fp8x2_to_f16x2(p01[r]),
-                                          tm_fp8x2_to_f16x2(p89[r]));
-                        }
+                    for (int j = 0; j < HD / 8; j++) {
+                        const unsigned char *c = va + 8 * j;
+                        const uint32_t b0 = tm_fp8x2_to_f16x2((uint32_t)c[0] | ((uint32_t)c[C::RS8] << 8));
+                        const uint32_t b1 = tm_fp8x2_to_f16x2((uint32_t)c[8 * C::RS8] | ((uint32_t)c[9 * C::RS8] << 8));
+                        acc[j][0] *= alpha;
+                        acc[j][1] *= alpha;
+                        mma_rows8_f16(acc[j][0], acc[j][1], pa0, pa2, b0, b1);
                     }
                 } else {
 #pragma unroll
@@ -586,15 +565,8 @@ template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_
         red_l[warp * DEC_ROWS + g] = l_row;
     }
 #pragma unroll
-    for (int j = 0; j < HD / 8; j++) {
-        float *ra = &red_acc[(warp * DEC_ROWS + g) * HD];
-        if constexpr (FP8) { /* column c of tile j is dim fp8_vdim(j, c) */
-            ra[fp8_vdim(j, 2 * t4)] = acc[j][0];
-            ra[fp8_vdim(j, 2 * t4 + 1)] = acc[j][1];
-        } else {
-            *(float2 *)&ra[8 * j + 2 * t4] = make_float2(acc[j][0], acc[j][1]);
-        }
-    }
+    for (int j = 0; j < HD / 8; j++)
+        *(float2 *)&red_acc[(warp * DEC_ROWS + g) * HD + 8 * j + 2 * t4] = make_float2(acc[j][0], acc[j][1]);
     __syncthreads();
     dec_finish(p, red_m, red_l, red_acc, HD, seq, h0, rows, split, direct);
 }
