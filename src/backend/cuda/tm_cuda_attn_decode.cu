@@ -43,11 +43,11 @@
  *   bytes of its token's row (one 4-byte load, two conversions), the k index of S = Q K^T being permuted within
  *   every 16 dims, and Q's fragments permuted alike (a dot product does not depend on the order of its terms);
  *   V's operand pairs two tokens of one dim: two byte loads per pair. Half the bytes of bf16, and a smaller ring
- *   (3 CTAs per SM at head_dim 128).
+ *   and block-id table (DEC_TBL8): 4 CTAs per SM at head_dim 128 (128 registers a thread fill the register file).
  *
  * Splits (v2, v3): the launcher picks n_splits (grid.x) from the number of (sequence, kv head, chunk) CTAs and
  * the GPU's resident CTA slots: when the CTAs fill the slots, the count whose last wave is fullest (1 when the
- * waves come out whole; the fp8 kernel's smaller ring fits 3 CTAs per SM, 512 CTAs = 1.3 waves), else enough
+ * waves come out whole; the fp8 kernel fits 4 CTAs per SM, 512 CTAs = 0.97 waves), else enough
  * to fill them once; at most half the 64-token stages of max_context_len, n_seqs * n_splits <= 1024, and never
  * more than the work buffer holds. Each sequence then cuts its own context (context_len, read on the device, so a captured graph replays
  * with other contexts) into n_splits pieces of a multiple of 64 tokens (dec_split_plan); splits past the end
@@ -63,6 +63,9 @@ constexpr int DEC_ROWS = 8;              /* query heads per CTA (v2, v3) */
 constexpr int DEC_STAGE_TOK = 64;        /* tokens per pipeline stage (v3) = split granularity */
 constexpr int DEC_NST = 3;               /* pipeline stages (v3) */
 constexpr int DEC_TBL = 1024;            /* block ids staged in shared memory at a time (v3) */
+constexpr int DEC_TBL8 = 512;            /* the same over an fp8 cache: 4 CTAs then fit an SM (4 x (54 KB ring + 2 KB
+                                            * + 1 KB reserved) = 228 KB; at 3, ncu found the kernel short of eligible
+                                            * warps: 49% of cycles without one) */
 constexpr int DEC_MIN_SPLIT_STAGES = 4;  /* a split the launcher picks covers >= 256 tokens: below that the merge
                                             * kernel costs more than the parallelism gains (H200, batch-1 decode) */
 constexpr int DEC_MAX_SEQ_SPLITS = 1024; /* n_seqs * n_splits <= this (bounds the work buffer) */
@@ -381,7 +384,7 @@ template <int HD> struct v3_cfg {
     static constexpr int PASSES8 = DEC_STAGE_TOK / RPP8;
     static constexpr size_t RAW_STAGE = (size_t)DEC_STAGE_TOK * RS8;             /* bytes per K (or V) stage */
     static constexpr size_t RAW_BYTES = (size_t)DEC_NST * 2 * RAW_STAGE;
-    static constexpr size_t SMEM8 = RAW_BYTES + (size_t)DEC_TBL * 4;
+    static constexpr size_t SMEM8 = RAW_BYTES + (size_t)DEC_TBL8 * 4;
     static_assert(TPR8 >= CH8 && DEC_STAGE_TOK % RPP8 == 0, "fp8 copies");
     static_assert(RAW_BYTES >= (size_t)DEC_WARPS * DEC_ROWS * (HD + 2) * 4, "reduction fits the raw ring");
 };
@@ -391,7 +394,7 @@ template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_
     using C = v3_cfg<HD>;
     extern __shared__ __align__(16) unsigned char smem[];
     /* bf16: ring (DEC_NST, 2 (K, V), DEC_STAGE_TOK, RS) bf16; fp8: ring (DEC_NST, 2, DEC_STAGE_TOK, RS8) e4m3 */
-    int *tbl = (int *)(smem + (FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (DEC_TBL) block ids */
+    int *tbl = (int *)(smem + (FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (DEC_TBL, fp8: DEC_TBL8) block ids */
     const int split = (int)blockIdx.x, seq = (int)blockIdx.z;
     const int kvh = (int)blockIdx.y / p.hchunks, hc = (int)blockIdx.y % p.hchunks;
     const int h0 = kvh * p.group + hc * DEC_ROWS, rows = min(DEC_ROWS, p.group - hc * DEC_ROWS);
@@ -768,7 +771,7 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     if (s > cap_work) s = cap_work;
     if (s < 1) s = 1;
     p.n_splits = (int)s;
-    if (p.bs_log2 >= 0) p.chunk_tok = ((DEC_TBL - 2) * a->block_size) / DEC_STAGE_TOK * DEC_STAGE_TOK;
+    if (p.bs_log2 >= 0) p.chunk_tok = (((p.fp8 ? DEC_TBL8 : DEC_TBL) - 2) * a->block_size) / DEC_STAGE_TOK * DEC_STAGE_TOK;
     if (s > 1) {
         const uintptr_t base = ((uintptr_t)a->work + 15) & ~(uintptr_t)15;
         const size_t n_lse = (size_t)pairs * (size_t)s;
