@@ -670,14 +670,20 @@ int env_int(const char *name, int dflt) {
     return s && *s ? atoi(s) : dflt;
 }
 
-/* the v3 instantiation for (hd, fp8, opt): bf16 takes OPT_LAZY only */
+/* the v3 instantiation for (hd, fp8, opt): bf16 takes OPT_LAZY only; the options exist for head_dim 64 and 128
+ * (the model shapes measured), the other head dims ignore them (every instantiation adds to the binary) */
 template <int H> dec_kernel_fn v3_pick(bool fp8, int opt) {
-    if (!fp8) return (opt & OPT_LAZY) ? attn_decode_kernel_v3<H, false, OPT_LAZY> : attn_decode_kernel_v3<H, false, 0>;
-    switch (opt & 3) {
-    case 0: return attn_decode_kernel_v3<H, true, 0>;
-    case OPT_LAZY: return attn_decode_kernel_v3<H, true, OPT_LAZY>;
-    case OPT_VWORD: return attn_decode_kernel_v3<H, true, OPT_VWORD>;
-    default: return attn_decode_kernel_v3<H, true, OPT_LAZY | OPT_VWORD>;
+    if constexpr (H != 64 && H != 128) {
+        (void)opt;
+        return fp8 ? attn_decode_kernel_v3<H, true, 0> : attn_decode_kernel_v3<H, false, 0>;
+    } else {
+        if (!fp8) return (opt & OPT_LAZY) ? attn_decode_kernel_v3<H, false, OPT_LAZY> : attn_decode_kernel_v3<H, false, 0>;
+        switch (opt & 3) {
+        case 0: return attn_decode_kernel_v3<H, true, 0>;
+        case OPT_LAZY: return attn_decode_kernel_v3<H, true, OPT_LAZY>;
+        case OPT_VWORD: return attn_decode_kernel_v3<H, true, OPT_VWORD>;
+        default: return attn_decode_kernel_v3<H, true, OPT_LAZY | OPT_VWORD>;
+        }
     }
 }
 
