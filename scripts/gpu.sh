@@ -35,6 +35,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 
 table=()
 row() { table+=("$(printf '%-44s %s' "$1" "$2")"); }
+# a `bench latency --json` file -> "tg X tok/s = Y% of floor Z; pp128 W tok/s" (floor: weight bytes at the copy ceiling)
+lat_summary() {
+  python3 - "$1" "$COPY" <<'EOF'
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no result"); sys.exit()
+floor = float(sys.argv[2]) * 1e9 / j["weight_bytes"]
+print(f'tg {j["tg_tok_s"]:.0f} tok/s = {100 * j["tg_tok_s"] / floor:.1f}% of floor {floor:.0f}; pp128 {j["pp_tok_s"]:.0f} tok/s')
+EOF
+}
 
 if want kernels; then
   echo "== ceilings"
@@ -82,17 +94,7 @@ if want e2e; then
       -r 3 --json >"$OUT/lat_${shape}_pdl.json" 2>&1
     echo "with programmatic dependent launch for every kernel (TM_CUDA_PDL=1): $(cat "$OUT/lat_${shape}_pdl.json")"
     fi
-    r=$(python3 - "$OUT/lat_$shape.json" "$COPY" <<'EOF'
-import json, sys
-try:
-    j = json.load(open(sys.argv[1]))
-except Exception as e:
-    print("no result"); sys.exit()
-floor = float(sys.argv[2]) * 1e9 / j["weight_bytes"]
-print(f'tg {j["tg_tok_s"]:.0f} tok/s = {100 * j["tg_tok_s"] / floor:.1f}% of floor {floor:.0f}; pp128 {j["pp_tok_s"]:.0f} tok/s')
-EOF
-)
-    row "e2e decode b=1 $shape bf16" "$r"
+    row "e2e decode b=1 $shape bf16" "$(lat_summary "$OUT/lat_$shape.json")"
   done
   # a launch mode must not change results: greedy text of the 1B shape under every PDL mode, graphs on and off
   for v in 0 gemv 1 "0 --no-graphs" "gemv --no-graphs"; do
@@ -136,17 +138,7 @@ if want fp8; then
     timeout 300 $TM bench latency -m "dummy:$shape:fp8" --device cuda --input-len 128 --output-len 256 -r 3 --json \
       >"$OUT/lat_${shape}_fp8.json" 2>"$OUT/lat_${shape}_fp8.err"
     cat "$OUT/lat_${shape}_fp8.json"; tail -n 3 "$OUT/lat_${shape}_fp8.err"
-    r=$(python3 - "$OUT/lat_${shape}_fp8.json" "$COPY" <<'EOF'
-import json, sys
-try:
-    j = json.load(open(sys.argv[1]))
-except Exception as e:
-    print("no result"); sys.exit()
-floor = float(sys.argv[2]) * 1e9 / j["weight_bytes"]
-print(f'tg {j["tg_tok_s"]:.0f} tok/s = {100 * j["tg_tok_s"] / floor:.1f}% of floor {floor:.0f}; pp128 {j["pp_tok_s"]:.0f} tok/s')
-EOF
-)
-    row "e2e decode b=1 $shape fp8" "$r"
+    row "e2e decode b=1 $shape fp8" "$(lat_summary "$OUT/lat_${shape}_fp8.json")"
   done
   for dev in cpu cuda; do
     TM_DUMMY_HOST=1 timeout 120 $TM run -m dummy:smollm2-135m:fp8 --device $dev -p "eight bit weights" -n 48 --temp 0 \
