@@ -18,6 +18,8 @@ want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done;
 cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
 # the system's libraries first; .gpu/lib only fills in what the machine lacks (set for our binaries only)
 TMLIB="/usr/local/cuda/lib64:${cublas_dir}:/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu:$PWD/.gpu/lib"
+# .gpuz/gpu.tar.xz (scripts/gpu_pack.sh): the binaries compressed, for a call that cannot carry .gpu itself
+[ ! -x .gpu/bin/tokenmill ] && [ -f .gpuz/gpu.tar.xz ] && python3 -m tarfile -e .gpuz/gpu.tar.xz .
 if [ -x .gpu/bin/tokenmill ]; then
   BIN=.gpu/bin
   printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s/.gpu/bin/tokenmill" "$@"\n' "$TMLIB" "$PWD" >.gpu/tm

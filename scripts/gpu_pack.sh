@@ -2,12 +2,14 @@
 # gpu_pack.sh -- build the CUDA binaries here and pack what a GPU machine without build dependencies needs into
 # .gpu/ (ignored): bin/ (tokenmill and the kernel test beds), lib/ (their non-system shared libraries), and the
 # SmolLM2 file in two parts, .gpu2/model.part1 and .gpu3/model.part2 (a device call carries at most 64 MiB, the
-# file is 98 MB: each part travels in a call of its own while the machine stays warm; scripts/gpu.sh joins them).
+# file is 98 MB: each part travels in a call of its own while the machine stays warm; scripts/gpu.sh joins them),
+# and .gpuz/gpu.tar.xz, the same .gpu compressed (~40% of it: carry it instead of .gpu when .gpu nears 64 MiB;
+# scripts/gpu.sh unpacks it when .gpu is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTM_TESTS=OFF >/dev/null
 cmake --build build-gpu -j "$(nproc)" 2>&1 | grep -E "error|warning" || true
-rm -rf .gpu .gpu2 .gpu3
+rm -rf .gpu .gpu2 .gpu3 .gpuz
 mkdir -p .gpu/bin .gpu/lib .gpu2
 cp build-gpu/tokenmill build-gpu/tb_* .gpu/bin/
 strip .gpu/bin/* 2>/dev/null || true
@@ -21,4 +23,6 @@ if [ -f "$model" ]; then   # carried in calls of their own (.gpu2, then .gpu3) w
   head -c 49181216 "$model" >.gpu2/model.part1
   tail -c +49181217 "$model" >.gpu3/model.part2
 fi
-du -sh .gpu .gpu2 .gpu3
+mkdir -p .gpuz
+tar cf - .gpu | xz -6 -T2 >.gpuz/gpu.tar.xz
+du -sh .gpu .gpu2 .gpu3 .gpuz
