@@ -170,6 +170,48 @@ struct prefill_geom {
     int32_t bs_log2; /* block_size = 1 << bs_log2 */
 };
 
+/* The epilogue of v2, v3 and v5, after every product: O / l in bf16 staged through the Q tile (swz layout; each warp its
+ * own 16 rows), then 16-byte stores of the rows that are real (token, query head) pairs of this tile */
+template <int HD>
+__device__ __forceinline__ void store_o(const float (&o)[HD / 2], const float (&lrow)[2], uint32_t sQ, int warp,
+                                        int lane, int32_t row0, int32_t n_rows_tok, const tm_cuda_attn_args &a,
+                                        const prefill_geom &g, int32_t per_slot) {
+    constexpr int CPR = HD / 8;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float l = lrow[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int r = warp * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            const uint32_t v = pack_bf16(o[4 * d + 2 * h] * inv, o[4 * d + 2 * h + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz<HD>(r, d) + (lane & 3) * 4), "r"(v));
+        }
+    }
+    __syncwarp();
+    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
+    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
+    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
+                           (size_t)e_hc * (size_t)g.gh;
+#pragma unroll
+    for (int it = 0; it < 16 * CPR / 32; it++) {
+        const int i = lane + it * 32;
+        const int r = warp * 16 + i / CPR, c = i % CPR;
+        const int32_t tl = r / g.gh, hl = r % g.gh;
+        if (tl < n_rows_tok && hl < e_heads) {
+            uint32_t w0, w1, w2, w3;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                         : "r"(sQ + swz<HD>(r, c)));
+            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                         : "memory");
+        }
+    }
+}
+
 /* ---- v1: simple f32 kernel ----------------------------------------------------------------------- */
 
 constexpr int V1_TQ = 16;   /* tokens per CTA */
@@ -493,41 +535,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_prefill_kernel_v2(const tm
     }
     cp_async_wait<0>(); /* nothing real is in flight (only empty groups), but leave no copy behind */
 
-    /* normalise, stage through this warp's own rows of the Q tile, 16-byte stores of the valid rows */
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float l = lrow[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int r = warp * 16 + (lane >> 2) + h * 8;
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            const uint32_t v = pack_bf16(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz<HD>(r, d) + (lane & 3) * 4), "r"(v));
-        }
-    }
-    __syncwarp();
-    const int32_t row0 = s_epi[0], n_rows_tok = s_epi[1];
-    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
-    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
-    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
-                           (size_t)e_hc * (size_t)g.gh;
-#pragma unroll
-    for (int it = 0; it < 16 * CPR / 32; it++) {
-        const int i = lane + it * 32;
-        const int r = warp * 16 + i / CPR, c = i % CPR;
-        const int32_t tl = r / g.gh, hl = r % g.gh;
-        if (tl < n_rows_tok && hl < e_heads) {
-            uint32_t w0, w1, w2, w3;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
-                         : "r"(sQ + swz<HD>(r, c)));
-            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
-            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
-                         : "memory");
-        }
-    }
+    /* normalise, stage through this warp's own rows of the Q tile, 16-byte stores of the valid rows: o's
+     * (HD/8, 4) layout is store_o's flat one */
+    store_o<HD>(reinterpret_cast<const float(&)[HD / 2]>(o), lrow, sQ, warp, lane, s_epi[0], s_epi[1], a, g, per_slot);
 }
 
 /* ---- wgmma helpers (sm_90a) ---------------------------------------------------------------------- */
@@ -577,48 +587,6 @@ __device__ __forceinline__ void wgmma_64x128_rs(float (&d)[64], const uint32_t (
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-/* v3 and v5's epilogue, after every product: O / l in bf16 staged through the Q tile (swz layout; each warp its
- * own 16 rows), then 16-byte stores of the rows that are real (token, query head) pairs of this tile */
-template <int HD>
-__device__ __forceinline__ void store_o(const float (&o)[HD / 2], const float (&lrow)[2], uint32_t sQ, int warp,
-                                        int lane, int32_t row0, int32_t n_rows_tok, const tm_cuda_attn_args &a,
-                                        const prefill_geom &g, int32_t per_slot) {
-    constexpr int CPR = HD / 8;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float l = lrow[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int r = warp * 16 + (lane >> 2) + h * 8;
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            const uint32_t v = pack_bf16(o[4 * d + 2 * h] * inv, o[4 * d + 2 * h + 1] * inv);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + swz<HD>(r, d) + (lane & 3) * 4), "r"(v));
-        }
-    }
-    __syncwarp();
-    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
-    const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
-    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
-                           (size_t)e_hc * (size_t)g.gh;
-#pragma unroll
-    for (int it = 0; it < 16 * CPR / 32; it++) {
-        const int i = lane + it * 32;
-        const int r = warp * 16 + i / CPR, c = i % CPR;
-        const int32_t tl = r / g.gh, hl = r % g.gh;
-        if (tl < n_rows_tok && hl < e_heads) {
-            uint32_t w0, w1, w2, w3;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
-                         : "r"(sQ + swz<HD>(r, c)));
-            uint16_t *dst = a.out + (size_t)(row0 + tl) * ((size_t)a.n_heads * HD) + (e_head0 + (size_t)hl) * HD + c * 8;
-            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
-                         : "memory");
-        }
-    }
 }
 
 /* ---- v3: wgmma (fp8 caches; TM_CUDA_ATTN_PREFILL_V=3) ---------------------------------------------- */
