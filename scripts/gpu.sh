@@ -37,6 +37,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 
 table=()
 row() { table+=("$(printf '%-44s %s' "$1" "$2")"); }
+# the issue's throughput benchmark, $n requests of 1024 in / 1024 out: tp_run FILE MODEL ROW-LABEL [FLAGS...]
+# (output in $OUT/FILE.json and .err, a row in the table)
+tp_run() {
+  local f=$1 model=$2 label=$3
+  shift 3
+  timeout 540 $TM bench throughput -m "$model" --device cuda --num-prompts "$n" --input-len 1024 --output-len 1024 \
+    --max-seqs 256 -b 8192 "$@" --json >"$OUT/$f.json" 2>"$OUT/$f.err"
+  cat "$OUT/$f.json"; tail -n 3 "$OUT/$f.err"
+  row "$label" "$(python3 -c "import json; j=json.load(open('$OUT/$f.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")"
+}
 # a `bench latency --json` file -> "tg X tok/s = Y% of floor Z; pp128 W tok/s" (floor: weight bytes at the copy ceiling)
 lat_summary() {
   python3 - "$1" "$COPY" <<'EOF'
@@ -118,17 +128,9 @@ EOF
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:bf16, $n x 1024 in / 1024 out"
-  timeout 540 $TM bench throughput -m dummy:llama3-8b:bf16 --device cuda --num-prompts "$n" --input-len 1024 \
-    --output-len 1024 --max-seqs 256 -b 8192 --json >"$OUT/tp_8b.json" 2>"$OUT/tp_8b.err"
-  cat "$OUT/tp_8b.json"; tail -n 3 "$OUT/tp_8b.err"
-  r=$(python3 -c "import json; j=json.load(open('$OUT/tp_8b.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")
-  row "e2e throughput 8B bf16 ${n}x1024/1024" "$r"
+  tp_run tp_8b dummy:llama3-8b:bf16 "e2e throughput 8B bf16 ${n}x1024/1024"
   echo "== the same with the KV cache in fp8 e4m3 (--kv-cache-dtype fp8)"
-  timeout 540 $TM bench throughput -m dummy:llama3-8b:bf16 --device cuda --num-prompts "$n" --input-len 1024 \
-    --output-len 1024 --max-seqs 256 -b 8192 --kv-cache-dtype fp8 --json >"$OUT/tp_8b_fp8.json" 2>"$OUT/tp_8b_fp8.err"
-  cat "$OUT/tp_8b_fp8.json"; tail -n 3 "$OUT/tp_8b_fp8.err"
-  r=$(python3 -c "import json; j=json.load(open('$OUT/tp_8b_fp8.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")
-  row "e2e throughput 8B bf16, fp8 KV, ${n}x1024/1024" "$r"
+  tp_run tp_8b_fp8 dummy:llama3-8b:bf16 "e2e throughput 8B bf16, fp8 KV, ${n}x1024/1024" --kv-cache-dtype fp8
   }
 fi
 
@@ -160,11 +162,7 @@ EOF
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:fp8 with the fp8 KV cache, $n x 1024 in / 1024 out"
-  timeout 540 $TM bench throughput -m dummy:llama3-8b:fp8 --device cuda --num-prompts "$n" --input-len 1024 \
-    --output-len 1024 --max-seqs 256 -b 8192 --kv-cache-dtype fp8 --json >"$OUT/tp_8b_w8.json" 2>"$OUT/tp_8b_w8.err"
-  cat "$OUT/tp_8b_w8.json"; tail -n 3 "$OUT/tp_8b_w8.err"
-  r=$(python3 -c "import json; j=json.load(open('$OUT/tp_8b_w8.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")
-  row "e2e throughput 8B fp8 W8A8, fp8 KV, ${n}x1024/1024" "$r"
+  tp_run tp_8b_w8 dummy:llama3-8b:fp8 "e2e throughput 8B fp8 W8A8, fp8 KV, ${n}x1024/1024" --kv-cache-dtype fp8
   }
 fi
 
