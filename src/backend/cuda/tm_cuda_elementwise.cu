@@ -194,20 +194,8 @@ __global__ void __launch_bounds__(kThreads) quant_fp8_kernel_v1(const uint16_t *
         const size_t nch = n >> 3;
         const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
         uint2 *o2 = reinterpret_cast<uint2 *>(out);
-        for (size_t c = (size_t)blockIdx.x * kThreads + threadIdx.x; c < nch; c += stride) {
-            const uint4 u = __ldg(x4 + c);
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-            uint32_t o[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const uint32_t lo = tm_fp8x2_of(__uint_as_float(w[2 * i] << 16) * inv,
-                                                __uint_as_float(w[2 * i] & 0xffff0000u) * inv);
-                const uint32_t hi = tm_fp8x2_of(__uint_as_float(w[2 * i + 1] << 16) * inv,
-                                                __uint_as_float(w[2 * i + 1] & 0xffff0000u) * inv);
-                o[i] = lo | (hi << 16);
-            }
-            o2[c] = make_uint2(o[0], o[1]);
-        }
+        for (size_t c = (size_t)blockIdx.x * kThreads + threadIdx.x; c < nch; c += stride)
+            o2[c] = tm_fp8x8_of_bf16(__ldg(x4 + c), inv);
         done = nch << 3;
     }
     for (size_t i = done + (size_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += stride)

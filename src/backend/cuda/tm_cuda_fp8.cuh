@@ -59,15 +59,17 @@ __device__ __forceinline__ void tm_fp8_round8(uint4 u, float inv, float *out) {
     }
 }
 
-/* eight bf16 (a 16-byte item) -> eight e4m3 bytes (an 8-byte store) */
-__device__ __forceinline__ uint2 tm_fp8x8_of_bf16(uint4 u) {
+/* eight bf16 (a 16-byte item), each times mul (the cache writers: 1, folded away; an fp8 GEMM's activations:
+ * 1 / act_scale) -> eight e4m3 bytes (an 8-byte store) */
+__device__ __forceinline__ uint2 tm_fp8x8_of_bf16(uint4 u, float mul = 1.0f) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
     uint32_t o[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        const uint16_t a = tm_fp8x2_of(__uint_as_float(w[2 * i] << 16), __uint_as_float(w[2 * i] & 0xffff0000u));
+        const uint16_t a =
+            tm_fp8x2_of(__uint_as_float(w[2 * i] << 16) * mul, __uint_as_float(w[2 * i] & 0xffff0000u) * mul);
         const uint16_t b =
-            tm_fp8x2_of(__uint_as_float(w[2 * i + 1] << 16), __uint_as_float(w[2 * i + 1] & 0xffff0000u));
+            tm_fp8x2_of(__uint_as_float(w[2 * i + 1] << 16) * mul, __uint_as_float(w[2 * i + 1] & 0xffff0000u) * mul);
         o[i] = (uint32_t)a | ((uint32_t)b << 16);
     }
     return make_uint2(o[0], o[1]);
