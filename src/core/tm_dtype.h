@@ -2,6 +2,7 @@
 #ifndef TM_DTYPE_H
 #define TM_DTYPE_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -50,6 +51,13 @@ bool tm_dtype_supported(uint32_t t);
 const char *tm_dtype_name(uint32_t t); /* "unknown" for unknown numbers */
 /* Bytes of a row of n elements; 0 if n is not a multiple of the block or the type is unknown. */
 uint64_t tm_dtype_row_bytes(uint32_t t, uint64_t n);
+
+/* The scales a TM_DT_FP8_E4M3 weight needs (tm_weight in backend/backend.h): a positive finite weight scale and a
+ * power-of-two activation scale (so that x / act_scale is exact). */
+static inline bool tm_fp8_scales_ok(float scale, float act_scale) {
+    int e;
+    return isfinite(scale) && scale > 0.0f && isfinite(act_scale) && act_scale > 0.0f && frexpf(act_scale, &e) == 0.5f;
+}
 
 /* Block layouts (identical to GGUF's). QK = elements per block. */
 #define TM_QK4_0 32

@@ -904,9 +904,7 @@ static tm_status cpu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     w->aux = NULL;
     if (!w->data) return tm_err(err, TM_ERR_INVALID, "cpu backend: weight without data (deferred dummy)");
     if (w->type == TM_DT_FP8_E4M3) { /* read row-major as it is (matmul_rows_fp8): no decode copy */
-        int e2;
-        const bool pow2 = isfinite(w->act_scale) && w->act_scale > 0.0f && frexpf(w->act_scale, &e2) == 0.5f;
-        if (!(isfinite(w->scale) && w->scale > 0.0f) || !pow2)
+        if (!tm_fp8_scales_ok(w->scale, w->act_scale))
             return tm_err(err, TM_ERR_INVALID,
                           "cpu backend: fp8_e4m3 weight (%lld x %lld) needs a positive finite scale and a power-of-two "
                           "activation scale (has %g and %g)",

@@ -5,7 +5,6 @@
 #include "backend/cuda/tm_cuda_dequant.cuh"
 
 #include <limits.h>
-#include <math.h>
 #include <stdlib.h>
 
 /* out (n, rows) = x (n, cols) bf16 . w^T for n <= 8: batch-1 decode, bound by the weight read.
@@ -584,10 +583,7 @@ cudaError_t launch_v1(const tm_cuda_gemv_job &j, const void *w_up, float up_scal
 /* fp8 weights need positive, finite scales (and up_scale for SwiGLU); other types ignore them */
 bool fp8_scales_ok(int32_t type, const tm_cuda_gemv_job &j, bool swiglu, float up_scale) {
     if (type != TM_DT_FP8_E4M3) return true;
-    int e;
-    const bool w = j.scale > 0.0f && j.scale < INFINITY;
-    const bool act = j.act_scale > 0.0f && j.act_scale < INFINITY && frexpf(j.act_scale, &e) == 0.5f; /* 2^k */
-    return w && act && (!swiglu || (up_scale > 0.0f && up_scale < INFINITY));
+    return tm_fp8_scales_ok(j.scale, j.act_scale) && (!swiglu || tm_fp8_scales_ok(up_scale, j.act_scale));
 }
 
 /* Every launcher ends here: n_jobs products sharing type, cols and x (swiglu: exactly one job, whose w is the
