@@ -162,6 +162,11 @@ typedef struct tm_backend_ops {
      * w->data then points to backend memory, released with weight_release. */
     tm_status (*weight_place)(tm_backend *be, tm_weight *w, tm_error *err);
     void (*weight_release)(tm_backend *be, tm_weight *w);
+    /* Optional: place n weights of one type, width and scales (as weight_place does each) in one allocation, their
+     * rows concatenated in order: ws[i + 1]->data starts where ws[i]'s rows end. Products that share an input
+     * (q, k, v; gate, up) can then run as one. Each is released with weight_release; the allocation goes with the
+     * last. NULL, or an error: the caller places them one by one. */
+    tm_status (*weight_place_group)(tm_backend *be, tm_weight *const *ws, int32_t n, tm_error *err);
     /* out_host (n_rows) = argmax of each row of an f32 logits buffer (ties: lowest id); only ids cross to the host */
     tm_status (*argmax)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t *out_host,
                         tm_error *err);

@@ -261,6 +261,7 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
     bool dev_sample = !dev_argmax && r->sample_on_device && r->be->ops->sample && nl > 0;
     r->greedy_on_device = r->sample_on_device = false; /* one step only: the next caller gets logits */
     tm_status st;
+    const double t_pass = tm_time_s();
     if (r->cfg.tp > 1) {
         tm_tp_rank ranks[TM_TP_MAX_RANKS];
         for (int32_t rk = 0; rk < r->cfg.tp; rk++)
@@ -276,6 +277,7 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
     if (st == TM_OK && dev_argmax) st = r->be->ops->argmax(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->greedy, err);
     if (st == TM_OK && dev_sample)
         st = r->be->ops->sample(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->sample_rows, r->greedy, err);
+    r->pass_s += tm_time_s() - t_pass;
     if (st != TM_OK) return st;
     /* the entries are written: record their tokens (full blocks become shareable prefix-cache blocks) */
     for (int32_t k = 0; k < n_seqs; k++)

@@ -64,6 +64,8 @@ typedef struct tm_runner {
     int32_t *b_last;            /* (max_seqs) batch row of each caller sequence's last new token */
     int32_t *b_btab;            /* (max_seqs, max_blocks) */
     int32_t max_seqs, max_blocks;
+    double pass_s;              /* seconds inside forward passes, from the first op until the logits or sampled ids
+                                 * are on the host (what is left of a step is host work with the device idle) */
 } tm_runner;
 
 /* "cpu", "cuda" or "cuda:N" (NULL or "" = cpu) */

@@ -523,6 +523,17 @@ void tm_model_unplace(tm_model *placed, tm_backend *be) {
     free(placed);
 }
 
+/* weights that can share one allocation (backend.h weight_place_group): all present, one type, width and scales */
+static bool groupable(const tm_weight *w, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        if (!w[i].data && !w[i].dummy) return false;
+        if (i && (w[i].type != w[0].type || w[i].cols != w[0].cols || w[i].scale != w[0].scale ||
+                  w[i].act_scale != w[0].act_scale))
+            return false;
+    }
+    return true;
+}
+
 tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_error *err) {
     *out = NULL;
     if (!be->ops->weight_place) return tm_err(err, TM_ERR_INVALID, "backend %s has no memory of its own", be->ops->name);
@@ -561,6 +572,21 @@ tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_e
     for (size_t i = 0; i < n && s == TM_OK; i++) {
         if (i == 2 && tied) continue;
         if (!orig[i].data && !orig[i].dummy) continue; /* absent (biases) */
+        /* a layer's q, k, v (slots 1..3 of its 12) and gate, up (9, 10) in one allocation where the backend can */
+        const size_t in_layer = i >= 3 ? (i - 3) % 12 : 12;
+        const int32_t group = in_layer == 1 ? 3 : in_layer == 9 ? 2 : 1;
+        if (group > 1 && be->ops->weight_place_group && groupable(orig + i, group)) {
+            for (int32_t g = 0; g < group; g++) *slots[i + (size_t)g] = orig[i + (size_t)g];
+            tm_error gerr = {0};
+            if (be->ops->weight_place_group(be, slots + i, group, &gerr) == TM_OK) {
+                i += (size_t)group - 1;
+                continue;
+            }
+            for (int32_t g = 0; g < group; g++) { /* back to unplaced, as above */
+                *slots[i + (size_t)g] = orig[i + (size_t)g];
+                if (!orig[i + (size_t)g].dummy) slots[i + (size_t)g]->data = NULL;
+            }
+        }
         *slots[i] = orig[i];
         s = be->ops->weight_place(be, slots[i], err);
         if (s != TM_OK) slots[i]->data = NULL;

@@ -91,7 +91,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
         outlen[r] = c->out_max > 0 ? c->out_min + (int32_t)(rng_next(&st) % (uint64_t)(c->out_max - c->out_min + 1))
                                    : c->output_len;
     }
-    double t0 = tm_time_s();
+    double t0 = tm_time_s(), pass0 = e->runner->pass_s;
     int64_t steps = 0;
     for (size_t r = 0; r < N; r++) {
         tm_gen_params gp = {0};
@@ -105,7 +105,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
             steps++;
         }
     }
-    double wall = tm_time_s() - t0;
+    double wall = tm_time_s() - t0, pass = e->runner->pass_s - pass0;
     uint64_t out_tokens = 0;
     for (size_t r = 0; r < N; r++) out_tokens += (uint64_t)res[r].n_gen;
     uint64_t total_tokens = out_tokens + (uint64_t)N * I;
@@ -114,20 +114,20 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     if (c->json)
         printf("{\"model\": \"%s\", \"sequential\": %s, \"schedule\": \"%s\", \"num_prompts\": %d, \"input_len\": %d, \"output_len_max\": %d, "
                "\"shared_prefix\": %d, \"threads\": %d, \"max_seqs\": %d, \"kv_cache_dtype\": \"%s\", \"kv_blocks\": %d, "
-               "\"duration_s\": %.3f, \"steps\": %lld, "
+               "\"duration_s\": %.3f, \"pass_s\": %.3f, \"steps\": %lld, "
                "\"requests_per_s\": %.4f, \"output_tok_s\": %.2f, \"total_tok_s\": %.2f, \"output_tokens\": %llu, "
                "\"prefix_hit_tokens\": %llu, \"preemptions\": %llu, ",
                m->name, c->sequential ? "true" : "false", c->static_batching ? "static" : "continuous", c->num_prompts, c->input_len, omax,
                c->shared_prefix, e->runner->cfg.n_threads, max_seqs, tm_dtype_name(tm_kv_dtype_resolve(c->kv_dtype, dev)),
-               e->runner->pool.n_blocks, wall, (long long)steps, (double)N / wall,
+               e->runner->pool.n_blocks, wall, pass, (long long)steps, (double)N / wall,
                (double)out_tokens / wall, (double)total_tokens / wall, (unsigned long long)out_tokens,
                (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);
     else
         printf("%s: %d requests (input %d, output %s%d), %s batching, %d threads, max %d seqs\n"
-               "duration %.2f s, %lld steps: %.3f req/s, output %.1f tok/s, total %.1f tok/s; prefix hits %llu tokens, "
-               "preemptions %llu\n",
+               "duration %.2f s (%.2f s in forward passes), %lld steps: %.3f req/s, output %.1f tok/s, total %.1f tok/s; "
+               "prefix hits %llu tokens, preemptions %llu\n",
                m->name, c->num_prompts, c->input_len, c->out_max > 0 ? "<=" : "", omax,
-               c->static_batching ? "static" : "continuous", e->runner->cfg.n_threads, max_seqs, wall, (long long)steps,
+               c->static_batching ? "static" : "continuous", e->runner->cfg.n_threads, max_seqs, wall, pass, (long long)steps,
                (double)N / wall, (double)out_tokens / wall, (double)total_tokens / wall,
                (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);
     for (size_t r = 0; r < N; r++) v[r] = res[r].ttft;

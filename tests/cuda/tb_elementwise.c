@@ -1,9 +1,11 @@
-/* tb_elementwise.c -- test bed of SwiGLU, get_rows, bf16 <-> f32 conversions and fill_random (CPU references). */
+/* tb_elementwise.c -- test bed of SwiGLU (flat and over a fused [gate | up] product), get_rows, bf16 <-> f32
+ * conversions and fill_random (CPU references). */
 #include "tb_common.h"
 
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "core/tm_core.h"
 #include "core/tm_dtype.h"
+#include "core/tm_fp8.h"
 
 static void set_swiglu_version(int v) {
     if (v == 1)
@@ -52,6 +54,49 @@ static void check_swiglu(int n, int ffn, int alias, bool misalign, int version) 
     free(ref);
 }
 
+/* tm_cuda_swiglu_rows: gu (n, 2 ffn) -> out (n, ffn) against the double reference, and (with8) every e4m3 byte of
+ * out8 equal to the host rounding of the kernel's own bf16 output times inv; misalign: gu one element off (the
+ * element path) */
+static void check_swiglu_rows(int n, int ffn, bool with8, bool misalign) {
+    const size_t ne = (size_t)n * ffn, off = misalign ? 1 : 0;
+    const float inv = 16.0f;
+    uint16_t *gu = malloc(2 * ne * 2), *out = malloc(ne * 2);
+    uint8_t *o8 = malloc(ne + 1);
+    float *ref = malloc(ne * sizeof(float));
+    tb_fill_bf16(gu, NULL, 2 * ne, 3.0f);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < ffn; j++) {
+            const double g = tb_bf16_to_f32(gu[(size_t)t * 2 * ffn + j]), u = tb_bf16_to_f32(gu[(size_t)t * 2 * ffn + ffn + j]);
+            ref[(size_t)t * ffn + j] = (float)(g / (1.0 + exp(-g)) * u);
+        }
+    uint16_t *d_gu = tb_dev((2 * ne + off) * 2), *d_o = tb_dev(ne * 2);
+    uint8_t *d_o8 = tb_dev(ne + 8);
+    TB_CHECK(cudaMemcpy(d_gu + off, gu, 2 * ne * 2, cudaMemcpyHostToDevice));
+    tb_poison(d_o, ne * 2);
+    tb_poison(d_o8, ne + 8);
+    TB_RUN(tm_cuda_swiglu_rows(d_gu + off, n, ffn, d_o, with8 ? d_o8 : NULL, inv, 0));
+    tb_download(out, d_o, ne * 2);
+    double err = tb_rel_err_bf16(out, ref, ne), bad = 0;
+    if (with8) {
+        tb_download(o8, d_o8, ne);
+        for (size_t i = 0; i < ne; i++) bad += o8[i] != tm_fp8_from_f32(tb_bf16_to_f32(out[i]) * inv);
+    }
+    char name[96];
+    snprintf(name, sizeof name, "rows n=%d ffn=%d%s%s", n, ffn, with8 ? " +fp8" : "", misalign ? " misaligned" : "");
+    tb_result("swiglu", name, err, 1e-2, 0, 0, 0, 'm');
+    if (with8) {
+        snprintf(name, sizeof name, "rows n=%d ffn=%d fp8 bytes differing", n, ffn);
+        tb_result("swiglu", name, bad, 0, 0, 0, 0, 'm');
+    }
+    cudaFree(d_gu);
+    cudaFree(d_o);
+    cudaFree(d_o8);
+    free(gu);
+    free(out);
+    free(o8);
+    free(ref);
+}
+
 typedef struct {
     uint16_t *g, *u, *o;
     int n, ffn;
@@ -60,6 +105,25 @@ typedef struct {
 static void run_swiglu(void *p) {
     swiglu_arg *a = p;
     TB_CHECK(tm_cuda_swiglu(a->g, a->u, a->n, a->ffn, a->o, 0));
+}
+
+static void run_swiglu_rows(void *p) {
+    swiglu_arg *a = p;
+    TB_CHECK(tm_cuda_swiglu_rows(a->g, a->n, a->ffn, a->o, (uint8_t *)a->u, 16.0f, 0));
+}
+
+/* the fused SwiGLU with the fp8 copy: reads 2 ffn bf16, writes ffn bf16 + ffn e4m3 a row */
+static void time_swiglu_rows(int n, int ffn) {
+    size_t ne = (size_t)n * ffn;
+    swiglu_arg a = {tb_dev(2 * ne * 2), tb_dev(ne), tb_dev(ne * 2), n, ffn};
+    TB_CHECK(tm_cuda_fill_random(a.g, TM_DT_BF16, 2 * ne, 1, 4.0f, 0.0f, 0));
+    double us = tb_time_us(run_swiglu_rows, &a, 3, ne >= (1u << 24) ? 30 : 200);
+    char name[96];
+    snprintf(name, sizeof name, "rows+fp8 n=%d ffn=%d", n, ffn);
+    tb_result("swiglu", name, 0, 0, us, 7.0 * ne, 0, 'm');
+    cudaFree(a.g);
+    cudaFree(a.u);
+    cudaFree(a.o);
 }
 
 static void time_swiglu(const char *label, int n, int ffn, int version) {
@@ -293,6 +357,11 @@ int main(void) {
         check_swiglu(3, 1001, 0, true, v);
         check_swiglu(64, 8200, 0, false, v);
     }
+    check_swiglu_rows(1, 14336, true, false);
+    check_swiglu_rows(37, 8192, true, false);
+    check_swiglu_rows(5, 13, true, false);
+    check_swiglu_rows(3, 1001, false, true);
+    check_swiglu_rows(64, 4104, false, false);
     check_get_rows(100, 4096, 7, false);
     check_get_rows(10, 13, 5, false);
     check_get_rows(50, 2048, 64, true);
@@ -313,6 +382,8 @@ int main(void) {
     time_swiglu("1B-prefill", 4096, 8192, 2);
     time_swiglu("8B-decode", 1, 14336, 2);
     time_swiglu("8B-decode", 64, 14336, 2);
+    time_swiglu_rows(512, 14336);
+    time_swiglu_rows(4096, 14336);
     time_get_rows(4096, 4096, 256);
     time_get_rows(4096, 4096, 1);
     time_convert((size_t)1 << 26);

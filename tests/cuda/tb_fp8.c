@@ -22,7 +22,8 @@
  *    1.2e-4 measured without fast accumulation) or 1e-2 (fast);
  *  - bad arguments: a missing or non-power-of-two activation scale, fp8 through dequant/embed, a k that is not a
  *    multiple of 16.
- * Timing: the fp8 GEMM (with and without fast accumulation) against the bf16 GEMM on the 8B layer's shapes at n = 256 (a decode batch), 2048 and 8192
+ * Timing: the fp8 GEMM (with and without fast accumulation) against the bf16 GEMM on the 8B layer's shapes (q = o,
+ * k = v, qkv as one product, gate = up, gate+up as one, down) at n = 256 and 512 (decode batches), 2048 and 8192
  * (prefill chunks), TFLOP/s against the measured bf16 ceiling (the fp8 tensor-core peak is twice the bf16 one);
  * the activation rounding kernel (GB/s); the fp8 GEMV at n = 1 on the 8B shapes (GB/s against the copy ceiling;
  * weights rotate over >= 160 MB of copies so that L2 does not serve them). */
@@ -377,9 +378,11 @@ int main(int argc, char **argv) {
     printf("# checks done in %.1f s\n", tb_elapsed_s());
     fflush(stdout);
     if (argc < 2) { /* any argument: checks only */
-        const int64_t ns[] = {256, 8192, 2048};
-        for (size_t i = 0; i < 3; i++) {
+        const int64_t ns[] = {256, 512, 8192, 2048};
+        for (size_t i = 0; i < 4; i++) {
             time_gemm(blas, ns[i], 6144, 4096, "8b-qkv");
+            time_gemm(blas, ns[i], 1024, 4096, "8b-k");
+            time_gemm(blas, ns[i], 28672, 4096, "8b-gateup");
             time_gemm(blas, ns[i], 4096, 4096, "8b-o");
             time_gemm(blas, ns[i], 14336, 4096, "8b-gate");
             time_gemm(blas, ns[i], 4096, 14336, "8b-down");

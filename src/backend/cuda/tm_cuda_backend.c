@@ -21,6 +21,12 @@ typedef struct cu_graph {
 
 #define CU_MAX_GRAPHS 256
 
+typedef struct cu_wgroup {
+    uint8_t *base;               /* (bytes) the weights' rows, one after the other */
+    uint64_t bytes;
+    int32_t live;                /* weights not yet released */
+} cu_wgroup;
+
 typedef struct cu_backend {
     tm_backend base;
     tm_cuda_cfg cfg;
@@ -63,6 +69,16 @@ typedef struct cu_backend {
     size_t deq_elems, deq_need;
     uint8_t *xq8;                /* (xq8_bytes) e4m3 activations of the fp8 GEMMs: (max_tokens, max_fp8_cols) */
     size_t xq8_bytes;
+    /* what xq8 holds: e4m3(src / act) for xq8_elems elements of the activation buffer src, left by the op that
+     * wrote src (the fused SwiGLU) or by the last quantization; NULL: nothing. Cleared when src is written again
+     * (buf_mark) and at each step's start. */
+    const void *xq8_src;
+    float xq8_act;
+    size_t xq8_elems;
+    /* weights placed together (weight_place_group): one allocation each, freed with its last weight */
+    cu_wgroup *wgroups;          /* (n_wgroups) */
+    int32_t n_wgroups, cap_wgroups;
+    bool no_fuse_gemm;           /* TM_CUDA_NO_FUSE_GEMM=1: grouped weights still run one product each */
     int64_t max_fp8_cols;
     uint16_t *ffn_tmp;           /* (ffn_elems) up projection for large-batch SwiGLU */
     size_t ffn_elems;
@@ -109,9 +125,11 @@ static cu_buf *buf_find(cu_backend *c, const void *p) {
         if (c->bufs[i].p == p) return &c->bufs[i];
     return NULL;
 }
+/* An op wrote buffer p (f32 or bf16): recorded, and xq8 no longer holds p's rounding */
 static void buf_mark(cu_backend *c, const void *p, bool f32) {
     cu_buf *b = buf_find(c, p);
     if (b) b->f32 = f32;
+    if (p == c->xq8_src) c->xq8_src = NULL;
 }
 
 /* Captured graphs hold raw device addresses (metadata, scratch, KV pool, rope table): whenever one of those is
@@ -152,26 +170,21 @@ static void cu_release(tm_backend *be, void *p) {
     }
 }
 
-static tm_status cu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
-    cu_backend *c = cu(be);
-    if (!tm_cuda_weight_type_supported((int32_t)w->type))
-        return tm_err(err, TM_ERR_UNSUPPORTED, "weight type %s has no CUDA kernels", tm_dtype_name(w->type));
-    uint64_t bytes = tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows;
-    void *d = NULL;
-    cudaError_t e = cudaMalloc(&d, bytes ? bytes : 1);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return tm_err(err, TM_ERR_NOMEM, "device memory for a %lld x %lld %s weight (%.1f MB): %s", (long long)w->rows,
-                      (long long)w->cols, tm_dtype_name(w->type), (double)bytes / 1e6, cudaGetErrorString(e));
-    }
+static uint64_t weight_bytes(const tm_weight *w) {
+    return tm_dtype_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows;
+}
+
+/* Make w's values at device address d (weight_bytes(w)): a copy of its host data, or its deferred dummy values
+ * made on the device; then w->data = d. Nothing changes on an error. */
+static tm_status weight_fill(cu_backend *c, tm_weight *w, void *d, tm_error *err) {
+    const uint64_t bytes = weight_bytes(w);
+    cudaError_t e;
     if (w->dummy) {
         const bool f8 = w->type == TM_DT_FP8_E4M3;
         if ((w->type != TM_DT_F32 && w->type != TM_DT_F16 && w->type != TM_DT_BF16 && !f8) ||
-            (f8 && (!(w->scale > 0.0f) || w->dummy_constant != 0.0f))) {
-            cudaFree(d);
+            (f8 && (!(w->scale > 0.0f) || w->dummy_constant != 0.0f)))
             return tm_err(err, TM_ERR_UNSUPPORTED,
                           "deferred dummy weights are made on the device in f32/f16/bf16, or random fp8 with a scale");
-        }
         /* fp8: the bytes are e4m3(dummy_scale * uniform / scale), so the weight's values are dummy_scale * uniform
          * rounded to the fp8 grid */
         e = tm_cuda_fill_random(d, (int32_t)w->type, (size_t)w->rows * (size_t)w->cols, w->dummy_seed,
@@ -181,7 +194,7 @@ static tm_status cu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
         e = cudaMemcpy(d, w->data, bytes, cudaMemcpyHostToDevice);
     }
     if (e != cudaSuccess) {
-        cudaFree(d);
+        cudaGetLastError();
         return tm_err(err, TM_ERR_DEVICE, "placing a weight: %s", cudaGetErrorString(e));
     }
     w->data = d;
@@ -193,10 +206,87 @@ static tm_status cu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
     return TM_OK;
 }
 
+static tm_status weight_malloc(const tm_weight *w, uint64_t bytes, void **d, tm_error *err) {
+    *d = NULL;
+    cudaError_t e = cudaMalloc(d, bytes ? bytes : 1);
+    if (e == cudaSuccess) return TM_OK;
+    cudaGetLastError();
+    *d = NULL;
+    return tm_err(err, TM_ERR_NOMEM, "device memory for a %lld x %lld %s weight (%.1f MB): %s", (long long)w->rows,
+                  (long long)w->cols, tm_dtype_name(w->type), (double)bytes / 1e6, cudaGetErrorString(e));
+}
+
+static tm_status cu_weight_place(tm_backend *be, tm_weight *w, tm_error *err) {
+    cu_backend *c = cu(be);
+    if (!tm_cuda_weight_type_supported((int32_t)w->type))
+        return tm_err(err, TM_ERR_UNSUPPORTED, "weight type %s has no CUDA kernels", tm_dtype_name(w->type));
+    void *d = NULL;
+    tm_status s = weight_malloc(w, weight_bytes(w), &d, err);
+    if (s != TM_OK) return s;
+    s = weight_fill(c, w, d, err);
+    if (s != TM_OK) cudaFree(d);
+    return s;
+}
+
+/* q|k|v and gate|up in one allocation each (backend.h): bf16 and fp8 weights whose sizes keep every member
+ * 256-byte aligned; the products that share their input then run as one GEMM (larger batches) */
+static tm_status cu_weight_place_group(tm_backend *be, tm_weight *const *ws, int32_t n, tm_error *err) {
+    cu_backend *c = cu(be);
+    uint64_t total = 0;
+    int64_t rows = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const tm_weight *w = ws[i];
+        if ((w->type != TM_DT_BF16 && w->type != TM_DT_FP8_E4M3) || w->type != ws[0]->type ||
+            w->cols != ws[0]->cols || weight_bytes(w) % 256)
+            return tm_err(err, TM_ERR_UNSUPPORTED, "weights placed together: bf16 or fp8 of one width, 256-byte sizes");
+        total += weight_bytes(w);
+        rows += w->rows;
+    }
+    if (c->n_wgroups == c->cap_wgroups) {
+        int32_t cap = c->cap_wgroups ? 2 * c->cap_wgroups : 64;
+        cu_wgroup *ng = realloc(c->wgroups, (size_t)cap * sizeof *ng);
+        if (!ng) return tm_err(err, TM_ERR_NOMEM, "out of memory");
+        c->wgroups = ng;
+        c->cap_wgroups = cap;
+    }
+    void *mem = NULL;
+    tm_status ms = weight_malloc(ws[0], total, &mem, err);
+    if (ms != TM_OK) return ms;
+    uint8_t *base = mem;
+    uint64_t off = 0;
+    for (int32_t i = 0; i < n; i++) {
+        tm_status s = weight_fill(c, ws[i], base + off, err);
+        if (s != TM_OK) { /* the caller places them again one by one */
+            cudaFree(base);
+            return s;
+        }
+        off += weight_bytes(ws[i]);
+    }
+    c->wgroups[c->n_wgroups++] = (cu_wgroup){base, total, n};
+    if (rows > c->max_ffn_rows) c->max_ffn_rows = rows; /* a fused product's output goes to ffn_tmp */
+    return TM_OK;
+}
+
 static void cu_weight_release(tm_backend *be, tm_weight *w) {
-    (void)be;
-    cudaFree((void *)w->data);
+    cu_backend *c = cu(be);
+    const uint8_t *p = w->data;
     w->data = NULL;
+    for (int32_t g = 0; g < c->n_wgroups; g++) {
+        cu_wgroup *G = &c->wgroups[g];
+        if (p < G->base || p >= G->base + G->bytes) continue;
+        if (--G->live == 0) {
+            cudaFree(G->base);
+            c->wgroups[g] = c->wgroups[--c->n_wgroups];
+        }
+        return;
+    }
+    cudaFree((void *)p);
+}
+
+/* b's rows start where a's end and b has a's type, width and scales: a and b can run as one product */
+static bool weight_follows(const tm_weight *a, const tm_weight *b) {
+    return b->type == a->type && b->cols == a->cols && b->scale == a->scale && b->act_scale == a->act_scale &&
+           (const uint8_t *)b->data == (const uint8_t *)a->data + weight_bytes(a);
 }
 
 static tm_status cu_kv_init(tm_backend *be, const tm_kv_cfg *cfg, tm_error *err) {
@@ -418,6 +508,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     c->max_ctx = graph ? ctxb : max_ctx;
     c->ctx_bucket = ctxb;
     c->host_batch = b;
+    c->xq8_src = NULL;
     plan->n_tokens = nt;
     plan->n_logits = nl;
     plan->replayed = false;
@@ -550,8 +641,10 @@ static void matmul_fp8(cu_backend *c, const tm_weight *const *ws, const tm_weigh
             return;
         }
         if (w->act_scale != quantized_for) {
-            if (cu_fail(c, tm_cuda_quant_fp8(x, (size_t)n * (size_t)w->cols, 1.0f / w->act_scale, c->xq8, c->stream),
-                        "quant_fp8"))
+            const size_t elems = (size_t)n * (size_t)w->cols;
+            const bool left = c->xq8_src == x && c->xq8_act == w->act_scale && c->xq8_elems == elems;
+            c->xq8_src = NULL; /* used once, or overwritten now */
+            if (!left && cu_fail(c, tm_cuda_quant_fp8(x, elems, 1.0f / w->act_scale, c->xq8, c->stream), "quant_fp8"))
                 return;
             quantized_for = w->act_scale;
         }
@@ -648,11 +741,41 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
                 "gemv_swiglu");
         return;
     }
+    const bool fp8 = gate->type == TM_DT_FP8_E4M3 && up->type == TM_DT_FP8_E4M3;
+    if (!c->no_fuse_gemm && (fp8 || gate->type == TM_DT_BF16) && weight_follows(gate, up)) {
+        /* placed together (weight_place_group): one product of 2 ffn rows into ffn_tmp, then the SwiGLU of its
+         * halves; with fp8 weights the SwiGLU also leaves its output rounded for the down product in xq8 */
+        const int64_t ffn = gate->rows;
+        if ((size_t)n * (size_t)(2 * ffn) > c->ffn_elems) {
+            cu_fail(c, cudaErrorMemoryAllocation, "ffn buffer too small");
+            return;
+        }
+        tm_weight gu = *gate;
+        gu.rows = gate->rows + up->rows;
+        const tm_weight *ws[1] = {&gu}, *bs[1] = {NULL};
+        void *outs[1] = {c->ffn_tmp};
+        const bool f32[1] = {false};
+        if (fp8)
+            matmul_fp8(c, ws, bs, outs, f32, 1, x, n);
+        else
+            matmul_one(c, &gu, NULL, x, n, c->ffn_tmp, false);
+        const bool left = fp8 && (size_t)n * (size_t)ffn <= c->xq8_bytes;
+        if (cu_failed(c) || cu_fail(c, tm_cuda_swiglu_rows(c->ffn_tmp, n, (int32_t)ffn, out, left ? c->xq8 : NULL,
+                                                           left ? 1.0f / gate->act_scale : 0.0f, c->stream),
+                                    "swiglu_rows"))
+            return;
+        if (left) {
+            c->xq8_src = out;
+            c->xq8_act = gate->act_scale;
+            c->xq8_elems = (size_t)n * (size_t)ffn;
+        }
+        return;
+    }
     if ((size_t)n * (size_t)up->rows > c->ffn_elems) {
         cu_fail(c, cudaErrorMemoryAllocation, "ffn buffer too small");
         return;
     }
-    if (gate->type == TM_DT_FP8_E4M3 && up->type == TM_DT_FP8_E4M3) { /* x rounded to e4m3 once for both */
+    if (fp8) { /* x rounded to e4m3 once for both */
         const tm_weight *ws[2] = {gate, up}, *bs[2] = {NULL, NULL};
         void *outs[2] = {out, c->ffn_tmp};
         const bool f32[2] = {false, false};
@@ -931,6 +1054,8 @@ static void cu_free(tm_backend *be) {
     cudaFree(c->d_sparams);
     cudaFree(c->norm_scratch);
     cudaFree(c->layer_work);
+    for (int32_t g = 0; g < c->n_wgroups; g++) cudaFree(c->wgroups[g].base); /* weights never released */
+    free(c->wgroups);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     tm_cuda_blas_free(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -1020,6 +1145,7 @@ static const tm_backend_ops k_cuda_ops = {
     .matmul_qkv_rope = cu_matmul_qkv_rope,
     .decoder_layer = cu_decoder_layer,
     .weight_place = cu_weight_place,
+    .weight_place_group = cu_weight_place_group,
     .weight_release = cu_weight_release,
     .last_error = cu_last_error,
 };
@@ -1071,6 +1197,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         s = tm_err(err, TM_ERR_NOMEM, "device buffers for %zu sampled rows: %s", rows, cudaGetErrorString(e));
         goto fail;
     }
+    const char *ng = getenv("TM_CUDA_NO_FUSE_GEMM"); /* 1: weights placed together still run one product each */
+    c->no_fuse_gemm = ng && ng[0] == '1' && ng[1] == '\0';
     const char *nf = getenv("TM_CUDA_NO_FUSE");
     c->no_fuse = nf && nf[0] == '1' && nf[1] == '\0';
     const char *sm = getenv("TM_CUDA_NO_SPLIT_MIXED"); /* 1: mixed steps run every token through prefill attention */

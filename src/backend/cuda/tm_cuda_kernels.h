@@ -31,6 +31,10 @@ cudaError_t tm_cuda_add_rmsnorm(float *residual, const uint16_t *x, const float 
 /* out (n, ffn) = silu(gate) * up, all bf16; out may alias gate or up */
 cudaError_t tm_cuda_swiglu(const uint16_t *gate, const uint16_t *up, int32_t n, int32_t ffn, uint16_t *out,
                            cudaStream_t stream);
+/* SwiGLU of one fused product: gu (n, 2 ffn) bf16, each row [gate | up] -> out (n, ffn) = silu(gate) * up bf16;
+ * out8 (n, ffn), when not NULL, = e4m3(out * inv) as tm_cuda_quant_fp8(out, inv) makes it (inv > 0); no aliasing */
+cudaError_t tm_cuda_swiglu_rows(const uint16_t *gu, int32_t n, int32_t ffn, uint16_t *out, uint8_t *out8, float inv,
+                                cudaStream_t stream);
 /* out (n_idx, width) = x[idx[j], :] ; bf16 ; idx device */
 cudaError_t tm_cuda_get_rows(const uint16_t *x, const int32_t *idx, int32_t n_idx, int32_t width, uint16_t *out,
                              cudaStream_t stream);
