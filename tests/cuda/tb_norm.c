@@ -1,5 +1,6 @@
 /* tb_norm.c -- test bed of tm_cuda_rmsnorm and tm_cuda_add_rmsnorm: CPU reference in double, both versions, timing. */
 #include "tb_common.h"
+#include "core/tm_fp8.h"
 
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "core/tm_dtype.h"
@@ -94,6 +95,58 @@ static void check_case(bool add, int n, int dim, bool misalign, int version) {
     free(out);
 }
 
+/* tm_cuda_rmsnorm_fp8: the bf16 output (and the residual) bit for bit those of the plain launcher on the same
+ * inputs, and every e4m3 byte the host rounding of that output times inv */
+static void check_fp8(bool add, int n, int dim) {
+    const size_t ne = (size_t)n * dim;
+    const float inv = 16.0f, eps = 1e-5f;
+    float *res = malloc(ne * sizeof(float)), *w = malloc(dim * sizeof(float));
+    uint16_t *xb = malloc(ne * 2), *o1 = malloc(ne * 2), *o2 = malloc(ne * 2);
+    uint8_t *o8 = malloc(ne);
+    float *r1 = malloc(ne * sizeof(float)), *r2 = malloc(ne * sizeof(float));
+    tb_fill_f32(res, ne, 3.0f);
+    tb_fill_bf16(xb, NULL, ne, 1.5f);
+    for (int j = 0; j < dim; j++) w[j] = 1.0f + 0.3f * tb_uniform();
+    float *d_res = tb_dev(ne * sizeof(float)), *d_w = tb_dev(dim * sizeof(float));
+    uint16_t *d_xb = tb_dev(ne * 2), *d_out = tb_dev(ne * 2);
+    uint8_t *d_o8 = tb_dev(ne);
+    TB_CHECK(cudaMemcpy(d_w, w, dim * sizeof(float), cudaMemcpyHostToDevice));
+    TB_CHECK(cudaMemcpy(d_xb, xb, ne * 2, cudaMemcpyHostToDevice));
+    for (int pass = 0; pass < 2; pass++) {
+        TB_CHECK(cudaMemcpy(d_res, res, ne * sizeof(float), cudaMemcpyHostToDevice));
+        tb_poison(d_out, ne * 2);
+        tb_poison(d_o8, ne);
+        if (pass == 0 && add) TB_RUN(tm_cuda_add_rmsnorm(d_res, d_xb, d_w, eps, n, dim, d_out, 0));
+        if (pass == 0 && !add) TB_RUN(tm_cuda_rmsnorm(d_res, d_w, eps, n, dim, d_out, 0));
+        if (pass == 1)
+            TB_RUN(tm_cuda_rmsnorm_fp8(add ? d_res : NULL, add ? d_xb : NULL, add ? NULL : d_res, d_w, eps, n, dim, d_out,
+                                       d_o8, inv, 0));
+        tb_download(pass ? o2 : o1, d_out, ne * 2);
+        tb_download(pass ? r2 : r1, d_res, ne * sizeof(float));
+    }
+    tb_download(o8, d_o8, ne);
+    double bad = 0;
+    for (size_t i = 0; i < ne; i++)
+        bad += o1[i] != o2[i] || memcmp(&r1[i], &r2[i], sizeof(float)) != 0 ||
+               o8[i] != tm_fp8_from_f32(tb_bf16_to_f32(o2[i]) * inv);
+    char name[96];
+    snprintf(name, sizeof name, "fp8 copy n=%d dim=%d: elements differing", n, dim);
+    tb_result(add ? "add_rmsnorm" : "rmsnorm", name, bad, 0, 0, 0, 0, 'm');
+    cudaFree(d_res);
+    cudaFree(d_w);
+    cudaFree(d_xb);
+    cudaFree(d_out);
+    cudaFree(d_o8);
+    free(res);
+    free(w);
+    free(xb);
+    free(o1);
+    free(o2);
+    free(o8);
+    free(r1);
+    free(r2);
+}
+
 typedef struct {
     bool add;
     float *res, *xf, *w;
@@ -152,6 +205,12 @@ int main(void) {
                 check_case(add, shapes[s][0], shapes[s][1], false, v);
             check_case(add, 5, 4096, true, v);
         }
+    for (int add = 0; add <= 1; add++) {
+        check_fp8(add, 3, 576);
+        check_fp8(add, 37, 4096);
+        check_fp8(add, 9, 8192);
+        check_fp8(add, 512, 2048);
+    }
     /* the timed shape itself, once */
     check_case(true, 16384, 4096, false, 2);
 

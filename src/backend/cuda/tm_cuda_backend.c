@@ -78,7 +78,10 @@ typedef struct cu_backend {
     /* weights placed together (weight_place_group): one allocation each, freed with its last weight */
     cu_wgroup *wgroups;          /* (n_wgroups) */
     int32_t n_wgroups, cap_wgroups;
-    bool no_fuse_gemm;           /* TM_CUDA_NO_FUSE_GEMM=1: grouped weights still run one product each */
+    bool no_fuse_gemm;           /* TM_CUDA_NO_FUSE_GEMM=1: grouped weights still run one product each, and the
+                                  * norms leave no fp8 copy */
+    float fp8_act;               /* the one act_scale of every fp8 weight placed (0: none, -1: several), which lets
+                                  * the norms round their output for the products that follow (xq8_src) */
     int64_t max_fp8_cols;
     uint16_t *ffn_tmp;           /* (ffn_elems) up projection for large-batch SwiGLU */
     size_t ffn_elems;
@@ -202,6 +205,7 @@ static tm_status weight_fill(cu_backend *c, tm_weight *w, void *d, tm_error *err
     bool quant = w->type != TM_DT_BF16 && w->type != TM_DT_FP8_E4M3; /* fp8 GEMMs read the weight as it is */
     if (quant && (size_t)(w->rows * w->cols) > c->deq_need) c->deq_need = (size_t)(w->rows * w->cols);
     if (w->type == TM_DT_FP8_E4M3 && w->cols > c->max_fp8_cols) c->max_fp8_cols = w->cols;
+    if (w->type == TM_DT_FP8_E4M3 && c->fp8_act != w->act_scale) c->fp8_act = c->fp8_act == 0.0f ? w->act_scale : -1.0f;
     if (w->rows > c->max_ffn_rows) c->max_ffn_rows = w->rows;
     return TM_OK;
 }
@@ -598,19 +602,44 @@ static void cu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids,
     buf_mark(c, x, true);
 }
 
+/* A norm at a GEMM-sized batch of an fp8 model (one activation scale) also leaves its output rounded to e4m3 in
+ * xq8, for the fp8 products that take it next (matmul_fp8 then skips its own rounding) */
+static bool norm_leaves_fp8(const cu_backend *c, int64_t dim, int32_t n) {
+    return !c->no_fuse_gemm && n > TM_CUDA_GEMV_MAX_N && c->fp8_act > 0.0f && c->xq8 && dim % 8 == 0 && dim <= 8192 &&
+           (size_t)n * (size_t)dim <= c->xq8_bytes;
+}
+
+static void norm_run(cu_backend *c, float *residual, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
+    const int32_t dim = (int32_t)w->cols;
+    if (norm_leaves_fp8(c, dim, n)) {
+        if (cu_fail(c, tm_cuda_rmsnorm_fp8(residual, residual ? x : NULL, residual ? NULL : x, w->data, eps, n, dim, out,
+                                           c->xq8, 1.0f / c->fp8_act, c->stream),
+                    "rmsnorm_fp8"))
+            return;
+        buf_mark(c, out, false);
+        c->xq8_src = out;
+        c->xq8_act = c->fp8_act;
+        c->xq8_elems = (size_t)n * (size_t)dim;
+        return;
+    }
+    if (residual)
+        cu_fail(c, tm_cuda_add_rmsnorm(residual, x, w->data, eps, n, dim, out, c->stream), "add_rmsnorm");
+    else
+        cu_fail(c, tm_cuda_rmsnorm(x, w->data, eps, n, dim, out, c->stream), "rmsnorm");
+    buf_mark(c, out, false);
+}
+
 static void cu_rmsnorm(tm_backend *be, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
-    cu_fail(c, tm_cuda_rmsnorm(x, w->data, eps, n, (int32_t)w->cols, out, c->stream), "rmsnorm");
-    buf_mark(c, out, false);
+    norm_run(c, NULL, x, w, eps, n, out);
 }
 
 static void cu_add_rmsnorm(tm_backend *be, void *residual, const void *x, const tm_weight *w, float eps, int32_t n,
                            void *out) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
-    cu_fail(c, tm_cuda_add_rmsnorm(residual, x, w->data, eps, n, (int32_t)w->cols, out, c->stream), "add_rmsnorm");
-    buf_mark(c, out, false);
+    norm_run(c, residual, x, w, eps, n, out);
 }
 
 /* the GEMV launchers' view of a weight: its fp8 scales (gate and up for SwiGLU), or NULL for the other types */

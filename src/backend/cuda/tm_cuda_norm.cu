@@ -1,4 +1,5 @@
 /* tm_cuda_norm.cu -- RMSNorm and fused residual-add + RMSNorm: one block per row, the row kept in registers. */
+#include "tm_cuda_fp8.cuh"
 #include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
@@ -69,9 +70,11 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel_v1(float *res, const uint1
 
 /* ---- v2: 16-byte vectors, row in registers ---- */
 
-template <bool ADD, int BS, int NC>
+/* Q8: out8 (n, dim) also gets e4m3(out * inv), what tm_cuda_quant_fp8(out, inv) makes (the next fp8 product's input) */
+template <bool ADD, int BS, int NC, bool Q8 = false>
 __global__ void __launch_bounds__(BS) rmsnorm_kernel_v2(float *res, const uint16_t *xb, const float *xf,
-                                                        const float *w, float eps, int dim, uint16_t *out) {
+                                                        const float *w, float eps, int dim, uint16_t *out,
+                                                        uint8_t *out8 = nullptr, float inv = 0.0f) {
     tm_pdl_enter();
     __shared__ float red[32];
     const int nch = dim >> 3;                                   /* chunks of 8 in a row */
@@ -130,31 +133,61 @@ __global__ void __launch_bounds__(BS) rmsnorm_kernel_v2(float *res, const uint16
             o.z = pack_bf16x2(v[k][4] * r * wb.x, v[k][5] * r * wb.y);
             o.w = pack_bf16x2(v[k][6] * r * wb.z, v[k][7] * r * wb.w);
             reinterpret_cast<uint4 *>(out)[row + c] = o;
+            if (Q8) reinterpret_cast<uint2 *>(out8)[row + c] = tm_fp8x8_of_bf16(o, inv);
         }
     }
 }
 
+/* the v2 instantiations with the fp8 copy: the fp8 models' widths (up to 1024 chunks: dim 8192) */
+template <bool ADD>
+cudaError_t launch_norm_q8(float *res, const uint16_t *xb, const float *xf, const float *w, float eps, int32_t n,
+                           int32_t dim, uint16_t *out, uint8_t *out8, float inv, cudaStream_t stream) {
+    const dim3 grid((unsigned)n);
+    const int nch = dim / 8;
+    if (nch <= 128)
+        return tm_launch(rmsnorm_kernel_v2<ADD, 128, 1, true>, grid, dim3(128), 0, stream, res, xb, xf, w, eps, dim, out,
+                         out8, inv);
+    if (nch <= 256)
+        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 1, true>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
+                         out8, inv);
+    if (nch <= 512)
+        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 2, true>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
+                         out8, inv);
+    return tm_launch(rmsnorm_kernel_v2<ADD, 512, 2, true>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out,
+                     out8, inv);
+}
+
 template <bool ADD>
 cudaError_t launch_norm(float *res, const uint16_t *xb, const float *xf, const float *w, float eps, int32_t n,
-                        int32_t dim, uint16_t *out, cudaStream_t stream) {
-    if (n < 0 || dim <= 0 || !w || !out || (ADD ? (!res || !xb) : !xf)) return cudaErrorInvalidValue;
+                        int32_t dim, uint16_t *out, cudaStream_t stream, uint8_t *out8 = nullptr, float inv = 0.0f) {
+    if (n < 0 || dim <= 0 || !w || !out || (ADD ? (!res || !xb) : !xf) || (out8 && !(inv > 0.0f)))
+        return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
     const dim3 grid((unsigned)n);
     const int nch = dim / 8;
     const bool vec = dim % 8 == 0 && tm_aligned16(w) && tm_aligned16(out) &&
                      (ADD ? tm_aligned16(res) && tm_aligned16(xb) : tm_aligned16(xf)) && nch <= 2048 && !tm_env_is_1("TM_CUDA_RMSNORM_V");
+    if (out8) { /* the fp8 copy exists on the vector path only */
+        if (!vec || nch > 1024 || ((uintptr_t)out8 & 7u)) return cudaErrorInvalidValue;
+        return launch_norm_q8<ADD>(res, xb, xf, w, eps, n, dim, out, out8, inv, stream);
+    }
     if (!vec)
         rmsnorm_kernel_v1<ADD><<<grid, 256, 0, stream>>>(res, xb, xf, w, eps, dim, out);
     else if (nch <= 128)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 128, 1>, grid, dim3(128), 0, stream, res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 128, 1>, grid, dim3(128), 0, stream, res, xb, xf, w, eps, dim, out,
+                         (uint8_t *)nullptr, 0.0f);
     else if (nch <= 256)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 1>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 1>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
+                         (uint8_t *)nullptr, 0.0f);
     else if (nch <= 512)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 2>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 2>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
+                         (uint8_t *)nullptr, 0.0f);
     else if (nch <= 1024)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 2>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 2>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out,
+                         (uint8_t *)nullptr, 0.0f);
     else
-        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 4>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out);
+        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 4>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out,
+                         (uint8_t *)nullptr, 0.0f);
     return cudaGetLastError();
 }
 
@@ -168,4 +201,12 @@ extern "C" cudaError_t tm_cuda_rmsnorm(const float *x, const float *w, float eps
 extern "C" cudaError_t tm_cuda_add_rmsnorm(float *residual, const uint16_t *x, const float *w, float eps, int32_t n,
                                            int32_t dim, uint16_t *out, cudaStream_t stream) {
     return launch_norm<true>(residual, x, nullptr, w, eps, n, dim, out, stream);
+}
+
+extern "C" cudaError_t tm_cuda_rmsnorm_fp8(float *residual, const uint16_t *x, const float *xf, const float *w, float eps,
+                                          int32_t n, int32_t dim, uint16_t *out, uint8_t *out8, float inv,
+                                          cudaStream_t stream) {
+    if (!out8) return cudaErrorInvalidValue;
+    return residual ? launch_norm<true>(residual, x, nullptr, w, eps, n, dim, out, stream, out8, inv)
+                    : launch_norm<false>(nullptr, nullptr, xf, w, eps, n, dim, out, stream, out8, inv);
 }
