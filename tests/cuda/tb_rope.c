@@ -77,7 +77,7 @@ static void check_cfg(const rope_cfg *c, int version) {
     tb_poison(d_kc, ncache * 2);
     tb_poison(d_vc, ncache * 2);
     tm_cuda_rope_args a = {T, H, KV, hd, rd, c->block_size, c->neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc,
-                           false};
+                           false, NULL, 0};
     set_version(version);
     TB_RUN(tm_cuda_rope_kv_write(&a, 0));
     set_version(2);
@@ -153,6 +153,42 @@ static void check_cfg(const rope_cfg *c, int version) {
     free(kc8);
     free(vc8);
 
+    /* q, k, v as rows of one fused product (q_src, src_stride): q (every dim) and the bf16 caches bit for bit
+     * those of the run above */
+    const int W = (H + 2 * KV) * hd;
+    uint16_t *t = malloc((size_t)T * W * 2), *q2 = malloc(nq * 2), *kc2 = malloc(ncache * 2), *vc2 = malloc(ncache * 2);
+    for (int i = 0; i < T; i++) {
+        memcpy(t + (size_t)i * W, q + (size_t)i * H * hd, (size_t)H * hd * 2);
+        memcpy(t + (size_t)i * W + H * hd, k + (size_t)i * KV * hd, (size_t)KV * hd * 2);
+        memcpy(t + (size_t)i * W + (H + KV) * hd, v + (size_t)i * KV * hd, (size_t)KV * hd * 2);
+    }
+    uint16_t *d_t = tb_upload(t, (size_t)T * W * 2);
+    tb_poison(d_q, nq * 2);
+    tb_poison(d_kc, ncache * 2);
+    tb_poison(d_vc, ncache * 2);
+    tm_cuda_rope_args af = a;
+    af.kv_fp8 = false;
+    af.q_src = d_t;
+    af.k = d_t + H * hd;
+    af.v = d_t + (H + KV) * hd;
+    af.src_stride = W;
+    set_version(version);
+    TB_RUN(tm_cuda_rope_kv_write(&af, 0));
+    set_version(2);
+    tb_download(q2, d_q, nq * 2);
+    tb_download(kc2, d_kc, ncache * 2);
+    tb_download(vc2, d_vc, ncache * 2);
+    size_t badf = 0;
+    for (size_t i = 0; i < nq; i++) badf += q2[i] != q_out[i];
+    for (size_t i = 0; i < ncache; i++) badf += (kc2[i] != kc[i]) + (vc2[i] != vc[i]);
+    snprintf(name, sizeof name, "v%d %s fused q|k|v rows", version, c->name);
+    tb_result("rope_kv_write", name, (double)badf, 0.0, 0, 0, 0, 'm');
+    cudaFree(d_t);
+    free(t);
+    free(q2);
+    free(kc2);
+    free(vc2);
+
     cudaFree(d_q);
     cudaFree(d_k);
     cudaFree(d_v);
@@ -198,7 +234,7 @@ static void time_cfg(const char *label, bool neox, int T, int H, int KV, int hd,
     float *d_inv = tb_upload(inv, hd / 2 * sizeof(float));
     int32_t *d_pos = tb_upload(pos, T * sizeof(int32_t));
     int64_t *d_slot = tb_upload(slot, T * sizeof(int64_t));
-    tm_cuda_rope_args a = {T, H, KV, hd, hd, bs, neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc, false};
+    tm_cuda_rope_args a = {T, H, KV, hd, hd, bs, neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc, false, NULL, 0};
     set_version(version);
     double us = tb_time_us(run_rope, &a, 3, T >= 1024 ? 50 : 200);
     set_version(2);

@@ -876,12 +876,52 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
     return true;
 }
 
+/* Larger batches with q, k, v placed together (weight_place_group): one product of q + 2 kv rows into ffn_tmp,
+ * then RoPE reads its rows (q rotated into q, k and v into the cache); k and v stay unwritten */
+static bool qkv_rope_fused(cu_backend *c, const tm_matmul_job *jobs, const void *x, int32_t n, const tm_attn_cfg *a,
+                           int32_t layer, void *q) {
+    const tm_weight *wq = jobs[0].w, *wk = jobs[1].w, *wv = jobs[2].w;
+    if (c->no_fuse_gemm || n <= TM_CUDA_GEMV_MAX_N || n != c->n_tokens || jobs[0].bias || jobs[1].bias ||
+        jobs[2].bias || (wq->type != TM_DT_FP8_E4M3 && wq->type != TM_DT_BF16) || !weight_follows(wq, wk) ||
+        !weight_follows(wk, wv) || wq->rows != (int64_t)a->n_heads * a->head_dim ||
+        wk->rows != (int64_t)a->n_kv_heads * a->head_dim || wv->rows != wk->rows)
+        return false;
+    for (int32_t j = 0; j < 3; j++)
+        if (jobs[j].out_f32) return false;
+    const int64_t rows = wq->rows + wk->rows + wv->rows;
+    if ((size_t)n * (size_t)rows > c->ffn_elems) return false;
+    if (cu_failed(c) || !rope_table(c, a)) return true;
+    tm_weight w = *wq;
+    w.rows = rows;
+    if (w.type == TM_DT_FP8_E4M3) {
+        const tm_weight *ws[1] = {&w}, *bs[1] = {NULL};
+        void *outs[1] = {c->ffn_tmp};
+        const bool f32[1] = {false};
+        matmul_fp8(c, ws, bs, outs, f32, 1, x, n);
+    } else {
+        matmul_one(c, &w, NULL, x, n, c->ffn_tmp, false);
+    }
+    if (cu_failed(c)) return true;
+    const uint16_t *t = c->ffn_tmp; /* (n, rows): q | k | v a token */
+    tm_cuda_rope_args r = {
+        .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
+        .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
+        .positions = c->d_pos, .slot_mapping = c->d_slots, .q = q, .k = t + wq->rows, .v = t + wq->rows + wk->rows,
+        .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1), .kv_fp8 = c->kv_fp8, .q_src = t,
+        .src_stride = (int32_t)rows,
+    };
+    cu_fail(c, tm_cuda_rope_kv_write(&r, c->stream), "rope_kv_write");
+    buf_mark(c, q, false);
+    return true;
+}
+
 static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const void *x, int32_t n,
                                const tm_attn_cfg *a, int32_t layer, const tm_batch *b, void *q, void *k, void *v) {
     cu_backend *c = cu(be);
     (void)b;
-    if (c->no_fuse || n < 1 || n > TM_CUDA_GEMV_MAX_N || n != c->n_tokens || a->rope_neox || jobs[0].out != q ||
-        jobs[1].out != k || jobs[2].out != v)
+    if (jobs[0].out != q || jobs[1].out != k || jobs[2].out != v) return false;
+    if (n > TM_CUDA_GEMV_MAX_N) return qkv_rope_fused(c, jobs, x, n, a, layer, q);
+    if (c->no_fuse || n < 1 || n != c->n_tokens || a->rope_neox)
         return false;
     for (int32_t j = 0; j < 3; j++)
         if (jobs[j].out_f32 || jobs[j].w->type != jobs[0].w->type || jobs[j].w->cols != jobs[0].w->cols) return false;

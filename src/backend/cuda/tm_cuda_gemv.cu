@@ -759,7 +759,7 @@ extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32
     if (!jobs || !rope || !jobs[0].out || !rope->positions || !rope->slot_mapping || !rope->k_cache ||
         !rope->v_cache || rope->n_tokens != n || rope->n_heads <= 0 || rope->n_kv_heads <= 0 || rope->head_dim <= 0 ||
         rope->block_size <= 0 || rope->rope_dim < 0 || rope->rope_dim > rope->head_dim ||
-        (rope->rope_dim > 0 && !rope->inv_freq))
+        (rope->rope_dim > 0 && !rope->inv_freq) || rope->q_src || rope->src_stride) /* q, k, v are its own outputs */
         return cudaErrorInvalidValue;
     const int64_t hd = rope->head_dim;
     if (rope->neox || hd % 2 || rope->rope_dim % 2 || jobs[0].rows != rope->n_heads * hd ||

@@ -60,10 +60,13 @@ typedef struct tm_cuda_rope_args {
     const float *inv_freq;        /* (rope_dim / 2) */
     const int32_t *positions;     /* (n_tokens) */
     const int64_t *slot_mapping;  /* (n_tokens) */
-    uint16_t *q;                  /* (n_tokens, n_heads * head_dim), rotated in place */
-    const uint16_t *k, *v;        /* (n_tokens, n_kv_heads * head_dim) */
+    uint16_t *q;                  /* (n_tokens, n_heads * head_dim), rotated in place (or from q_src) */
+    const uint16_t *k, *v;        /* (n_tokens, n_kv_heads * head_dim) rows, src_stride apart when it is set */
     uint16_t *k_cache, *v_cache;  /* this layer's (n_blocks, n_kv_heads, block_size, head_dim) */
     bool kv_fp8;                  /* the caches hold fp8 e4m3 bytes (the pointers are then read as bytes) */
+    const uint16_t *q_src;        /* NULL, or q's input rows (src_stride apart): q then gets every dim from it */
+    int32_t src_stride;           /* elements from one token's row of q_src, k and v to the next; 0: their widths
+                                   * (one fused q|k|v product: q_src, k = q_src + q width, v = k + kv width) */
 } tm_cuda_rope_args;
 cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStream_t stream);
 

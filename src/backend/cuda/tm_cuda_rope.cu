@@ -10,7 +10,8 @@
 /* Semantics (as cpu_rope_kv_write / tm_cpu_rope_head): per token i, angle_j = (float)positions[i] * inv_freq[j]
  * in f32 and (cos, sin) of that f32 angle, accurate to the last bit of f32 (see load_angles); the pair
  * (a, b) = (x[2j], x[2j+1]) (llama) or (x[j], x[j + rope_dim/2]) (neox) becomes (a c - b s, a s + b c) in f32,
- * rounded to bf16 once; dims >= rope_dim pass through. q is rotated in place; rotated k and v go to cache slot
+ * rounded to bf16 once; dims >= rope_dim pass through. q is rotated in place, or from q_src (every dim written);
+ * q_src, k and v rows are src_stride elements apart when it is set (a fused q|k|v product); rotated k and v go to cache slot
  * slot_mapping[i] = block * block_size + offset at ((block * n_kv_heads + h) * block_size + offset) * head_dim.
  * A negative slot (a padding token) writes nothing to the cache (q is still rotated).
  *
@@ -62,18 +63,27 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v1(tm_cuda_rope_args 
     extern __shared__ float2 cs[]; /* (rope_dim / 2) */
     const int tok = (int)blockIdx.x, hd = a.head_dim, half = a.rope_dim / 2;
     load_angles(a.positions, a.inv_freq, half, tok, cs);
-    uint16_t *q = a.q + (size_t)tok * (size_t)a.n_heads * (size_t)hd;
-    const uint16_t *k = a.k + (size_t)tok * (size_t)a.n_kv_heads * (size_t)hd;
-    const uint16_t *v = a.v + (size_t)tok * (size_t)a.n_kv_heads * (size_t)hd;
-    /* q pairs, in place */
+    const size_t qw = (size_t)a.n_heads * (size_t)hd, kw = (size_t)a.n_kv_heads * (size_t)hd;
+    uint16_t *q = a.q + (size_t)tok * qw;
+    const uint16_t *qi = a.q_src ? a.q_src + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : qw) : q;
+    const uint16_t *k = a.k + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : kw);
+    const uint16_t *v = a.v + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : kw);
+    /* q pairs, in place or from q_src */
     for (int e = (int)threadIdx.x; e < a.n_heads * half; e += kThreads) {
         const int h = e / half, j = e % half;
         const int ia = a.neox ? j : 2 * j, ib = a.neox ? j + half : 2 * j + 1;
+        const uint16_t *ps = qi + (size_t)h * hd;
         uint16_t *p = q + (size_t)h * hd;
-        const float x0 = bf(p[ia]), x1 = bf(p[ib]), c = cs[j].x, s = cs[j].y;
+        const float x0 = bf(ps[ia]), x1 = bf(ps[ib]), c = cs[j].x, s = cs[j].y;
         p[ia] = to_bf(x0 * c - x1 * s);
         p[ib] = to_bf(x0 * s + x1 * c);
     }
+    const int rest = hd - a.rope_dim;
+    if (a.q_src) /* q pass-through dims */
+        for (int e = (int)threadIdx.x; e < a.n_heads * rest; e += kThreads) {
+            const int h = e / rest, d = a.rope_dim + e % rest;
+            q[(size_t)h * hd + d] = qi[(size_t)h * hd + d];
+        }
     const int64_t slot = a.slot_mapping[tok];
     if (slot < 0) return;
     /* k pairs -> cache */
@@ -87,7 +97,6 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v1(tm_cuda_rope_args 
         tm_kv_store1(a.k_cache, o + ib, to_bf(x0 * s + x1 * c), a.kv_fp8);
     }
     /* k pass-through dims -> cache */
-    const int rest = hd - a.rope_dim;
     for (int e = (int)threadIdx.x; e < a.n_kv_heads * rest; e += kThreads) {
         const int h = e / rest, d = a.rope_dim + e % rest;
         tm_kv_store1(a.k_cache, cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d, k[(size_t)h * hd + d], a.kv_fp8);
@@ -140,21 +149,29 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v2(tm_cuda_rope_args 
     const int n_rot = a.neox ? half / 8 : a.rope_dim / 8; /* rotation items per head */
     const int n_pass = (hd - a.rope_dim) / 8;               /* pass-through items per head */
     const int per_head = n_rot + n_pass, hd8 = hd / 8;
-    uint16_t *q = a.q + (size_t)tok * (size_t)a.n_heads * (size_t)hd;
-    const uint16_t *k = a.k + (size_t)tok * (size_t)a.n_kv_heads * (size_t)hd;
-    const uint16_t *v = a.v + (size_t)tok * (size_t)a.n_kv_heads * (size_t)hd;
+    const size_t qw = (size_t)a.n_heads * (size_t)hd, kw = (size_t)a.n_kv_heads * (size_t)hd;
+    uint16_t *q = a.q + (size_t)tok * qw;
+    const uint16_t *qi = a.q_src ? a.q_src + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : qw) : q;
+    const uint16_t *k = a.k + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : kw);
+    const uint16_t *v = a.v + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : kw);
     const int64_t slot = a.slot_mapping[tok];
-    const int n_q = a.n_heads * n_rot;                               /* q items: rotations only */
+    const int q_per = a.q_src ? per_head : n_rot;                    /* q items: rotations (+ pass-through) */
+    const int n_q = a.n_heads * q_per;
     const int n_k = slot >= 0 ? a.n_kv_heads * per_head : 0;         /* k items */
     const int n_v = slot >= 0 ? a.n_kv_heads * hd8 : 0;              /* v items */
     for (int e = (int)threadIdx.x; e < n_q + n_k + n_v; e += kThreads) {
         if (e < n_q) {
-            const int h = e / n_rot, u = e % n_rot;
+            const int h = e / q_per, u = e % q_per;
+            const uint16_t *ps = qi + (size_t)h * hd;
             uint16_t *p = q + (size_t)h * hd;
-            if (a.neox)
-                rot_neox(p, p, 8 * u, half, cs);
-            else
-                rot_llama(p, p, 8 * u, cs);
+            if (u >= n_rot) {
+                const int d0 = a.rope_dim + 8 * (u - n_rot);
+                *reinterpret_cast<uint4 *>(p + d0) = *reinterpret_cast<const uint4 *>(ps + d0);
+            } else if (a.neox) {
+                rot_neox(ps, p, 8 * u, half, cs);
+            } else {
+                rot_llama(ps, p, 8 * u, cs);
+            }
         } else if (e < n_q + n_k) {
             const int f = e - n_q, h = f / per_head, u = f % per_head;
             const uint16_t *p = k + (size_t)h * hd;
@@ -187,8 +204,10 @@ extern "C" cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStr
     const size_t smem = (size_t)(a->rope_dim / 2) * sizeof(float2);
     if (smem > 48 * 1024) return cudaErrorInvalidValue;
     const bool v1 = tm_env_is_1("TM_CUDA_ROPE_V");
+    if (a->src_stride < 0) return cudaErrorInvalidValue;
     const bool vec = a->head_dim % 8 == 0 && a->rope_dim % (a->neox ? 16 : 8) == 0 && tm_aligned16(a->q) &&
-                     tm_aligned16(a->k) && tm_aligned16(a->v) && tm_aligned16(a->k_cache) && tm_aligned16(a->v_cache);
+                     tm_aligned16(a->k) && tm_aligned16(a->v) && tm_aligned16(a->k_cache) && tm_aligned16(a->v_cache) &&
+                     (!a->q_src || tm_aligned16(a->q_src)) && a->src_stride % 8 == 0;
     if (vec && !v1)
         return tm_launch(rope_kv_kernel_v2, dim3((unsigned)a->n_tokens), dim3(kThreads), smem, stream, *a);
     else
