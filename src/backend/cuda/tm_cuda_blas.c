@@ -59,10 +59,12 @@ static tm_status lt_load(lt_api *a, tm_error *err) {
     return TM_OK;
 }
 
-/* One cached plan per (n, m, k, input type, out type, bias): descriptors and the heuristic's first algorithm. */
+/* One cached plan per (n, m, k, input type, out type, bias, SM target): descriptors and the heuristic's first
+ * algorithm. */
 typedef struct blas_plan {
     int64_t n, m, k;
     bool fp8, fast, out_f32, bias; /* fp8: e4m3 x and w (else bf16); fast: fp8 fast accumulation */
+    int32_t sms;                   /* CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, 0: unset */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -76,9 +78,12 @@ struct tm_cuda_blas {
     blas_plan *plans;    /* (n_plans) */
     int32_t n_plans, cap_plans;
     bool fp8_fast;       /* fp8 GEMMs with fast accumulation (tm_cuda_blas_set_fp8_fast_accum) */
+    int32_t sm_target;   /* SMs the GEMMs planned from now on target, 0: the device's (tm_cuda_blas_set_sm_target) */
 };
 
 void tm_cuda_blas_set_fp8_fast_accum(tm_cuda_blas *b, bool on) { b->fp8_fast = on; }
+
+void tm_cuda_blas_set_sm_target(tm_cuda_blas *b, int32_t sms) { b->sm_target = sms > 0 ? sms : 0; }
 
 tm_status tm_cuda_blas_create(size_t workspace_bytes, tm_cuda_blas **out, tm_error *err) {
     *out = NULL;
@@ -151,6 +156,8 @@ static tm_status plan_make(tm_cuda_blas *b, blas_plan *p, tm_error *err) {
         LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
         LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
+    /* set only when asked: without it the descriptor, and so the heuristic's choice, is what it always was */
+    if (p->sms > 0) LT(lt->desc_set(p->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &p->sms, sizeof p->sms));
     /* fp8 (Hopper): A transposed, B not ("TN"), k and the leading dimensions multiples of 16, C of D's type */
     const cudaDataType_t it = p->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
     LT(lt->layout_create(&p->la, it, (uint64_t)p->k, (uint64_t)p->m, p->k));
@@ -186,7 +193,7 @@ static tm_status gemm_run(tm_cuda_blas *b, const void *x, const void *w, bool fp
     for (int32_t i = 0; i < b->n_plans && !p; i++) {
         blas_plan *q = &b->plans[i];
         if (q->n == n && q->m == m && q->k == k && q->fp8 == fp8 && q->fast == fast && q->out_f32 == out_f32 &&
-            q->bias == want_bias)
+            q->bias == want_bias && q->sms == b->sm_target)
             p = q;
     }
     if (!p) {
@@ -197,7 +204,8 @@ static tm_status gemm_run(tm_cuda_blas *b, const void *x, const void *w, bool fp
             b->plans = np;
             b->cap_plans = cap;
         }
-        blas_plan fresh = {.n = n, .m = m, .k = k, .fp8 = fp8, .fast = fast, .out_f32 = out_f32, .bias = want_bias};
+        blas_plan fresh = {.n = n, .m = m, .k = k, .fp8 = fp8, .fast = fast, .out_f32 = out_f32, .bias = want_bias,
+                           .sms = b->sm_target};
         tm_status s = plan_make(b, &fresh, err);
         if (s != TM_OK) return s;
         b->plans[b->n_plans++] = fresh;

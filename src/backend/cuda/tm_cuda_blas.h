@@ -26,4 +26,9 @@ tm_status tm_cuda_blas_gemm_fp8(tm_cuda_blas *b, const uint8_t *xq, const uint8_
  * tensor cores' accumulator is not promoted to full f32 every few k-steps; faster, less precise). Off at creation. */
 void tm_cuda_blas_set_fp8_fast_accum(tm_cuda_blas *b, bool on);
 
+/* GEMMs planned from now on target sms SMs (cuBLASLt's CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET: the heuristic picks,
+ * and sizes, the kernel for that many SMs, for a GEMM that shares the device with work on a concurrent stream);
+ * 0 (at creation): the device's count, the attribute left unset. Plans made before keep their target. */
+void tm_cuda_blas_set_sm_target(tm_cuda_blas *b, int32_t sms);
+
 #endif /* TM_CUDA_BLAS_H */
