@@ -28,6 +28,12 @@ typedef struct hook_be {
     int layers_taken;
     float *lx[4];     /* decoder_layer's scratch: xb, k, v, proj, each (lx_n) */
     size_t lx_n;
+    /* weight_place_group: groups placed (one allocation each), members still live per group, and a failing mode */
+    int groups, group_frees;
+    uint8_t *gbase[64];
+    size_t gbytes[64];
+    int glive[64];
+    bool fail_group;
 } hook_be;
 
 static hook_be *H(tm_backend *be) { return (hook_be *)be; }
@@ -150,9 +156,46 @@ static tm_status h_place(tm_backend *be, tm_weight *w, tm_error *err) {
     return TM_OK;
 }
 static void h_unplace(tm_backend *be, tm_weight *w) {
-    free((void *)w->data);
+    hook_be *h = H(be);
+    const uint8_t *p = w->data;
     w->data = NULL;
-    H(be)->released++;
+    h->released++;
+    for (int g = 0; g < h->groups; g++)
+        if (h->gbase[g] && p >= h->gbase[g] && p < h->gbase[g] + h->gbytes[g]) {
+            if (--h->glive[g] == 0) {
+                free(h->gbase[g]);
+                h->gbase[g] = NULL;
+                h->group_frees++;
+            }
+            return;
+        }
+    free((void *)p);
+}
+
+/* weight_place_group on host memory: one allocation, the members' rows one after the other */
+static tm_status h_place_group(tm_backend *be, tm_weight *const *ws, int32_t n, tm_error *err) {
+    hook_be *h = H(be);
+    if (h->fail_group || h->groups == 64) return tm_err(err, TM_ERR_UNSUPPORTED, "no groups here");
+    size_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        assert_int_equal(ws[i]->type, ws[0]->type); /* the model only asks for groups of one type and width */
+        assert_int_equal(ws[i]->cols, ws[0]->cols);
+        total += (size_t)(tm_dtype_row_bytes(ws[i]->type, (uint64_t)ws[i]->cols) * (uint64_t)ws[i]->rows);
+    }
+    uint8_t *base = malloc(total);
+    if (!base) return tm_err(err, TM_ERR_NOMEM, "oom");
+    size_t off = 0;
+    for (int32_t i = 0; i < n; i++) {
+        size_t bytes = (size_t)(tm_dtype_row_bytes(ws[i]->type, (uint64_t)ws[i]->cols) * (uint64_t)ws[i]->rows);
+        memcpy(base + off, ws[i]->data, bytes);
+        ws[i]->data = base + off;
+        off += bytes;
+        h->placed++;
+    }
+    h->gbase[h->groups] = base;
+    h->gbytes[h->groups] = total;
+    h->glive[h->groups++] = n;
+    return TM_OK;
 }
 
 static hook_be *hook_create(void) {
@@ -247,6 +290,61 @@ static void test_placed_model_forward_is_identical(void **st) {
     tm_model_unplace(p, &h->base);
     assert_int_equal(h->released, expect);
     h->base.ops->free(&h->base);
+    free(ref);
+    free(got);
+    tm_model_free(m);
+}
+
+/* ops->weight_place_group: q|k|v and gate|up of every layer placed as one allocation each, rows concatenated (the
+ * forward is unchanged: bit-identical logits); a layer whose q, k, v differ in scale is placed one by one; a
+ * backend that refuses groups gets every weight placed singly; each group is freed once, with its last weight. */
+static void test_grouped_placement(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    o.wtype = TM_DT_Q8_0;
+    const char *path = write_tiny(&o);
+    tm_model *m = NULL;
+    tm_error err;
+    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
+    unlink(path);
+    const int32_t L = m->hp.n_layers;
+    int32_t ids[12];
+    for (int i = 0; i < 12; i++) ids[i] = (i * 53 + 7) % m->hp.n_vocab;
+    float *ref = malloc(sizeof(float) * (size_t)m->hp.n_vocab), *got = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    tm_cpu_cfg cc = {2, 16};
+    tm_backend *cpu = NULL;
+    assert_int_equal(tm_backend_cpu_create(&cc, &cpu, &err), TM_OK);
+    forward_logits(m, cpu, ids, 12, ref);
+    cpu->ops->free(cpu);
+    m->layers[0].wk.scale = 2.0f; /* layer 0's q, k, v no longer share scales (Q8_0 ignores the field) */
+    for (int fail = 0; fail <= 1; fail++) {
+        hook_be *h = hook_create();
+        h->ops.weight_place_group = h_place_group;
+        h->fail_group = fail;
+        tm_model *p = NULL;
+        assert_int_equal(tm_model_place(m, &h->base, &p, &err), TM_OK);
+        const int expect = 3 + 9 * L; /* tok_embd, output_norm, output, 9 per layer (no biases) */
+        assert_int_equal(h->placed, expect);
+        assert_int_equal(h->groups, fail ? 0 : 2 * L - 1); /* gate|up of every layer, q|k|v from layer 1 on */
+        for (int32_t l = 0; l < L; l++) {
+            const tm_layer *pl = &p->layers[l], *ml = &m->layers[l];
+            const size_t qb = (size_t)(tm_dtype_row_bytes(pl->wq.type, (uint64_t)pl->wq.cols) * (uint64_t)pl->wq.rows);
+            const size_t kb = (size_t)(tm_dtype_row_bytes(pl->wk.type, (uint64_t)pl->wk.cols) * (uint64_t)pl->wk.rows);
+            const size_t gb = (size_t)(tm_dtype_row_bytes(pl->w_gate.type, (uint64_t)pl->w_gate.cols) * (uint64_t)pl->w_gate.rows);
+            const bool qkv = !fail && l > 0;
+            assert_true(((const uint8_t *)pl->wk.data == (const uint8_t *)pl->wq.data + qb) == qkv);
+            assert_true(((const uint8_t *)pl->wv.data == (const uint8_t *)pl->wk.data + kb) == qkv);
+            assert_true(((const uint8_t *)pl->w_up.data == (const uint8_t *)pl->w_gate.data + gb) == !fail);
+            assert_memory_equal(pl->wv.data, ml->wv.data, kb);
+            assert_memory_equal(pl->w_up.data, ml->w_up.data, gb);
+        }
+        forward_logits(p, &h->base, ids, 12, got);
+        assert_memory_equal(got, ref, sizeof(float) * (size_t)m->hp.n_vocab);
+        tm_model_unplace(p, &h->base);
+        assert_int_equal(h->released, expect);
+        assert_int_equal(h->group_frees, h->groups);
+        h->base.ops->free(&h->base);
+    }
     free(ref);
     free(got);
     tm_model_free(m);
@@ -538,6 +636,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_parse),
         cmocka_unit_test(test_placed_model_forward_is_identical),
+        cmocka_unit_test(test_grouped_placement),
         cmocka_unit_test(test_whole_layers),
         cmocka_unit_test(test_tp_ranks_agree),
         cmocka_unit_test(test_deferred_dummy_weights),
