@@ -13,8 +13,7 @@
  * all the splits). The error is the largest relative L2 error of a (sequence, head) row; non-finite output fails.
  * Timing: Llama-3-8B layer geometry (32/8 heads, head_dim 128, block 16) at 64 x 4096 (the target: >= 90% of
  * copy bandwidth), 1 x 4096, 8 x 4096, 256 x 1024, 1 x 32768, and Llama-3.2-1B's (32/8, head_dim 64) at 1 x 4096
- * and 64 x 4096, for v3 (default; and with each of its options, TM_CUDA_ATTN_DECODE_OPT), v2 and v1 (3 sequences of
- * each checked). Bytes = K and V of every context
+ * and 64 x 4096, for v3 (default), v2 and v1 (3 sequences of each checked). Bytes = K and V of every context
  * + q + out; block tables rotate over a pool of >= 512 MB so small cases do not run from L2. */
 
 #define KCH ((size_t)(1u << 22) + 1001u) /* the pool repeats a random chunk of this many elements */
@@ -268,29 +267,23 @@ static double compare(const dcase *c, const double *ref, const int *seqs, int n_
     return worst;
 }
 
-/* version, forced split count and v3's OPT bits (NULL: the defaults) */
-static void set_env(const char *ver, const char *splits, const char *opt) {
+static void set_env(const char *ver, const char *splits) {
     if (ver) setenv("TM_CUDA_ATTN_DECODE_V", ver, 1);
     else unsetenv("TM_CUDA_ATTN_DECODE_V");
     if (splits) setenv("TM_CUDA_ATTN_DECODE_SPLITS", splits, 1);
     else unsetenv("TM_CUDA_ATTN_DECODE_SPLITS");
-    if (opt) setenv("TM_CUDA_ATTN_DECODE_OPT", opt, 1);
-    else unsetenv("TM_CUDA_ATTN_DECODE_OPT");
 }
 
 typedef struct variant {
     const char *label, *ver, *splits;
     bool work;
-    const char *opt;
 } variant;
 
-/* v3 options (OPT bits): 1 lazy rescale, 2 V from word loads (fp8 only; a bf16 cache ignores it) */
 static const variant k_variants[] = {
-    {"v1", "1", NULL, true, NULL},           {"v2", "2", NULL, true, NULL},        {"v2-s3", "2", "3", true, NULL},
-    {"v3", "3", NULL, true, NULL},           {"v3-s1", "3", "1", true, NULL},      {"v3-s3", "3", "3", true, NULL},
-    {"v3-s7", "3", "7", true, NULL},         {"v3-s64", "3", "64", true, NULL},    {"v3-nowork", "3", NULL, false, NULL},
-    {"v3-lazy", "3", NULL, true, "1"},       {"v3-vword", "3", NULL, true, "2"},   {"v3-lazy-vword-s3", "3", "3", true, "3"},
-    {"default", NULL, NULL, true, NULL},
+    {"v1", "1", NULL, true},           {"v2", "2", NULL, true},        {"v2-s3", "2", "3", true},
+    {"v3", "3", NULL, true},           {"v3-s1", "3", "1", true},      {"v3-s3", "3", "3", true},
+    {"v3-s7", "3", "7", true},         {"v3-s64", "3", "64", true},    {"v3-nowork", "3", NULL, false},
+    {"default", NULL, NULL, true},
 };
 
 static void all_seqs(const dcase *c, int *seqs) {
@@ -302,30 +295,20 @@ static void correctness_case(dcase *c) {
     int seqs[64];
     all_seqs(c, seqs);
     double *ref = reference(c, c->ctx, seqs, c->n_seqs);
-    const size_t ob = (size_t)c->n_seqs * c->n_heads * c->hd * 2;
-    uint16_t *o_v3 = malloc(ob), *o = malloc(ob); /* v3's output, to hold v3-lazy's against (bit-identical) */
     for (size_t v = 0; v < sizeof k_variants / sizeof k_variants[0]; v++) {
         const variant *vr = &k_variants[v];
-        set_env(vr->ver, vr->splits, vr->opt);
+        set_env(vr->ver, vr->splits);
         tm_cuda_attn_args a = args_of(c, 0, vr->work);
         /* v3-nowork: no buffer at all */
-        tb_poison(c->out_d, ob);
+        tb_poison(c->out_d, (size_t)c->n_seqs * c->n_heads * c->hd * 2);
         tb_poison(c->work_d, c->work_big);
         TB_RUN(tm_cuda_attn_decode(&a, 0));
         char name[96];
         snprintf(name, sizeof name, "%s%s %s", c->name, c->fp8 ? " fp8" : "", vr->label);
         tb_result("attn_decode", name, compare(c, ref, seqs, c->n_seqs), 1e-2, 0.0, 0.0, 0.0, 'm');
-        if (!strcmp(vr->label, "v3")) tb_download(o_v3, c->out_d, ob);
-        if (!strcmp(vr->label, "v3-lazy")) {
-            tb_download(o, c->out_d, ob);
-            snprintf(name, sizeof name, "%s%s v3-lazy == v3", c->name, c->fp8 ? " fp8" : "");
-            tb_result("attn_decode", name, memcmp(o, o_v3, ob) ? 1.0 : 0.0, 0.0, 0.0, 0.0, 0.0, 'm');
-        }
     }
-    free(o_v3);
-    free(o);
     free(ref);
-    set_env(NULL, NULL, NULL);
+    set_env(NULL, NULL);
     release(c);
 }
 
@@ -337,7 +320,7 @@ static void graph_case(dcase *c) {
     all_seqs(c, seqs);
     const char *vers[] = {"2", "3"};
     for (int v = 0; v < 2; v++) {
-        set_env(vers[v], NULL, NULL);
+        set_env(vers[v], NULL);
         cudaStream_t st;
         cudaGraph_t g;
         cudaGraphExec_t ge;
@@ -367,7 +350,7 @@ static void graph_case(dcase *c) {
         TB_CHECK(cudaGraphDestroy(g));
         TB_CHECK(cudaStreamDestroy(st));
     }
-    set_env(NULL, NULL, NULL);
+    set_env(NULL, NULL);
     release(c);
 }
 
@@ -387,28 +370,25 @@ static void run_rot(void *p) {
 static void timing_case(dcase *c) {
     build(c, true);
     int seqs[3] = {0, c->n_seqs / 2, c->n_seqs - 1}, n_check = c->n_seqs < 3 ? c->n_seqs : 3;
-    /* v3 with each option set (OPT bits: 1 lazy rescale, 2 fp8 V from word loads), then v2 and v1 */
-    const char *vers[] = {"3", "3", "3", "3", "2", "1"}, *opts[] = {"0", "1", "2", "3", NULL, NULL};
-    const char *labels[] = {"v3", "v3-lazy", "v3-vword", "v3-lazy-vword", "v2", "v1"};
+    const char *vers[] = {"3", "2", "1"};
     double io = (double)c->n_seqs * c->n_heads * c->hd * 2.0 * 2.0;
     double *ref = reference(c, c->ctx, seqs, n_check);
-    for (int v = 0; v < 6; v++) {
-        if (c->fp8 && v == 4) continue;             /* v2 reads bf16 only (an fp8 cache takes v1) */
-        if (!c->fp8 && (v == 2 || v == 3)) continue; /* word loads: fp8 only */
-        set_env(vers[v], NULL, opts[v]);
+    for (int v = 0; v < 3; v++) {
+        if (c->fp8 && v == 1) continue; /* v2 reads bf16 only (an fp8 cache takes v1) */
+        set_env(vers[v], NULL);
         time_arg t = {c, 0};
         tb_poison(c->out_d, (size_t)c->n_seqs * c->n_heads * c->hd * 2);
         run_rot(&t); /* rotation 0: checked */
         TB_CHECK(cudaDeviceSynchronize());
         double err = compare(c, ref, seqs, n_check);
-        int reps = v == 5 ? 5 : 30;
+        int reps = v == 2 ? 5 : 30;
         double us = tb_time_us(run_rot, &t, 2, reps);
         char name[96];
-        snprintf(name, sizeof name, "%s%s %s", c->name, c->fp8 ? " fp8" : "", labels[v]);
+        snprintf(name, sizeof name, "%s%s v%s", c->name, c->fp8 ? " fp8" : "", vers[v]);
         tb_result("attn_decode", name, err, 1e-2, us, c->kv_bytes + io, 0.0, 'm');
     }
     free(ref);
-    set_env(NULL, NULL, NULL);
+    set_env(NULL, NULL);
     release(c);
 }
 

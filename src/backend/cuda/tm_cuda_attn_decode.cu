@@ -389,21 +389,7 @@ template <int HD> struct v3_cfg {
     static_assert(RAW_BYTES >= (size_t)DEC_WARPS * DEC_ROWS * (HD + 2) * 4, "reduction fits the raw ring");
 };
 
-/* v3's options (template parameter OPT, bits; TM_CUDA_ATTN_DECODE_OPT picks them at run time, tests and A/B):
- *  OPT_LAZY  skip the rescale of O when no row of the warp's 8 changed its running max (alpha == 1 for all: the
- *            multiplications by 1 are exact, so results are bit-identical);
- *  OPT_VWORD fp8 cache: V's operand from 4-byte loads (dims 32 q + 4 g .. + 3 of each of the lane's 4 tokens) and
- *            byte permutes instead of two byte loads per pair; the output dims are permuted alike (fp8_vdim) and
- *            put back in place when the warps merge. */
-constexpr int OPT_LAZY = 1, OPT_VWORD = 2;
-
-/* fp8 cache, OPT_VWORD: the head dim that column c (0..7) of O's n-tile j holds (tile j = 4 q + r, column c -> dim
- * 32 q + 4 c + r) */
-__device__ __forceinline__ int fp8_vdim(int j, int c) { return 32 * (j >> 2) + 4 * c + (j & 3); }
-
-template <int HD, bool FP8, int OPT>
-__global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params p) {
-    constexpr bool LAZY = (OPT & OPT_LAZY) != 0, VWORD = FP8 && (OPT & OPT_VWORD) != 0;
+template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params p) {
     tm_pdl_enter();
     using C = v3_cfg<HD>;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -544,42 +530,15 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params 
                 /* P as the A operand (k = the slice's 16 tokens): a0 = tokens 2 t4 (+1), a2 = 8 + 2 t4 (+1) */
                 const uint32_t pa0 = FP8 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
                 const uint32_t pa2 = FP8 ? pack_f16x2(p2, p3) : pack_bf16x2(p2, p3);
-                /* LAZY: no rescale when every row of the warp kept its max (alpha == 1: exact either way) */
-                const bool rescale = !LAZY || !__all_sync(FULL, alpha == 1.0f);
-                if constexpr (VWORD) { /* see OPT_VWORD; conflict-free: rows 2 t4 apart by 2 * (HD + 16) bytes */
-                    const unsigned char *va = v8 + 2 * t4 * C::RS8 + 4 * g;
-#pragma unroll
-                    for (int q = 0; q < HD / 32; q++) {
-                        const unsigned char *c = va + 32 * q;
-                        const uint32_t w0 = *(const uint32_t *)c, w1 = *(const uint32_t *)(c + C::RS8);
-                        const uint32_t w8 = *(const uint32_t *)(c + 8 * C::RS8), w9 = *(const uint32_t *)(c + 9 * C::RS8);
-                        /* (token a, token a + 1) byte pairs: dims r = 0, 1 (lo) and 2, 3 (hi), low half first */
-                        const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
-                        const uint32_t lo89 = __byte_perm(w8, w9, 0x5140), hi89 = __byte_perm(w8, w9, 0x7362);
-                        const uint32_t p01[4] = {lo01, lo01 >> 16, hi01, hi01 >> 16};
-                        const uint32_t p89[4] = {lo89, lo89 >> 16, hi89, hi89 >> 16};
-#pragma unroll
-                        for (int r = 0; r < 4; r++) {
-                            const int j = 4 * q + r;
-                            if (rescale) {
-                                acc[j][0] *= alpha;
-                                acc[j][1] *= alpha;
-                            }
-                            mma_rows8_f16(acc[j][0], acc[j][1], pa0, pa2, tm_fp8x2_to_f16x2(p01[r]),
-                                          tm_fp8x2_to_f16x2(p89[r]));
-                        }
-                    }
-                } else if constexpr (FP8) { /* V bytes of tokens 2 t4, 2 t4 + 1 (b0) and 8 + 2 t4, 9 + 2 t4 (b1), dim g */
+                if constexpr (FP8) { /* V bytes of tokens 2 t4, 2 t4 + 1 (b0) and 8 + 2 t4, 9 + 2 t4 (b1), dim g */
                     const unsigned char *va = v8 + 2 * t4 * C::RS8 + g;
 #pragma unroll
                     for (int j = 0; j < HD / 8; j++) {
                         const unsigned char *c = va + 8 * j;
                         const uint32_t b0 = tm_fp8x2_to_f16x2((uint32_t)c[0] | ((uint32_t)c[C::RS8] << 8));
                         const uint32_t b1 = tm_fp8x2_to_f16x2((uint32_t)c[8 * C::RS8] | ((uint32_t)c[9 * C::RS8] << 8));
-                        if (rescale) {
-                            acc[j][0] *= alpha;
-                            acc[j][1] *= alpha;
-                        }
+                        acc[j][0] *= alpha;
+                        acc[j][1] *= alpha;
                         mma_rows8_f16(acc[j][0], acc[j][1], pa0, pa2, b0, b1);
                     }
                 } else {
@@ -587,12 +546,10 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params 
                     for (int dp = 0; dp < HD / 16; dp++) {
                         uint32_t b0r, b1r, b2r, b3r;
                         ldsm_x4_t(sv + v_off + (uint32_t)(dp * 32), b0r, b1r, b2r, b3r);
-                        if (rescale) {
-                            acc[2 * dp][0] *= alpha;
-                            acc[2 * dp][1] *= alpha;
-                            acc[2 * dp + 1][0] *= alpha;
-                            acc[2 * dp + 1][1] *= alpha;
-                        }
+                        acc[2 * dp][0] *= alpha;
+                        acc[2 * dp][1] *= alpha;
+                        acc[2 * dp + 1][0] *= alpha;
+                        acc[2 * dp + 1][1] *= alpha;
                         mma_rows8(acc[2 * dp][0], acc[2 * dp][1], pa0, pa2, b0r, b1r);
                         mma_rows8(acc[2 * dp + 1][0], acc[2 * dp + 1][1], pa0, pa2, b2r, b3r);
                     }
@@ -611,15 +568,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params 
         red_l[warp * DEC_ROWS + g] = l_row;
     }
 #pragma unroll
-    for (int j = 0; j < HD / 8; j++) {
-        float *ra = &red_acc[(warp * DEC_ROWS + g) * HD];
-        if constexpr (VWORD) { /* column c of tile j is dim fp8_vdim(j, c) */
-            ra[fp8_vdim(j, 2 * t4)] = acc[j][0];
-            ra[fp8_vdim(j, 2 * t4 + 1)] = acc[j][1];
-        } else {
-            *(float2 *)&ra[8 * j + 2 * t4] = make_float2(acc[j][0], acc[j][1]);
-        }
-    }
+    for (int j = 0; j < HD / 8; j++)
+        *(float2 *)&red_acc[(warp * DEC_ROWS + g) * HD + 8 * j + 2 * t4] = make_float2(acc[j][0], acc[j][1]);
     __syncthreads();
     dec_finish(p, red_m, red_l, red_acc, HD, seq, h0, rows, split, direct);
 }
@@ -670,29 +620,12 @@ int env_int(const char *name, int dflt) {
     return s && *s ? atoi(s) : dflt;
 }
 
-/* the v3 instantiation for (hd, fp8, opt): bf16 takes OPT_LAZY only; the options exist for head_dim 64 and 128
- * (the model shapes measured), the other head dims ignore them (every instantiation adds to the binary) */
-template <int H> dec_kernel_fn v3_pick(bool fp8, int opt) {
-    if constexpr (H != 64 && H != 128) {
-        (void)opt;
-        return fp8 ? attn_decode_kernel_v3<H, true, 0> : attn_decode_kernel_v3<H, false, 0>;
-    } else {
-        if (!fp8) return (opt & OPT_LAZY) ? attn_decode_kernel_v3<H, false, OPT_LAZY> : attn_decode_kernel_v3<H, false, 0>;
-        switch (opt & 3) {
-        case 0: return attn_decode_kernel_v3<H, true, 0>;
-        case OPT_LAZY: return attn_decode_kernel_v3<H, true, OPT_LAZY>;
-        case OPT_VWORD: return attn_decode_kernel_v3<H, true, OPT_VWORD>;
-        default: return attn_decode_kernel_v3<H, true, OPT_LAZY | OPT_VWORD>;
-        }
-    }
-}
-
-dec_kernel_fn v3_kernel(int hd, bool fp8, int opt, size_t *smem) {
+dec_kernel_fn v3_kernel(int hd, bool fp8, size_t *smem) {
     switch (hd) {
 #define TM_DEC_V3_CASE(H)                                                                                            \
     case H:                                                                                                          \
         *smem = fp8 ? v3_cfg<H>::SMEM8 : v3_cfg<H>::SMEM;                                                            \
-        return v3_pick<H>(fp8, opt);
+        return fp8 ? attn_decode_kernel_v3<H, true> : attn_decode_kernel_v3<H, false>;
         TM_DEC_V3_CASE(32)
         TM_DEC_V3_CASE(64)
         TM_DEC_V3_CASE(96)
@@ -778,8 +711,7 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     size_t smem = 0;
     dec_kernel_fn fn = NULL;
     if (ver >= 3) {
-        const int opt = env_int("TM_CUDA_ATTN_DECODE_OPT", 0); /* v3's OPT bits (A/B; results of OPT_LAZY equal) */
-        fn = (p.bs_log2 >= 0 && a->block_size <= 65536 && q4 && kv16) ? v3_kernel(hd, p.fp8, opt, &smem) : NULL;
+        fn = (p.bs_log2 >= 0 && a->block_size <= 65536 && q4 && kv16) ? v3_kernel(hd, p.fp8, &smem) : NULL;
         if (!fn) ver = 2;
     }
     if (ver == 2) {
