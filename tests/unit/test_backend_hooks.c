@@ -251,6 +251,16 @@ static void forward_logits(const tm_model *m, tm_backend *be, const int32_t *ids
     tm_workspace_free(&ws, be);
 }
 
+/* the same on a CPU backend of its own: the reference */
+static void cpu_logits(const tm_model *m, const int32_t *ids, int32_t n, float *out) {
+    tm_cpu_cfg cc = {2, 16};
+    tm_backend *cpu = NULL;
+    tm_error err;
+    assert_int_equal(tm_backend_cpu_create(&cc, &cpu, &err), TM_OK);
+    forward_logits(m, cpu, ids, n, out);
+    cpu->ops->free(cpu);
+}
+
 static void test_placed_model_forward_is_identical(void **st) {
     (void)st;
     tiny_opts o = tiny_default();
@@ -264,11 +274,7 @@ static void test_placed_model_forward_is_identical(void **st) {
     int32_t ids[20];
     for (int i = 0; i < 20; i++) ids[i] = (i * 37 + 5) % m->hp.n_vocab;
     float *ref = malloc(sizeof(float) * (size_t)m->hp.n_vocab), *got = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-    tm_cpu_cfg cc = {2, 16};
-    tm_backend *cpu = NULL;
-    assert_int_equal(tm_backend_cpu_create(&cc, &cpu, &err), TM_OK);
-    forward_logits(m, cpu, ids, 20, ref);
-    cpu->ops->free(cpu);
+    cpu_logits(m, ids, 20, ref);
 
     hook_be *h = hook_create();
     h->reruns_left = 1;
@@ -311,11 +317,7 @@ static void test_grouped_placement(void **st) {
     int32_t ids[12];
     for (int i = 0; i < 12; i++) ids[i] = (i * 53 + 7) % m->hp.n_vocab;
     float *ref = malloc(sizeof(float) * (size_t)m->hp.n_vocab), *got = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-    tm_cpu_cfg cc = {2, 16};
-    tm_backend *cpu = NULL;
-    assert_int_equal(tm_backend_cpu_create(&cc, &cpu, &err), TM_OK);
-    forward_logits(m, cpu, ids, 12, ref);
-    cpu->ops->free(cpu);
+    cpu_logits(m, ids, 12, ref);
     m->layers[0].wk.scale = 2.0f; /* layer 0's q, k, v no longer share scales (Q8_0 ignores the field) */
     for (int fail = 0; fail <= 1; fail++) {
         hook_be *h = hook_create();
@@ -404,11 +406,7 @@ static void test_tp_ranks_agree(void **st) {
     int32_t ids[N];
     for (int i = 0; i < N; i++) ids[i] = (i * 29 + 3) % m->hp.n_vocab;
     float *ref = malloc(sizeof(float) * (size_t)m->hp.n_vocab), *got = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-    tm_cpu_cfg cc = {2, 16};
-    tm_backend *cpu = NULL;
-    assert_int_equal(tm_backend_cpu_create(&cc, &cpu, &err), TM_OK);
-    forward_logits(m, cpu, ids, N, ref);
-    cpu->ops->free(cpu);
+    cpu_logits(m, ids, N, ref);
 
     hook_be *h[2];
     tm_workspace ws[2];
