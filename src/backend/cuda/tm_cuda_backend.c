@@ -78,8 +78,10 @@ typedef struct cu_backend {
     /* weights placed together (weight_place_group): one allocation each, freed with its last weight */
     cu_wgroup *wgroups;          /* (n_wgroups) */
     int32_t n_wgroups, cap_wgroups;
-    bool no_fuse_gemm;           /* TM_CUDA_NO_FUSE_GEMM=1: grouped weights still run one product each, and the
-                                  * norms leave no fp8 copy */
+    bool no_fuse_gemm;           /* TM_CUDA_NO_FUSE_GEMM=1: grouped weights still run one product each, and no
+                                  * producer leaves an fp8 copy */
+    bool no_fp8_left;            /* TM_CUDA_FP8_LEFT=0: the producers (norms, SwiGLU) leave no fp8 copy; every fp8
+                                  * product rounds its own input */
     float fp8_act;               /* the one act_scale of every fp8 weight placed (0: none, -1: several), which lets
                                   * the norms round their output for the products that follow (xq8_src) */
     int64_t max_fp8_cols;
@@ -605,7 +607,8 @@ static void cu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids,
 /* A norm at a GEMM-sized batch of an fp8 model (one activation scale) also leaves its output rounded to e4m3 in
  * xq8, for the fp8 products that take it next (matmul_fp8 then skips its own rounding) */
 static bool norm_leaves_fp8(const cu_backend *c, int64_t dim, int32_t n) {
-    return !c->no_fuse_gemm && n > TM_CUDA_GEMV_MAX_N && c->fp8_act > 0.0f && c->xq8 && dim % 8 == 0 && dim <= 8192 &&
+    return !c->no_fuse_gemm && !c->no_fp8_left && n > TM_CUDA_GEMV_MAX_N && c->fp8_act > 0.0f && c->xq8 &&
+           dim % 8 == 0 && dim <= 8192 &&
            (size_t)n * (size_t)dim <= c->xq8_bytes;
 }
 
@@ -788,7 +791,7 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
             matmul_fp8(c, ws, bs, outs, f32, 1, x, n);
         else
             matmul_one(c, &gu, NULL, x, n, c->ffn_tmp, false);
-        const bool left = fp8 && (size_t)n * (size_t)ffn <= c->xq8_bytes;
+        const bool left = fp8 && !c->no_fp8_left && (size_t)n * (size_t)ffn <= c->xq8_bytes;
         if (cu_failed(c) || cu_fail(c, tm_cuda_swiglu_rows(c->ffn_tmp, n, (int32_t)ffn, out, left ? c->xq8 : NULL,
                                                            left ? 1.0f / gate->act_scale : 0.0f, c->stream),
                                     "swiglu_rows"))
@@ -1268,6 +1271,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     }
     const char *ng = getenv("TM_CUDA_NO_FUSE_GEMM"); /* 1: weights placed together still run one product each */
     c->no_fuse_gemm = ng && ng[0] == '1' && ng[1] == '\0';
+    const char *fl = getenv("TM_CUDA_FP8_LEFT"); /* 0: no producer leaves the next product's e4m3 input */
+    c->no_fp8_left = fl && fl[0] == '0' && fl[1] == '\0';
     const char *nf = getenv("TM_CUDA_NO_FUSE");
     c->no_fuse = nf && nf[0] == '1' && nf[1] == '\0';
     const char *sm = getenv("TM_CUDA_NO_SPLIT_MIXED"); /* 1: mixed steps run every token through prefill attention */
