@@ -71,6 +71,7 @@ typedef struct bed {
     size_t o_elems[N_GEMM], o_total;
     double flops;
     tm_cuda_blas *blas; /* the current SM target's handle */
+    int32_t attn_ctas;  /* 0, or the attention's persistent grid (tm_cuda_attn_args max_ctas) */
     /* reference outputs of the standalone runs (host) */
     uint16_t *ref_attn, *ref_gemm, *got;
 } bed;
@@ -102,6 +103,7 @@ static void attn_once(bed *b, cudaStream_t st) {
     a.out = b->out;
     a.work = b->work;
     a.work_bytes = b->work_bytes;
+    a.max_ctas = b->attn_ctas;
     TB_CHECK(tm_cuda_attn_decode(&a, st));
 }
 
@@ -329,7 +331,7 @@ typedef struct attn_times {
 } attn_times;
 
 /* the key lines, kept for the end of the log (after every RESULT line, so that a log's tail holds all of them) */
-#define MAX_KEYS 32
+#define MAX_KEYS 48
 static char g_keys[MAX_KEYS][192];
 static int g_n_keys;
 
@@ -349,7 +351,12 @@ static void timed(const char *cas, double us, double bytes, double flops, char b
 /* one SM target: its handle, G's standalone reference, then the five pairings */
 static void run_target(bed *b, attn_times *at, int32_t sms) {
     if (!tb_budget_ok()) return;
-    tb_case("overlap sms=%d", (int)sms);
+    char tag[24]; /* "sms=T", or "aX sms=T" with the attention held to X SMs */
+    if (b->attn_ctas)
+        snprintf(tag, sizeof tag, "a%d sms=%d", (int)(b->attn_ctas / 4), (int)sms);
+    else
+        snprintf(tag, sizeof tag, "sms=%d", (int)sms);
+    tb_case("overlap %s", tag);
     tm_error err;
     if (tm_cuda_blas_create((size_t)64 << 20, &b->blas, &err) != TM_OK) {
         printf("# cuBLASLt: %s\n", err.msg);
@@ -358,13 +365,13 @@ static void run_target(bed *b, attn_times *at, int32_t sms) {
     }
     tm_cuda_blas_set_fp8_fast_accum(b->blas, true);
     tm_cuda_blas_set_sm_target(b->blas, sms);
-    char lab[32];
+    char lab[48];
     const spec g = {W_G, 1, false}, seq1 = {W_SEQ, 1, false}, seq2 = {W_SEQ, 2, false};
     const spec p1 = {W_PAR, 1, false}, p1g = {W_PAR, 1, true}, p2 = {W_PAR, 2, false};
     /* G's reference on s2 with this handle (its plans made here: a refused SM target fails this target only) */
     poison_outputs(b);
     if (!gemms_try(b, b->s2)) {
-        snprintf(lab, sizeof lab, "sms=%d plans", (int)sms);
+        snprintf(lab, sizeof lab, "%s plans", tag);
         tb_result("overlap", lab, 1, 0, 0, 0, 0, 'c');
         TB_CHECK(cudaDeviceSynchronize());
         tm_cuda_blas_free(b->blas);
@@ -395,7 +402,7 @@ static void run_target(bed *b, attn_times *at, int32_t sms) {
 
 #define RES(what, us, bytes, flops, bound)                                                                     \
     do {                                                                                                      \
-        snprintf(name, sizeof name, "sms=%d %s", (int)sms, what);                                             \
+        snprintf(name, sizeof name, "%s %s", tag, what);                                             \
         timed(name, us, bytes, flops, bound);                                                                 \
     } while (0)
     RES("G", tg, 0, b->flops, 'c');
@@ -410,11 +417,11 @@ static void run_target(bed *b, attn_times *at, int32_t sms) {
     RES("par A|G graph", tp1gr, 0, 0, 'm');
     RES("par 2A|G graph", tp2gr, 0, 0, 'm');
 #undef RES
-    snprintf(name, sizeof name, "sms=%d gemm alone repeatable", (int)sms);
+    snprintf(name, sizeof name, "%s gemm alone repeatable", tag);
     tb_result("overlap", name, (double)d_rep, 0, 0, 0, 0, 'c');
-    snprintf(name, sizeof name, "sms=%d par attn == alone", (int)sms);
+    snprintf(name, sizeof name, "%s par attn == alone", tag);
     tb_result("overlap", name, (double)da, 0, 0, 0, 0, 'm');
-    snprintf(name, sizeof name, "sms=%d par gemm == alone", (int)sms);
+    snprintf(name, sizeof name, "%s par gemm == alone", tag);
     tb_result("overlap", name, (double)dg, 0, 0, 0, 0, 'c');
 
     if (at->seq0[0] <= 0) { /* the first target (0) sets the baseline */
@@ -423,15 +430,15 @@ static void run_target(bed *b, attn_times *at, int32_t sms) {
         at->seq0[2] = ts1g;
         at->seq0[3] = ts2g;
     }
-    snprintf(lab, sizeof lab, "sms=%d A|G", (int)sms);
+    snprintf(lab, sizeof lab, "%s A|G", tag);
     key_line(lab, at->a1, tg, ts1, tp1, at->seq0[0]);
-    snprintf(lab, sizeof lab, "sms=%d G|A", (int)sms);
+    snprintf(lab, sizeof lab, "%s G|A", tag);
     key_line(lab, at->a1, tg, ts1, tp1g, at->seq0[0]);
-    snprintf(lab, sizeof lab, "sms=%d 2A|G", (int)sms);
+    snprintf(lab, sizeof lab, "%s 2A|G", tag);
     key_line(lab, at->a2, tg, ts2, tp2, at->seq0[1]);
-    snprintf(lab, sizeof lab, "sms=%d graph A|G", (int)sms);
+    snprintf(lab, sizeof lab, "%s graph A|G", tag);
     key_line(lab, at->a1g, tgg, ts1g, tp1gr, at->seq0[2]);
-    snprintf(lab, sizeof lab, "sms=%d graph 2A|G", (int)sms);
+    snprintf(lab, sizeof lab, "%s graph 2A|G", tag);
     key_line(lab, at->a2g, tgg, ts2g, tp2gr, at->seq0[3]);
 
     tm_cuda_blas_free(b->blas);
@@ -439,7 +446,7 @@ static void run_target(bed *b, attn_times *at, int32_t sms) {
 }
 
 int main(void) {
-    tb_guard_init(30.0);
+    tb_guard_init(45.0);
     tb_seed();
     int dev = 0, n_sm = 0;
     TB_CHECK(cudaGetDevice(&dev));
@@ -477,6 +484,30 @@ int main(void) {
 
     const int32_t targets[] = {0, 100, 88, 76, 66};
     for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) run_target(&b, &at, targets[i]);
+
+    /* the attention held to X SMs (a persistent grid of 4 X CTAs: the fp8 kernel fits 4 an SM) beside GEMMs that
+     * target the other SMs; gains against the unrestricted sequential times above */
+    const int32_t xs[] = {44, 33, 22};
+    for (size_t i = 0; i < sizeof xs / sizeof xs[0] && tb_budget_ok(); i++) {
+        b.attn_ctas = 4 * xs[i];
+        tb_case("attention held to %d SMs", (int)xs[i]);
+        poison_outputs(&b);
+        run_once(&b, &a1, NULL);
+        TB_CHECK(cudaDeviceSynchronize());
+        download_attn(&b, b.ref_attn);
+        attn_times ah = at;
+        ah.a1 = time_spec(&b, &a1, false);
+        ah.a2 = time_spec(&b, &a2, false);
+        ah.a1g = time_spec(&b, &a1, true);
+        ah.a2g = time_spec(&b, &a2, true);
+        char nm[64];
+        snprintf(nm, sizeof nm, "A on %d SMs", (int)xs[i]);
+        timed(nm, ah.a1, b.kv_bytes, 0, 'm');
+        snprintf(nm, sizeof nm, "A on %d SMs graph", (int)xs[i]);
+        timed(nm, ah.a1g, b.kv_bytes, 0, 'm');
+        run_target(&b, &ah, n_sm - xs[i]);
+    }
+    b.attn_ctas = 0;
 
     bed_free(&b);
     tb_case("finish");

@@ -389,14 +389,13 @@ template <int HD> struct v3_cfg {
     static_assert(RAW_BYTES >= (size_t)DEC_WARPS * DEC_ROWS * (HD + 2) * 4, "reduction fits the raw ring");
 };
 
-template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params p) {
-    tm_pdl_enter();
+/* one work item of v3: (split, kv head x head chunk yi, sequence) */
+template <int HD, bool FP8>
+__device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem, int split, int yi, int seq) {
     using C = v3_cfg<HD>;
-    extern __shared__ __align__(16) unsigned char smem[];
     /* bf16: ring (DEC_NST, 2 (K, V), DEC_STAGE_TOK, RS) bf16; fp8: ring (DEC_NST, 2, DEC_STAGE_TOK, RS8) e4m3 */
     int *tbl = (int *)(smem + (FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (DEC_TBL, fp8: DEC_TBL8) block ids */
-    const int split = (int)blockIdx.x, seq = (int)blockIdx.z;
-    const int kvh = (int)blockIdx.y / p.hchunks, hc = (int)blockIdx.y % p.hchunks;
+    const int kvh = yi / p.hchunks, hc = yi % p.hchunks;
     const int h0 = kvh * p.group + hc * DEC_ROWS, rows = min(DEC_ROWS, p.group - hc * DEC_ROWS);
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int ctx = p.ctx_len[seq];
@@ -574,6 +573,25 @@ template <int HD, bool FP8> __global__ void __launch_bounds__(DEC_THREADS) attn_
     dec_finish(p, red_m, red_l, red_acc, HD, seq, h0, rows, split, direct);
 }
 
+/* PERSIST: a grid of at most max_ctas CTAs (tm_cuda_attn_args) walks the items, so that the kernel holds only part
+ * of the GPU while another stream runs beside it; else one CTA per item (grid (splits, kv heads x chunks, seqs)) */
+template <int HD, bool FP8, bool PERSIST = false>
+__global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params p) {
+    tm_pdl_enter();
+    extern __shared__ __align__(16) unsigned char smem[];
+    if constexpr (!PERSIST) {
+        v3_item<HD, FP8>(p, smem, (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z);
+    } else {
+        const int ny = p.n_kv * p.hchunks;
+        const int64_t n_items = (int64_t)p.n_splits * ny * p.n_seqs;
+        for (int64_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+            const int64_t r = it / p.n_splits;
+            v3_item<HD, FP8>(p, smem, (int)(it % p.n_splits), (int)(r % ny), (int)(r / ny));
+            __syncthreads(); /* the next item reuses the ring, the table and the merge area */
+        }
+    }
+}
+
 /* ---- merge of the splits' partials: one warp per (sequence, query head) ---- */
 
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_merge_kernel_v1(dec_params p) {
@@ -618,6 +636,13 @@ int dec_split_cap(int n_seqs, int max_ctx) {
 int env_int(const char *name, int dflt) {
     const char *s = getenv(name);
     return s && *s ? atoi(s) : dflt;
+}
+
+/* the persistent v3 (max_ctas), for head_dim 64 and 128 */
+dec_kernel_fn v3_persistent_kernel(int hd, bool fp8) {
+    if (hd == 64) return fp8 ? attn_decode_kernel_v3<64, true, true> : attn_decode_kernel_v3<64, false, true>;
+    if (hd == 128) return fp8 ? attn_decode_kernel_v3<128, true, true> : attn_decode_kernel_v3<128, false, true>;
+    return NULL;
 }
 
 dec_kernel_fn v3_kernel(int hd, bool fp8, size_t *smem) {
@@ -677,7 +702,7 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     if (a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
         a->head_dim > 256 || a->head_dim % 2 || a->block_size <= 0 || a->max_blocks <= 0 || a->n_seqs > 65535)
         return cudaErrorInvalidValue;
-    if (!a->q || !a->k_cache || !a->v_cache || !a->out || !a->context_len || !a->block_table)
+    if (!a->q || !a->k_cache || !a->v_cache || !a->out || !a->context_len || !a->block_table || a->max_ctas < 0)
         return cudaErrorInvalidValue;
 
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
@@ -710,8 +735,14 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     const bool kv16 = (((uintptr_t)a->k_cache | (uintptr_t)a->v_cache) & 15) == 0;
     size_t smem = 0;
     dec_kernel_fn fn = NULL;
+    bool persist = false;
     if (ver >= 3) {
         fn = (p.bs_log2 >= 0 && a->block_size <= 65536 && q4 && kv16) ? v3_kernel(hd, p.fp8, &smem) : NULL;
+        dec_kernel_fn pf = fn && a->max_ctas > 0 ? v3_persistent_kernel(hd, p.fp8) : NULL;
+        if (pf) {
+            fn = pf;
+            persist = true;
+        }
         if (!fn) ver = 2;
     }
     if (ver == 2) {
@@ -743,7 +774,8 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     int64_t cap_work = 0;
     if (a->work && a->work_bytes > (size_t)DEC_WORK_SLACK)
         cap_work = (int64_t)((a->work_bytes - DEC_WORK_SLACK) / ((size_t)pairs * ((size_t)hd + 1) * sizeof(float)));
-    const int64_t ctas = (int64_t)a->n_seqs * a->n_kv_heads * p.hchunks, slots = (int64_t)sms * occ;
+    const int64_t ctas = (int64_t)a->n_seqs * a->n_kv_heads * p.hchunks;
+    const int64_t slots = persist && a->max_ctas < (int64_t)sms * occ ? a->max_ctas : (int64_t)sms * occ;
     int64_t s;
     const int forced = env_int("TM_CUDA_ATTN_DECODE_SPLITS", 0);
     if (forced > 0) {
@@ -779,8 +811,14 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
         p.part_o = (float *)(base + ((n_lse * sizeof(float) + 15) & ~(size_t)15));
     }
 
-    const dim3 grid((unsigned)s, (unsigned)(a->n_kv_heads * p.hchunks), (unsigned)a->n_seqs);
-    if ((e = tm_launch(fn, grid, dim3(DEC_THREADS), smem, stream, p)) != cudaSuccess) return e;
+    if (persist) {
+        const int64_t items = s * ctas;
+        const dim3 pgrid((unsigned)(items < a->max_ctas ? items : a->max_ctas));
+        if ((e = tm_launch(fn, pgrid, dim3(DEC_THREADS), smem, stream, p)) != cudaSuccess) return e;
+    } else {
+        const dim3 grid((unsigned)s, (unsigned)(a->n_kv_heads * p.hchunks), (unsigned)a->n_seqs);
+        if ((e = tm_launch(fn, grid, dim3(DEC_THREADS), smem, stream, p)) != cudaSuccess) return e;
+    }
     if (s > 1) {
         const unsigned nb = (unsigned)((pairs + DEC_WARPS - 1) / DEC_WARPS);
         return tm_launch(attn_decode_merge_kernel_v1, dim3(nb), dim3(DEC_THREADS), 0, stream, p);
