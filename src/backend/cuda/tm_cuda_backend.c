@@ -70,8 +70,8 @@ typedef struct cu_backend {
     uint8_t *xq8;                /* (xq8_bytes) e4m3 activations of the fp8 GEMMs: (max_tokens, max_fp8_cols) */
     size_t xq8_bytes;
     /* what xq8 holds: e4m3(src / act) for xq8_elems elements of the activation buffer src, left by the op that
-     * wrote src (the fused SwiGLU) or by the last quantization; NULL: nothing. Cleared when src is written again
-     * (buf_mark) and at each step's start. */
+     * wrote src (a norm, the fused SwiGLU: xq8_leave); NULL: nothing. Used once by matmul_fp8, cleared when src is
+     * written again (buf_mark) and at each step's start. */
     const void *xq8_src;
     float xq8_act;
     size_t xq8_elems;
@@ -604,6 +604,13 @@ static void cu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids,
     buf_mark(c, x, true);
 }
 
+/* src's op also wrote e4m3(src / act) for elems elements into xq8 (after its buf_mark of src) */
+static void xq8_leave(cu_backend *c, const void *src, float act, size_t elems) {
+    c->xq8_src = src;
+    c->xq8_act = act;
+    c->xq8_elems = elems;
+}
+
 /* A norm at a GEMM-sized batch of an fp8 model (one activation scale) also leaves its output rounded to e4m3 in
  * xq8, for the fp8 products that take it next (matmul_fp8 then skips its own rounding) */
 static bool norm_leaves_fp8(const cu_backend *c, int64_t dim, int32_t n) {
@@ -620,9 +627,7 @@ static void norm_run(cu_backend *c, float *residual, const void *x, const tm_wei
                     "rmsnorm_fp8"))
             return;
         buf_mark(c, out, false);
-        c->xq8_src = out;
-        c->xq8_act = c->fp8_act;
-        c->xq8_elems = (size_t)n * (size_t)dim;
+        xq8_leave(c, out, c->fp8_act, (size_t)n * (size_t)dim);
         return;
     }
     if (residual)
@@ -784,23 +789,13 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
         }
         tm_weight gu = *gate;
         gu.rows = gate->rows + up->rows;
-        const tm_weight *ws[1] = {&gu}, *bs[1] = {NULL};
-        void *outs[1] = {c->ffn_tmp};
-        const bool f32[1] = {false};
-        if (fp8)
-            matmul_fp8(c, ws, bs, outs, f32, 1, x, n);
-        else
-            matmul_one(c, &gu, NULL, x, n, c->ffn_tmp, false);
+        matmul_one(c, &gu, NULL, x, n, c->ffn_tmp, false); /* fp8: matmul_fp8 */
         const bool left = fp8 && !c->no_fp8_left && (size_t)n * (size_t)ffn <= c->xq8_bytes;
         if (cu_failed(c) || cu_fail(c, tm_cuda_swiglu_rows(c->ffn_tmp, n, (int32_t)ffn, out, left ? c->xq8 : NULL,
                                                            left ? 1.0f / gate->act_scale : 0.0f, c->stream),
                                     "swiglu_rows"))
             return;
-        if (left) {
-            c->xq8_src = out;
-            c->xq8_act = gate->act_scale;
-            c->xq8_elems = (size_t)n * (size_t)ffn;
-        }
+        if (left) xq8_leave(c, out, gate->act_scale, (size_t)n * (size_t)ffn);
         return;
     }
     if ((size_t)n * (size_t)up->rows > c->ffn_elems) {
@@ -896,14 +891,7 @@ static bool qkv_rope_fused(cu_backend *c, const tm_matmul_job *jobs, const void 
     if (cu_failed(c) || !rope_table(c, a)) return true;
     tm_weight w = *wq;
     w.rows = rows;
-    if (w.type == TM_DT_FP8_E4M3) {
-        const tm_weight *ws[1] = {&w}, *bs[1] = {NULL};
-        void *outs[1] = {c->ffn_tmp};
-        const bool f32[1] = {false};
-        matmul_fp8(c, ws, bs, outs, f32, 1, x, n);
-    } else {
-        matmul_one(c, &w, NULL, x, n, c->ffn_tmp, false);
-    }
+    matmul_one(c, &w, NULL, x, n, c->ffn_tmp, false); /* fp8: matmul_fp8 */
     if (cu_failed(c)) return true;
     const uint16_t *t = c->ffn_tmp; /* (n, rows): q | k | v a token */
     tm_cuda_rope_args r = {
