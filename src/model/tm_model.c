@@ -490,7 +490,9 @@ void tm_model_free(tm_model *m) {
 /* ---- placement in backend memory ------------------------------------------------------------------- */
 
 /* Every weight slot of a model, in a fixed order: tok_embd, output_norm, output, then 12 per layer. */
-static size_t weight_slots(tm_model *m, tm_weight **slots) {
+/* Every weight of m, in placement order; group (when not NULL) gets, per slot, how many slots from it on may share
+ * one allocation (weight_place_group): 3 at q (q, k, v), 2 at gate (gate, up), else 1. */
+static size_t weight_slots(tm_model *m, tm_weight **slots, int8_t *group) {
     size_t k = 0;
     slots[k++] = &m->tok_embd;
     slots[k++] = &m->output_norm;
@@ -499,8 +501,12 @@ static size_t weight_slots(tm_model *m, tm_weight **slots) {
         tm_layer *L = &m->layers[l];
         tm_weight *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk,
                            &L->bv,        &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) slots[k++] = ws[i];
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            if (group) group[k] = ws[i] == &L->wq ? 3 : ws[i] == &L->w_gate ? 2 : 1;
+            slots[k++] = ws[i];
+        }
     }
+    if (group) group[0] = group[1] = group[2] = 1;
     return k;
 }
 
@@ -510,7 +516,7 @@ void tm_model_unplace(tm_model *placed, tm_backend *be) {
         size_t cap = 3 + 12 * (size_t)placed->hp.n_layers;
         tm_weight **slots = tm_malloc_array(cap, sizeof *slots);
         if (slots) {
-            size_t n = weight_slots(placed, slots);
+            size_t n = weight_slots(placed, slots, NULL);
             bool tied = placed->output.data == placed->tok_embd.data;
             for (size_t i = 0; i < n; i++) {
                 if (i == 2 && tied) continue;
@@ -539,9 +545,11 @@ tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_e
     if (!be->ops->weight_place) return tm_err(err, TM_ERR_INVALID, "backend %s has no memory of its own", be->ops->name);
     tm_model *p = tm_calloc(1, sizeof *p);
     tm_weight **slots = tm_malloc_array(3 + 12 * (size_t)m->hp.n_layers, sizeof *slots);
-    if (!p || !slots) {
+    int8_t *groups = tm_malloc_array(3 + 12 * (size_t)m->hp.n_layers, sizeof *groups);
+    if (!p || !slots || !groups) {
         free(p);
         free(slots);
+        free(groups);
         return tm_err(err, TM_ERR_NOMEM, "out of memory");
     }
     *p = *m; /* borrows tokenizer, names, rope table; owns only its layer array */
@@ -551,15 +559,17 @@ tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_e
     if (!p->layers) {
         free(p);
         free(slots);
+        free(groups);
         return tm_err(err, TM_ERR_NOMEM, "out of memory");
     }
     memcpy(p->layers, m->layers, (size_t)m->hp.n_layers * sizeof(tm_layer));
     bool tied = m->output.data == m->tok_embd.data && m->output.dummy_seed == m->tok_embd.dummy_seed;
-    size_t n = weight_slots(p, slots);
+    size_t n = weight_slots(p, slots, groups);
     /* clear first, so a failure part-way releases only what was placed */
     tm_weight *orig = tm_malloc_array(n, sizeof *orig);
     if (!orig) {
         free(slots);
+        free(groups);
         free(p->layers);
         free(p);
         return tm_err(err, TM_ERR_NOMEM, "out of memory");
@@ -572,9 +582,8 @@ tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_e
     for (size_t i = 0; i < n && s == TM_OK; i++) {
         if (i == 2 && tied) continue;
         if (!orig[i].data && !orig[i].dummy) continue; /* absent (biases) */
-        /* a layer's q, k, v (slots 1..3 of its 12) and gate, up (9, 10) in one allocation where the backend can */
-        const size_t in_layer = i >= 3 ? (i - 3) % 12 : 12;
-        const int32_t group = in_layer == 1 ? 3 : in_layer == 9 ? 2 : 1;
+        /* a layer's q, k, v and its gate, up in one allocation each where the backend can */
+        const int32_t group = groups[i];
         if (group > 1 && be->ops->weight_place_group && groupable(orig + i, group)) {
             for (int32_t g = 0; g < group; g++) *slots[i + (size_t)g] = orig[i + (size_t)g];
             tm_error gerr = {0};
@@ -594,6 +603,7 @@ tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_e
     if (tied) p->output = p->tok_embd;
     free(orig);
     free(slots);
+    free(groups);
     if (s != TM_OK) {
         tm_model_unplace(p, be);
         return tm_err_prefix(err, "placing the weights on %s", be->ops->name);
