@@ -234,6 +234,16 @@ static void test_device_parse(void **st) {
     assert_non_null(strstr(err.msg, "gpu"));
 }
 
+/* the tiny model of o, written and loaded */
+static tm_model *load_tiny(const tiny_opts *o) {
+    const char *path = write_tiny(o);
+    tm_model *m = NULL;
+    tm_error err;
+    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
+    unlink(path);
+    return m;
+}
+
 /* One prompt's last-token logits through tm_model_forward on backend be. */
 static void forward_logits(const tm_model *m, tm_backend *be, const int32_t *ids, int32_t n, float *out) {
     tm_error err;
@@ -266,11 +276,8 @@ static void test_placed_model_forward_is_identical(void **st) {
     tiny_opts o = tiny_default();
     o.tied = true;
     o.wtype = TM_DT_Q8_0;
-    const char *path = write_tiny(&o);
-    tm_model *m = NULL;
+    tm_model *m = load_tiny(&o);
     tm_error err;
-    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
-    unlink(path);
     int32_t ids[20];
     for (int i = 0; i < 20; i++) ids[i] = (i * 37 + 5) % m->hp.n_vocab;
     float *ref = malloc(sizeof(float) * (size_t)m->hp.n_vocab), *got = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
@@ -308,11 +315,8 @@ static void test_grouped_placement(void **st) {
     (void)st;
     tiny_opts o = tiny_default();
     o.wtype = TM_DT_Q8_0;
-    const char *path = write_tiny(&o);
-    tm_model *m = NULL;
+    tm_model *m = load_tiny(&o);
     tm_error err;
-    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
-    unlink(path);
     const int32_t L = m->hp.n_layers;
     int32_t ids[12];
     for (int i = 0; i < 12; i++) ids[i] = (i * 53 + 7) % m->hp.n_vocab;
@@ -359,11 +363,7 @@ static void test_whole_layers(void **st) {
     (void)st;
     tiny_opts o = tiny_default();
     o.layers = 3;
-    const char *path = write_tiny(&o);
-    tm_model *m = NULL;
-    tm_error err;
-    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
-    unlink(path);
+    tm_model *m = load_tiny(&o);
     int32_t ids[12];
     for (int i = 0; i < 12; i++) ids[i] = (i * 53 + 7) % m->hp.n_vocab;
     const size_t nv = (size_t)m->hp.n_vocab;
@@ -397,11 +397,8 @@ static void test_whole_layers(void **st) {
 static void test_tp_ranks_agree(void **st) {
     (void)st;
     tiny_opts o = tiny_default();
-    const char *path = write_tiny(&o);
-    tm_model *m = NULL, *sh[2] = {NULL, NULL};
+    tm_model *m = load_tiny(&o), *sh[2] = {NULL, NULL};
     tm_error err;
-    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
-    unlink(path);
     enum { N = 8 };
     int32_t ids[N];
     for (int i = 0; i < N; i++) ids[i] = (i * 29 + 3) % m->hp.n_vocab;
@@ -534,11 +531,8 @@ static bool collect_cb(void *user, const tm_gen_event *ev) {
 static void test_engine_argmax_on_backend(void **st) {
     (void)st;
     tiny_opts o = tiny_default();
-    const char *path = write_tiny(&o);
-    tm_model *m = NULL;
+    tm_model *m = load_tiny(&o);
     tm_error err;
-    assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
-    unlink(path);
     int32_t prompts[4][6];
     for (int k = 0; k < 4; k++)
         for (int i = 0; i < 6; i++) prompts[k][i] = (k * 11 + i * 7 + 1) % m->hp.n_vocab;
