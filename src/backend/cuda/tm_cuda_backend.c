@@ -107,6 +107,13 @@ typedef struct cu_backend {
     bool capturing;
     cu_graph pending;
     bool graphs_off;
+    /* TM_CUDA_STEP_TIMING=1: per replayed decode graph, the device time from its launch to the sampled ids' copy
+     * (events) against the host time between two launches; the difference is the device idling between steps */
+    bool timing, t_open;
+    cudaEvent_t t_ev[2];  /* (launch, ids copied) of the open step */
+    double t_launch;      /* host time of the last timed launch */
+    int64_t t_steps, t_periods; /* closed steps; launch-to-launch periods between two of them */
+    double t_dev_s, t_period_s;
 } cu_backend;
 
 /* The backend behind be, with its device made current when one thread drives several backends (the ranks of a
@@ -377,10 +384,24 @@ static tm_status grow(cu_backend *c, void **p, size_t *have, size_t need, const 
     return TM_OK;
 }
 
+/* TM_CUDA_STEP_TIMING: a replayed graph is about to launch. The period counts from the previous step's launch when
+ * that was a timed replay whose ids were read back (t_prev > 0: cu_begin_step clears t_launch for every step). */
+static void step_timing_launch(cu_backend *c, double t_prev) {
+    double now = tm_time_s();
+    if (t_prev > 0.0 && !c->t_open) {
+        c->t_period_s += now - t_prev;
+        c->t_periods++;
+    }
+    c->t_launch = now;
+    c->t_open = cudaEventRecord(c->t_ev[0], c->stream) == cudaSuccess;
+}
+
 static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *plan, tm_error *err) {
     cu_backend *c = cu(be);
     if (!c->kv_mem) return tm_err(err, TM_ERR_INVALID, "cuda backend: no KV cache (kv_init first)");
     if (cu_failed(c)) return tm_err(err, c->err_code, "%s", c->err.msg);
+    const double t_prev = c->t_launch;
+    c->t_launch = 0.0;
     int32_t n = b->n_tokens, ns = b->n_seqs, max_q = 0, max_ctx = 0, n_dec = 0, max_ctx_dec = 0;
     for (int32_t s = 0; s < ns; s++) {
         int32_t q = b->query_start[s + 1] - b->query_start[s];
@@ -522,6 +543,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     for (int32_t g = 0; g < c->n_graphs; g++) {
         cu_graph *G = &c->graphs[g];
         if (G->n_tokens == nt && G->n_logits == nl && G->ctx_bucket == ctxb) {
+            if (c->timing) step_timing_launch(c, t_prev);
             if (cu_fail(c, cudaGraphLaunch(G->exec, c->stream), "graph launch")) return tm_err(err, c->err_code, "%s", c->err.msg);
             plan->replayed = true;
             return TM_OK;
@@ -1098,6 +1120,14 @@ static void cu_free(tm_backend *be) {
         if (g) cudaGraphDestroy(g);
     }
     cudaStreamSynchronize(c->stream);
+    if (c->timing) {
+        if (c->t_steps > 0)
+            tm_log(TM_LOG_WARN, "cuda step timing: %lld replayed decode steps, device %.3f ms a step (launch to ids); "
+                   "%lld periods of %.3f ms between launches", (long long)c->t_steps, 1e3 * c->t_dev_s / (double)c->t_steps,
+                   (long long)c->t_periods, c->t_periods ? 1e3 * c->t_period_s / (double)c->t_periods : 0.0);
+        cudaEventDestroy(c->t_ev[0]);
+        cudaEventDestroy(c->t_ev[1]);
+    }
     graphs_reset(c);
     for (int32_t i = 0; i < c->n_bufs; i++) cudaFree(c->bufs[i].p);
     free(c->bufs);
@@ -1126,9 +1156,18 @@ static void cu_free(tm_backend *be) {
 static tm_status ids_to_host(cu_backend *c, int32_t n_rows, int32_t *out_host, tm_error *err) {
     size_t bytes = (size_t)n_rows * sizeof(int32_t);
     if (!stage(c, bytes) ||
-        cu_fail(c, cudaMemcpyAsync(c->host_stage, c->d_ids_out, bytes, cudaMemcpyDeviceToHost, c->stream), "token ids") ||
-        cu_fail(c, cudaStreamSynchronize(c->stream), "token ids"))
+        cu_fail(c, cudaMemcpyAsync(c->host_stage, c->d_ids_out, bytes, cudaMemcpyDeviceToHost, c->stream), "token ids"))
         return cu_last_error(&c->base, err);
+    if (c->t_open) cudaEventRecord(c->t_ev[1], c->stream);
+    if (cu_fail(c, cudaStreamSynchronize(c->stream), "token ids")) return cu_last_error(&c->base, err);
+    if (c->t_open) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, c->t_ev[0], c->t_ev[1]) == cudaSuccess) {
+            c->t_dev_s += ms * 1e-3;
+            c->t_steps++;
+        }
+        c->t_open = false;
+    }
     c->meta_pending = false;
     memcpy(out_host, c->host_stage, bytes);
     return TM_OK;
@@ -1245,6 +1284,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         goto fail;
     }
     if ((s = tm_cuda_blas_create((size_t)64 << 20, &c->blas, err)) != TM_OK) goto fail;
+    if (getenv("TM_CUDA_STEP_TIMING") && atoi(getenv("TM_CUDA_STEP_TIMING")) > 0)
+        c->timing = cudaEventCreate(&c->t_ev[0]) == cudaSuccess && cudaEventCreate(&c->t_ev[1]) == cudaSuccess;
     /* fp8 GEMMs with fast accumulation unless TM_CUDA_FP8_FAST_ACCUM=0 (tm_cuda_blas.h): 6% more 8B throughput,
      * errors at the level of the bf16 output's rounding (tb_fp8) */
     const char *fa = getenv("TM_CUDA_FP8_FAST_ACCUM");
