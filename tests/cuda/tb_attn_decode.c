@@ -308,17 +308,6 @@ static void correctness_case(dcase *c) {
         tb_result("attn_decode", name, compare(c, ref, seqs, c->n_seqs), 1e-2, 0.0, 0.0, 0.0, 'm');
     }
     set_env(NULL, NULL);
-    /* the persistent grid (max_ctas: fewer CTAs than items, each walking several; the split count follows) */
-    static const int caps[] = {1, 7, 100};
-    for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
-        tm_cuda_attn_args a = args_of(c, 0, true);
-        a.max_ctas = caps[i];
-        tb_poison(c->out_d, (size_t)c->n_seqs * c->n_heads * c->hd * 2);
-        TB_RUN(tm_cuda_attn_decode(&a, 0));
-        char name[96];
-        snprintf(name, sizeof name, "%s%s v3 max_ctas=%d", c->name, c->fp8 ? " fp8" : "", caps[i]);
-        tb_result("attn_decode", name, compare(c, ref, seqs, c->n_seqs), 1e-2, 0.0, 0.0, 0.0, 'm');
-    }
     free(ref);
     release(c);
 }

@@ -627,23 +627,12 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     dec_finish(p, red_m, red_l, red_acc, HD, seq, h0, rows, split, direct);
 }
 
-/* PERSIST: a grid of at most max_ctas CTAs (tm_cuda_attn_args) walks the items, so that the kernel holds only part
- * of the GPU while another stream runs beside it; else one CTA per item (grid (splits, kv heads x chunks, seqs)) */
-template <int HD, bool FP8, bool PERSIST = false>
+/* one CTA per item: grid (splits, kv heads x head chunks, sequences) */
+template <int HD, bool FP8>
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params p) {
     tm_pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
-    if constexpr (!PERSIST) {
-        v3_item<HD, FP8>(p, smem, (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z);
-    } else {
-        const int ny = p.n_kv * p.hchunks;
-        const int64_t n_items = (int64_t)p.n_splits * ny * p.n_seqs;
-        for (int64_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-            const int64_t r = it / p.n_splits;
-            v3_item<HD, FP8>(p, smem, (int)(it % p.n_splits), (int)(r % ny), (int)(r / ny));
-            __syncthreads(); /* the next item reuses the ring, the table and the merge area */
-        }
-    }
+    v3_item<HD, FP8>(p, smem, (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z);
 }
 
 /* ---- merge of the splits' partials: one warp per (sequence, query head) ---- */
@@ -690,13 +679,6 @@ int dec_split_cap(int n_seqs, int max_ctx) {
 int env_int(const char *name, int dflt) {
     const char *s = getenv(name);
     return s && *s ? atoi(s) : dflt;
-}
-
-/* the persistent v3 (max_ctas), for head_dim 64 and 128 */
-dec_kernel_fn v3_persistent_kernel(int hd, bool fp8) {
-    if (hd == 64) return fp8 ? attn_decode_kernel_v3<64, true, true> : attn_decode_kernel_v3<64, false, true>;
-    if (hd == 128) return fp8 ? attn_decode_kernel_v3<128, true, true> : attn_decode_kernel_v3<128, false, true>;
-    return NULL;
 }
 
 dec_kernel_fn v3_kernel(int hd, bool fp8, size_t *smem) {
@@ -756,7 +738,7 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     if (a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
         a->head_dim > 256 || a->head_dim % 2 || a->block_size <= 0 || a->max_blocks <= 0 || a->n_seqs > 65535)
         return cudaErrorInvalidValue;
-    if (!a->q || !a->k_cache || !a->v_cache || !a->out || !a->context_len || !a->block_table || a->max_ctas < 0)
+    if (!a->q || !a->k_cache || !a->v_cache || !a->out || !a->context_len || !a->block_table)
         return cudaErrorInvalidValue;
 
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
@@ -789,14 +771,8 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     const bool kv16 = (((uintptr_t)a->k_cache | (uintptr_t)a->v_cache) & 15) == 0;
     size_t smem = 0;
     dec_kernel_fn fn = NULL;
-    bool persist = false;
     if (ver >= 3) {
         fn = (p.bs_log2 >= 0 && a->block_size <= 65536 && q4 && kv16) ? v3_kernel(hd, p.fp8, &smem) : NULL;
-        dec_kernel_fn pf = fn && a->max_ctas > 0 ? v3_persistent_kernel(hd, p.fp8) : NULL;
-        if (pf) {
-            fn = pf;
-            persist = true;
-        }
         if (!fn) ver = 2;
     }
     if (ver == 2) {
@@ -829,7 +805,7 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     if (a->work && a->work_bytes > (size_t)DEC_WORK_SLACK)
         cap_work = (int64_t)((a->work_bytes - DEC_WORK_SLACK) / ((size_t)pairs * ((size_t)hd + 1) * sizeof(float)));
     const int64_t ctas = (int64_t)a->n_seqs * a->n_kv_heads * p.hchunks;
-    const int64_t slots = persist && a->max_ctas < (int64_t)sms * occ ? a->max_ctas : (int64_t)sms * occ;
+    const int64_t slots = (int64_t)sms * occ;
     int64_t s;
     const int forced = env_int("TM_CUDA_ATTN_DECODE_SPLITS", 0);
     if (forced > 0) {
@@ -865,14 +841,8 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
         p.part_o = (float *)(base + ((n_lse * sizeof(float) + 15) & ~(size_t)15));
     }
 
-    if (persist) {
-        const int64_t items = s * ctas;
-        const dim3 pgrid((unsigned)(items < a->max_ctas ? items : a->max_ctas));
-        if ((e = tm_launch(fn, pgrid, dim3(DEC_THREADS), smem, stream, p)) != cudaSuccess) return e;
-    } else {
-        const dim3 grid((unsigned)s, (unsigned)(a->n_kv_heads * p.hchunks), (unsigned)a->n_seqs);
-        if ((e = tm_launch(fn, grid, dim3(DEC_THREADS), smem, stream, p)) != cudaSuccess) return e;
-    }
+    const dim3 grid((unsigned)s, (unsigned)(a->n_kv_heads * p.hchunks), (unsigned)a->n_seqs);
+    if ((e = tm_launch(fn, grid, dim3(DEC_THREADS), smem, stream, p)) != cudaSuccess) return e;
     if (s > 1) {
         const unsigned nb = (unsigned)((pairs + DEC_WARPS - 1) / DEC_WARPS);
         return tm_launch(attn_decode_merge_kernel_v1, dim3(nb), dim3(DEC_THREADS), 0, stream, p);

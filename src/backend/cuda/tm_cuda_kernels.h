@@ -189,8 +189,6 @@ typedef struct tm_cuda_attn_args {
     uint16_t *out;                /* (n_tokens, n_heads * head_dim) bf16 */
     void *work;                   /* scratch, work_bytes from the launcher's _work_bytes function */
     size_t work_bytes;
-    int32_t max_ctas;             /* decode, head_dim 64 or 128 over v3: 0, or a persistent grid of at most this
-                                   * many CTAs (the kernel then leaves the rest of the GPU to a concurrent stream) */
 } tm_cuda_attn_args;
 
 /* FlashDecoding: every sequence has exactly one query token (n_tokens == n_seqs). The KV range of each
