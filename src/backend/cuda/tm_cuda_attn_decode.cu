@@ -147,6 +147,13 @@ __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r
                  : "r"(addr)
                  : "memory");
 }
+/* 8 bytes of shared memory */
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
@@ -401,15 +408,33 @@ template <int HD> struct v3_cfg {
     static constexpr size_t RAW_BYTES = (size_t)DEC_NST * 2 * RAW_STAGE;
     static constexpr size_t SMEM8 = RAW_BYTES + (size_t)DEC_TBL8 * 4;
     static_assert(TPR8 >= CH8 && DEC_STAGE_TOK % RPP8 == 0, "fp8 copies");
+    /* fp8, W8 (head_dim 128): unpadded rows, the 32-byte sectors of row r XOR-swizzled by (r ^ r >> 1) & 3, so
+     * that the 8-byte K and V loads (4 rows of 32 bytes each half-warp) are conflict-free; a smaller ring */
+    static constexpr size_t W8_STAGE = (size_t)DEC_STAGE_TOK * HD;
+    static constexpr size_t W8_RING = (size_t)DEC_NST * 2 * W8_STAGE;
     static_assert(RAW_BYTES >= (size_t)DEC_WARPS * DEC_ROWS * (HD + 2) * 4, "reduction fits the raw ring");
 };
 
 /* one work item of v3: (split, kv head x head chunk yi, sequence) */
-template <int HD, bool FP8>
+constexpr size_t DEC_W8_SMEM = 128 + v3_cfg<128>::W8_RING + (size_t)DEC_TBL8 * 4; /* the W8 kernel's (the ring is
+                                                                                   * 128-aligned: see v3_item) */
+
+/* byte b of row r of a W8 ring stage (see v3_cfg), else of a padded one (rows ROWB bytes apart) */
+template <bool W8, int ROWB> __device__ __forceinline__ int v3_at(int r, int b) {
+    if constexpr (W8) return r * ROWB + ((((b >> 5) ^ (r ^ (r >> 1))) & 3) << 5) + (b & 31);
+    return r * ROWB + b;
+}
+
+template <int HD, bool FP8, bool W8 = false>
 __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem, int split, int yi, int seq) {
     using C = v3_cfg<HD>;
-    /* bf16: ring (DEC_NST, 2 (K, V), DEC_STAGE_TOK, RS) bf16; fp8: ring (DEC_NST, 2, DEC_STAGE_TOK, RS8) e4m3 */
-    int *tbl = (int *)(smem + (FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (DEC_TBL, fp8: DEC_TBL8) block ids */
+    static_assert(!W8 || (FP8 && HD == 128), "W8: fp8, head_dim 128");
+    if constexpr (W8) smem += (128u - (smem_u32(smem) & 127u)) & 127u; /* addresses XOR-ed in bits 5-6 below */
+    /* bf16: ring (DEC_NST, 2 (K, V), DEC_STAGE_TOK, RS) bf16; fp8: ring (DEC_NST, 2, DEC_STAGE_TOK, RS8) e4m3;
+     * W8: (DEC_NST, 2, DEC_STAGE_TOK, HD) e4m3, swizzled */
+    int *tbl = (int *)(smem + (W8 ? C::W8_RING : FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (DEC_TBL, fp8: DEC_TBL8) */
+    /* fp8: a lane's K and V bytes are words of WW x 4 bytes (W8: 8-byte loads) */
+    constexpr int WW = W8 ? 2 : 1;
     const int kvh = yi / p.hchunks, hc = yi % p.hchunks;
     const int h0 = kvh * p.group + hc * DEC_ROWS, rows = min(DEC_ROWS, p.group - hc * DEC_ROWS);
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -430,8 +455,9 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
             (const uint32_t *)(p.q + ((size_t)seq * (size_t)p.n_heads + (size_t)(h0 + (has ? g : 0))) * (size_t)HD);
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++) {
-            if constexpr (FP8) {
-                const uint32_t w0 = has ? qr[ks * 8 + 2 * t4] : 0u, w1 = has ? qr[ks * 8 + 2 * t4 + 1] : 0u;
+            if constexpr (FP8) { /* step ks = WW pp + e: dims 16 WW pp + 4 WW t4 + 4 e .. + 3 */
+                const int at = 8 * WW * (ks / WW) + 2 * WW * t4 + 2 * (ks % WW);
+                const uint32_t w0 = has ? qr[at] : 0u, w1 = has ? qr[at + 1] : 0u;
                 qa0[ks] = pack_f16x2(bf16_lo(w0), bf16_hi(w0));
                 qa2[ks] = pack_f16x2(bf16_lo(w1), bf16_hi(w1));
             } else {
@@ -448,11 +474,12 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
      * the S fragments), so every row of the product is a dim in use; m-tile (q, h) row g is dim 32 q + 4 g + 2 h,
      * row g + 8 dim 32 q + 4 g + 2 h + 1, so that a lane's V values of one token are 4 adjacent bytes (one load).
      * accT[q][h] = O^T (dim(g), heads 2 t4, 2 t4 + 1), (dim(g + 8), heads 2 t4, 2 t4 + 1) */
-    float accT[FP8 ? HD / 32 : 1][2][4];
+    constexpr int NQ = FP8 ? HD / (32 * WW) : 1; /* W8: m-tile (q, h) row g is dim 64 q + 8 g + 2 h (h < 4) */
+    float accT[NQ][2 * WW][4];
 #pragma unroll
-    for (int q = 0; q < (FP8 ? HD / 32 : 1); q++)
+    for (int q = 0; q < NQ; q++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) accT[q][h][0] = accT[q][h][1] = accT[q][h][2] = accT[q][h][3] = 0.0f;
+        for (int h = 0; h < 2 * WW; h++) accT[q][h][0] = accT[q][h][1] = accT[q][h][2] = accT[q][h][3] = 0.0f;
 
     const int bsl = p.bs_log2, bmask = p.block_size - 1;
     const uint32_t n_kv = (uint32_t)p.n_kv;
@@ -464,12 +491,18 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     /* the ring in bytes: a shared row (ROWB), a K (or V) stage (STAGEB); copies of 16 bytes = CHE elements of ES
      * bytes, TPRx threads per row of CHx chunks, RPPx rows per pass, PASSESx passes per stage */
     constexpr int ES = FP8 ? 1 : 2, CHE = 16 / ES;
-    constexpr int ROWB = FP8 ? C::RS8 : C::RS * 2, STAGEB = FP8 ? (int)C::RAW_STAGE : C::STAGE * 2;
+    constexpr int ROWB = W8 ? HD : FP8 ? C::RS8 : C::RS * 2;
+    constexpr int STAGEB = W8 ? (int)C::W8_STAGE : FP8 ? (int)C::RAW_STAGE : C::STAGE * 2;
     constexpr int CHx = FP8 ? C::CH8 : C::CH, TPRx = FP8 ? C::TPR8 : C::TPR;
     constexpr int RPPx = FP8 ? C::RPP8 : C::RPP, PASSESx = FP8 ? C::PASSES8 : C::PASSES;
     /* copies: thread owns chunk cp_ch of rows cp_r0 + k * RPPx of each stage */
     const int cp_ch = tid % TPRx, cp_r0 = tid / TPRx;
-    const uint32_t cp_dst = (uint32_t)(cp_r0 * ROWB + cp_ch * 16);
+    const uint32_t cp_dst = (uint32_t)v3_at<W8, ROWB>(cp_r0, cp_ch * 16); /* W8: the key repeats every 16 rows */
+    /* W8 loads, as offsets in a warp's slice XOR-ed with the 32-byte sector: K rows g (g + 8: +1024, the same key),
+     * bytes 32 pp + 8 t4: kx ^ (pp << 5); V rows 2 t4 (vxa) and 2 t4 + 1 (vxb) (+ 8: +1024), bytes 64 q + 8 g:
+     * vx ^ (q << 6) */
+    const uint32_t kx = (uint32_t)v3_at<W8, ROWB>(g, 8 * t4);
+    const uint32_t vxa = (uint32_t)v3_at<W8, ROWB>(2 * t4, 8 * g), vxb = (uint32_t)v3_at<W8, ROWB>(2 * t4 + 1, 8 * g);
     const uint8_t *const kcb = (const uint8_t *)p.kc, *const vcb = (const uint8_t *)p.vc;
 
     for (int c0 = tb; c0 < te; c0 += p.chunk_tok) {
@@ -523,12 +556,23 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                 float s2[2] = {0.0f, 0.0f}, s3[2] = {0.0f, 0.0f}; /* fp8: the odd ks in chains of their own */
 #pragma unroll
                 for (int ks = 0; ks < HD / 16; ks++) {
-                    if constexpr (FP8) { /* token g (8 + g): dims 16 ks + 4 t4 .. + 3 as (b0, b1), Q permuted alike */
-                        const uint32_t w0 = *(const uint32_t *)(k8 + g * C::RS8 + ks * 16 + 4 * t4);
-                        const uint32_t w1 = *(const uint32_t *)(k8 + (g + 8) * C::RS8 + ks * 16 + 4 * t4);
+                    if constexpr (FP8) { /* token g (8 + g): the 4 bytes of step ks as (b0, b1), Q permuted alike */
+                        uint32_t w0, w1;
+                        if constexpr (W8) { /* one 8-byte load of row g (g + 8) for the steps ks, ks + 1 */
+                            if (ks % 2) continue;
+                            const uint32_t ka = (sk + kx) ^ (uint32_t)(ks << 4); /* sector ks / 2 */
+                            const uint2 u0 = lds64(ka), u1 = lds64(ka + 1024u);
+                            mma_rows8_f16(s0[0], s0[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(u0.x), tm_fp8x2_hi_to_f16x2(u0.x));
+                            mma_rows8_f16(s1[0], s1[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(u1.x), tm_fp8x2_hi_to_f16x2(u1.x));
+                            mma_rows8_f16(s2[0], s2[1], qa0[ks + 1], qa2[ks + 1], tm_fp8x2_lo_to_f16x2(u0.y), tm_fp8x2_hi_to_f16x2(u0.y));
+                            mma_rows8_f16(s3[0], s3[1], qa0[ks + 1], qa2[ks + 1], tm_fp8x2_lo_to_f16x2(u1.y), tm_fp8x2_hi_to_f16x2(u1.y));
+                            continue;
+                        }
+                        w0 = *(const uint32_t *)(k8 + g * ROWB + ks * 16 + 4 * t4);
+                        w1 = *(const uint32_t *)(k8 + (g + 8) * ROWB + ks * 16 + 4 * t4);
                         float *c0 = (ks & 1) ? s2 : s0, *c1 = (ks & 1) ? s3 : s1;
-                        mma_rows8_f16(c0[0], c0[1], qa0[ks], qa2[ks], tm_fp8x2_to_f16x2(w0), tm_fp8x2_to_f16x2(w0 >> 16));
-                        mma_rows8_f16(c1[0], c1[1], qa0[ks], qa2[ks], tm_fp8x2_to_f16x2(w1), tm_fp8x2_to_f16x2(w1 >> 16));
+                        mma_rows8_f16(c0[0], c0[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(w0), tm_fp8x2_hi_to_f16x2(w0));
+                        mma_rows8_f16(c1[0], c1[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(w1), tm_fp8x2_hi_to_f16x2(w1));
                     } else {
                         uint32_t b0r, b1r, b2r, b3r;
                         ldsm_x4(sk + k_off + (uint32_t)(ks * 32), b0r, b1r, b2r, b3r);
@@ -563,24 +607,36 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                 const uint32_t pa2 = FP8 ? pack_f16x2(p2, p3) : pack_bf16x2(p2, p3);
                 if constexpr (FP8) { /* alpha of heads 2 t4, 2 t4 + 1 from the lanes holding rows 2 t4, 2 t4 + 1 */
                     const float al0 = __shfl_sync(FULL, alpha, 8 * t4), al1 = __shfl_sync(FULL, alpha, 8 * t4 + 4);
-                    const unsigned char *vr = v8 + 2 * t4 * C::RS8 + 4 * g; /* token 2 t4, dims 4 g .. */
 #pragma unroll
-                    for (int q = 0; q < HD / 32; q++) {
-                        const uint32_t w0 = *(const uint32_t *)(vr + 32 * q), w1 = *(const uint32_t *)(vr + C::RS8 + 32 * q);
-                        const uint32_t w2 = *(const uint32_t *)(vr + 8 * C::RS8 + 32 * q);
-                        const uint32_t w3 = *(const uint32_t *)(vr + 9 * C::RS8 + 32 * q);
+                    for (int q = 0; q < NQ; q++) {
+                        /* rows 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 (tokens): dims 32 WW q + 4 WW g .. (WW words) */
+                        uint32_t w[4][WW];
 #pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            /* (tok 2t4, tok 2t4+1) of dims 2h, 2h+1; the same of tokens 8 + 2 t4, 9 + 2 t4 */
-                            const uint32_t lo = __byte_perm(w0, w1, (2 * h) | ((4 + 2 * h) << 4) | ((2 * h + 1) << 8) | ((5 + 2 * h) << 12));
-                            const uint32_t hi = __byte_perm(w2, w3, (2 * h) | ((4 + 2 * h) << 4) | ((2 * h + 1) << 8) | ((5 + 2 * h) << 12));
+                        for (int i = 0; i < 4; i++) {
+                            if constexpr (W8) {
+                                const uint32_t a = (sv + ((i & 1) ? vxb : vxa)) ^ (uint32_t)(q << 6);
+                                const uint2 u = lds64(a + (uint32_t)(i >> 1) * 1024u);
+                                w[i][0] = u.x;
+                                w[i][WW - 1] = u.y;
+                            } else {
+                                const int r = 2 * t4 + (i & 1) + 8 * (i >> 1);
+                                w[i][0] = *(const uint32_t *)(v8 + r * ROWB + 32 * q + 4 * g);
+                            }
+                        }
+#pragma unroll
+                        for (int h = 0; h < 2 * WW; h++) {
+                            /* (tok 2t4, tok 2t4+1) of dims 2h, 2h+1 (of word h / 2); the same of tokens 8 + 2 t4, 9 + 2 t4 */
+                            const int b = 2 * (h & 1), wi = h >> 1;
+                            const uint32_t sel = b | ((4 + b) << 4) | ((b + 1) << 8) | ((5 + b) << 12);
+                            const uint32_t lo = __byte_perm(w[0][wi], w[1][wi], sel);
+                            const uint32_t hi = __byte_perm(w[2][wi], w[3][wi], sel);
                             float(&c)[4] = accT[q][h];
                             c[0] *= al0;
                             c[1] *= al1;
                             c[2] *= al0;
                             c[3] *= al1;
-                            mma_f16(c, tm_fp8x2_to_f16x2(lo), tm_fp8x2_to_f16x2(lo >> 16), tm_fp8x2_to_f16x2(hi),
-                                    tm_fp8x2_to_f16x2(hi >> 16), pa0, pa2);
+                            mma_f16(c, tm_fp8x2_lo_to_f16x2(lo), tm_fp8x2_hi_to_f16x2(lo), tm_fp8x2_lo_to_f16x2(hi),
+                                    tm_fp8x2_hi_to_f16x2(hi), pa0, pa2);
                         }
                     }
                 } else {
@@ -611,10 +667,10 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     }
     if constexpr (FP8) {
 #pragma unroll
-        for (int q = 0; q < HD / 32; q++)
+        for (int q = 0; q < NQ; q++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int d = 32 * q + 4 * g + 2 * h;
+            for (int h = 0; h < 2 * WW; h++) {
+                const int d = 32 * WW * q + 4 * WW * g + 2 * h;
                 *(float2 *)&red_acc[(warp * DEC_ROWS + 2 * t4) * HD + d] = make_float2(accT[q][h][0], accT[q][h][2]);
                 *(float2 *)&red_acc[(warp * DEC_ROWS + 2 * t4 + 1) * HD + d] = make_float2(accT[q][h][1], accT[q][h][3]);
             }
@@ -628,11 +684,11 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
 }
 
 /* one CTA per item: grid (splits, kv heads x head chunks, sequences) */
-template <int HD, bool FP8>
+template <int HD, bool FP8, bool W8 = false>
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params p) {
     tm_pdl_enter();
     extern __shared__ __align__(16) unsigned char smem[];
-    v3_item<HD, FP8>(p, smem, (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z);
+    v3_item<HD, FP8, W8>(p, smem, (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z);
 }
 
 /* ---- merge of the splits' partials: one warp per (sequence, query head) ---- */
@@ -682,6 +738,10 @@ int env_int(const char *name, int dflt) {
 }
 
 dec_kernel_fn v3_kernel(int hd, bool fp8, size_t *smem) {
+    if (fp8 && hd == 128 && !tm_env_is_0("TM_CUDA_DEC_W8")) {
+        *smem = DEC_W8_SMEM;
+        return attn_decode_kernel_v3<128, true, true>;
+    }
     switch (hd) {
 #define TM_DEC_V3_CASE(H)                                                                                            \
     case H:                                                                                                          \

@@ -25,6 +25,18 @@ __device__ __forceinline__ uint32_t tm_fp8x2_to_f16x2(uint32_t two) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
     return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
+/* the low (high) two e4m3 bytes of a word -> f16x2 bits (exact); the high half is read as the register's upper
+ * 16 bits by the conversion itself (F2FP ... R.H1), no shift */
+__device__ __forceinline__ uint32_t tm_fp8x2_lo_to_f16x2(uint32_t w) {
+    uint32_t r;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(r) : "r"(w));
+    return r;
+}
+__device__ __forceinline__ uint32_t tm_fp8x2_hi_to_f16x2(uint32_t w) {
+    uint32_t r;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(r) : "r"(w));
+    return r;
+}
 /* two e4m3 bytes (lo byte first) -> bf16x2 bits (exact) */
 __device__ __forceinline__ uint32_t tm_fp8x2_to_bf16x2(uint16_t two) {
     const uint32_t h = tm_fp8x2_to_f16x2(two);

@@ -28,6 +28,12 @@ static inline bool tm_env_is_1(const char *name) {
     return s && s[0] == '1' && s[1] == '\0';
 }
 
+/* ... and off when it is exactly "0" */
+static inline bool tm_env_is_0(const char *name) {
+    const char *s = getenv(name);
+    return s && s[0] == '0' && s[1] == '\0';
+}
+
 /* the vector paths move 16 bytes per access */
 static inline bool tm_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
