@@ -48,8 +48,12 @@
  *   accumulators' own layout (no shuffles); the dims of a row pair are chosen so that a lane's V operand of four
  *   tokens comes from four 4-byte loads per 32 dims, regrouped by byte permutes. Against O = P V with byte loads
  *   (the eighth session's kernel): 413 instead of 485 instructions a warp per 64-token stage, 105 instead of 128
- *   registers, +4% out tok/s on the 8B fp8 throughput run (tenth session). Half the bytes of bf16, and a smaller
- *   ring and block-id table (DEC_TBL8): 4 CTAs per SM at head_dim 128.
+ *   registers, +4% out tok/s on the 8B fp8 throughput run (tenth session). W8 (head_dim 128, the default there;
+ *   TM_CUDA_DEC_W8=0 keeps the padded ring): unpadded 128-byte rows with XOR-swizzled 32-byte sectors (v3_at), so
+ *   that every K and V load is 8 bytes wide and conflict-free (a lane's dims of one row: 8 adjacent bytes per 32
+ *   of K, per 64 of V), and the high e4m3 pair of a word converted in place (no shift): 358 instructions a stage,
+ *   8B 64 x 4096 145 -> 134.5 us (94.6% of copy), +5.4% out tok/s. Half the bytes of bf16, and a smaller ring and
+ *   block-id table (DEC_TBL8): 4 CTAs per SM at head_dim 128.
  *
  * Splits (v2, v3): the launcher picks n_splits (grid.x) from the number of (sequence, kv head, chunk) CTAs and
  * the GPU's resident CTA slots: when the CTAs fill the slots, the count whose last wave is fullest (1 when the
