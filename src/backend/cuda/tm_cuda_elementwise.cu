@@ -232,7 +232,43 @@ __global__ void __launch_bounds__(kThreads) quant_fp8_kernel_v1(const uint16_t *
         out[i] = tm_fp8_of(bf(x[i]) * inv);
 }
 
+/* ---- XOR of a buffer's 32-bit words: a read-only stream (tb_ceiling's read ceiling) ---- */
+
+constexpr int kXorThreads = 512, kXorUnroll = 4; /* 4 CTAs of 512 an SM, 4 loads of 16 bytes in flight a thread */
+
+__global__ void __launch_bounds__(kXorThreads) xor_u32_kernel_v1(const uint4 *__restrict__ p, size_t n16,
+                                                                 unsigned *__restrict__ out) {
+    unsigned acc = 0;
+    const size_t stride = (size_t)gridDim.x * kXorThreads * kXorUnroll;
+    for (size_t i = (size_t)blockIdx.x * kXorThreads * kXorUnroll + threadIdx.x; i < n16; i += stride) {
+        uint4 v[kXorUnroll];
+#pragma unroll
+        for (int u = 0; u < kXorUnroll; u++) {
+            const size_t j = i + (size_t)u * kXorThreads;
+            v[u] = j < n16 ? __ldcs(p + j) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kXorUnroll; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0 && acc) atomicXor(out, acc);
+}
+
 } // namespace
+
+extern "C" cudaError_t tm_cuda_xor_u32(const void *p, size_t bytes, uint32_t *out, cudaStream_t stream) {
+    if (!p || !out || (bytes & 15) || !tm_aligned16(p)) return cudaErrorInvalidValue;
+    cudaError_t e = cudaMemsetAsync(out, 0, sizeof *out, stream);
+    if (e != cudaSuccess || bytes == 0) return e;
+    int dev = 0, sms = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
+    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
+    const size_t n16 = bytes / 16, per_cta = (size_t)kXorThreads * kXorUnroll;
+    size_t grid = (n16 + per_cta - 1) / per_cta;
+    if (grid > (size_t)sms * 4) grid = (size_t)sms * 4;
+    xor_u32_kernel_v1<<<(unsigned)grid, kXorThreads, 0, stream>>>((const uint4 *)p, n16, (unsigned *)out);
+    return cudaGetLastError();
+}
 
 extern "C" cudaError_t tm_cuda_quant_fp8(const uint16_t *x, size_t n, float inv, uint8_t *out, cudaStream_t stream) {
     if (!x || !out || !(inv > 0.0f)) return cudaErrorInvalidValue;

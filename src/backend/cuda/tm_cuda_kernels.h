@@ -93,6 +93,11 @@ cudaError_t tm_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, c
 cudaError_t tm_cuda_fill_random(void *dst, int32_t type, size_t n, uint64_t seed, float scale, float constant,
                                 cudaStream_t stream);
 
+/* *out = the XOR of the bytes / 4 32-bit words at p (bytes a multiple of 16, p 16-byte aligned): one read-only
+ * stream over the buffer, 4 CTAs of 512 threads an SM with 64 bytes in flight a thread (tb_ceiling times it as the
+ * read ceiling: a kernel that only reads, like decode attention, is not bound by the copy's read + write rate). */
+cudaError_t tm_cuda_xor_u32(const void *p, size_t bytes, uint32_t *out, cudaStream_t stream);
+
 /* ---- weights: dequantization, GEMV, embedding (tm_cuda_dequant.cu, tm_cuda_gemv.cu) ---- */
 
 /* Weight types: TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0, TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K, TM_DT_Q6_K
