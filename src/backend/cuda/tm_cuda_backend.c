@@ -112,8 +112,10 @@ typedef struct cu_backend {
     bool timing, t_open;
     cudaEvent_t t_ev[2];  /* (launch, ids copied) of the open step */
     double t_launch;      /* host time of the last timed launch */
+    double t_ids, t_entry; /* host times: the last timed step's ids back; this step's begin_step entered */
     int64_t t_steps, t_periods; /* closed steps; launch-to-launch periods between two of them */
     double t_dev_s, t_period_s;
+    double t_engine_s, t_prep_s; /* of the periods: ids back -> next begin_step (the engine), begin_step -> launch */
 } cu_backend;
 
 /* The backend behind be, with its device made current when one thread drives several backends (the ranks of a
@@ -386,10 +388,12 @@ static tm_status grow(cu_backend *c, void **p, size_t *have, size_t need, const 
 
 /* TM_CUDA_STEP_TIMING: a replayed graph is about to launch. The period counts from the previous step's launch when
  * that was a timed replay whose ids were read back (t_prev > 0: cu_begin_step clears t_launch for every step). */
-static void step_timing_launch(cu_backend *c, double t_prev) {
+static void step_timing_launch(cu_backend *c, double t_prev, double t_ids_prev) {
     double now = tm_time_s();
-    if (t_prev > 0.0 && !c->t_open) {
+    if (t_prev > 0.0 && !c->t_open && t_ids_prev > 0.0) {
         c->t_period_s += now - t_prev;
+        c->t_engine_s += c->t_entry - t_ids_prev;
+        c->t_prep_s += now - c->t_entry;
         c->t_periods++;
     }
     c->t_launch = now;
@@ -400,8 +404,9 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     cu_backend *c = cu(be);
     if (!c->kv_mem) return tm_err(err, TM_ERR_INVALID, "cuda backend: no KV cache (kv_init first)");
     if (cu_failed(c)) return tm_err(err, c->err_code, "%s", c->err.msg);
-    const double t_prev = c->t_launch;
-    c->t_launch = 0.0;
+    const double t_prev = c->t_launch, t_ids_prev = c->t_ids;
+    c->t_launch = c->t_ids = 0.0;
+    if (c->timing) c->t_entry = tm_time_s();
     int32_t n = b->n_tokens, ns = b->n_seqs, max_q = 0, max_ctx = 0, n_dec = 0, max_ctx_dec = 0;
     for (int32_t s = 0; s < ns; s++) {
         int32_t q = b->query_start[s + 1] - b->query_start[s];
@@ -543,7 +548,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     for (int32_t g = 0; g < c->n_graphs; g++) {
         cu_graph *G = &c->graphs[g];
         if (G->n_tokens == nt && G->n_logits == nl && G->ctx_bucket == ctxb) {
-            if (c->timing) step_timing_launch(c, t_prev);
+            if (c->timing) step_timing_launch(c, t_prev, t_ids_prev);
             if (cu_fail(c, cudaGraphLaunch(G->exec, c->stream), "graph launch")) return tm_err(err, c->err_code, "%s", c->err.msg);
             plan->replayed = true;
             return TM_OK;
@@ -1123,8 +1128,12 @@ static void cu_free(tm_backend *be) {
     if (c->timing) {
         if (c->t_steps > 0)
             tm_log(TM_LOG_WARN, "cuda step timing: %lld replayed decode steps, device %.3f ms a step (launch to ids); "
-                   "%lld periods of %.3f ms between launches", (long long)c->t_steps, 1e3 * c->t_dev_s / (double)c->t_steps,
-                   (long long)c->t_periods, c->t_periods ? 1e3 * c->t_period_s / (double)c->t_periods : 0.0);
+                   "%lld periods of %.3f ms between launches, of which %.3f ms from the ids' return to the next step "
+                   "(the engine) and %.3f ms preparing the step (begin_step)", (long long)c->t_steps,
+                   1e3 * c->t_dev_s / (double)c->t_steps, (long long)c->t_periods,
+                   c->t_periods ? 1e3 * c->t_period_s / (double)c->t_periods : 0.0,
+                   c->t_periods ? 1e3 * c->t_engine_s / (double)c->t_periods : 0.0,
+                   c->t_periods ? 1e3 * c->t_prep_s / (double)c->t_periods : 0.0);
         cudaEventDestroy(c->t_ev[0]);
         cudaEventDestroy(c->t_ev[1]);
     }
@@ -1166,6 +1175,7 @@ static tm_status ids_to_host(cu_backend *c, int32_t n_rows, int32_t *out_host, t
             c->t_dev_s += ms * 1e-3;
             c->t_steps++;
         }
+        c->t_ids = tm_time_s();
         c->t_open = false;
     }
     c->meta_pending = false;
