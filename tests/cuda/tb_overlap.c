@@ -37,9 +37,10 @@
  * second standalone run of each must repeat the first ("alone repeatable"), which separates a kernel that is not
  * deterministic at all from one that is disturbed by the concurrent stream.
  * TB_BUDGET_S (default 30) bounds the run: SM targets past it are skipped.
- * Measured (ninth and tenth sessions): nothing to gain. With every SM target the pair runs no faster than one
- * after the other (t_par 307-353 us against t_seq 308-352), and an attention held to 44, 33 or 22 SMs by a
- * persistent grid (measured, then removed) took 355, 371 and 547 us alone against 216 on the whole GPU. */
+ * Measured (ninth and tenth sessions): nothing to gain. Launched together the pair saves at most 3% of the
+ * sequential time (eager, G enqueued first, no SM target: 307 against 317 us) and nothing as a graph (314 against
+ * 308); lower SM targets only slow the GEMMs. An attention held to 44, 33 or 22 SMs by a persistent grid
+ * (measured, then removed) took 355, 371 and 547 us alone against 216 on the whole GPU. */
 
 #define N_SEQ 256
 #define CTX 1536
