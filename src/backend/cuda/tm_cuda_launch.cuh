@@ -40,9 +40,8 @@ static inline bool tm_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 
 /* TM_CUDA_PDL: unset (or "gemv") launches the GEMVs with programmatic dependent launch, "1" every kernel of a
  * decode step (measured slower than the GEMVs alone), "0" none */
 static inline int tm_pdl_mode() {
-    const char *s = getenv("TM_CUDA_PDL");
-    if (s && s[0] == '0' && s[1] == '\0') return 0;
-    if (s && s[0] == '1' && s[1] == '\0') return 2;
+    if (tm_env_is_0("TM_CUDA_PDL")) return 0;
+    if (tm_env_is_1("TM_CUDA_PDL")) return 2;
     return 1;
 }
 static inline bool tm_pdl_on() { return tm_pdl_mode() == 2; }

@@ -764,8 +764,7 @@ extern "C" cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStr
     for (int ph = 0; ph < 4; ph++)
         if ((p.units[ph] + sms - 1) / sms > most) most = (p.units[ph] + sms - 1) / sms;
     p.cap = most + 2; /* the producer's cap on a block's units of a phase */
-    const char *cl = getenv("TM_CUDA_LAYER_CLAIMS");
-    p.claims = !(cl && cl[0] == '0' && cl[1] == '\0');
+    p.claims = !tm_env_is_0("TM_CUDA_LAYER_CLAIMS");
 
     const int64_t pbytes = ((int64_t)p.cap * (kCW + 1) * 4 + 127) / 128 * 128;
     const int64_t room = (int64_t)optin - (int64_t)fa.sharedSizeBytes - xbytes - pbytes;
