@@ -53,6 +53,8 @@ typedef struct tm_load_params {
     int32_t tp;                 /* tensor-parallel ranks (Megatron sharding; cpu ranks for now); 0/1: none */
     const char *kv_cache_dtype; /* KV cache element type: NULL or "auto" (cpu f16, cuda bf16), "f32" (cpu), "f16" (cpu),
                                  * "bf16" (cuda), "fp8" (e4m3: half of bf16's bytes, a quarter of f32's) */
+    bool no_pipeline;           /* cuda: finish each step before planning the next (by default a decode step whose
+                                 * successor is certain has it queued before its tokens reach the host) */
 } tm_load_params;
 
 tm_load_params tm_load_params_default(void);

@@ -38,7 +38,7 @@ tm_status tm_load(const tm_load_params *p, tm_ctx **out, tm_error *err) {
                                        .block_size = p->block_size, .n_seqs = ms, .act_bits = p->act_bits,
                                        .no_prefix_cache = p->no_prefix_cache, .kv_blocks = p->kv_blocks,
                                        .tp = p->tp, .kv_dtype = kvd},
-                            .sched = {.max_seqs = ms}};
+                            .sched = {.max_seqs = ms}, .no_pipeline = p->no_pipeline};
         s = tm_engine_create(c->model, &ec, &c->engine, err);
     }
     if (s != TM_OK) {

@@ -43,6 +43,10 @@ typedef struct tm_batch {
     int32_t n_logits;
     const int32_t *logits_index; /* (n_logits) rows of the batch that need logits, in the order the logits rows
                                   * are wanted (the runner puts single-token sequences first in the batch) */
+    const int32_t *token_src;    /* (n_tokens) or NULL. A pipelined step (ops->ids_wait): token i's id is row
+                                  * token_src[i] of the ids the previous pass sampled on the backend (argmax_start or
+                                  * sample_start), not yet seen by the host, where token_src[i] >= 0; token_ids[i]
+                                  * where it is -1 (token_ids[i] is then a placeholder inside the vocabulary) */
 } tm_batch;
 
 /* Attention geometry and RoPE parameters, fixed per model. */
@@ -173,6 +177,16 @@ typedef struct tm_backend_ops {
     /* out_host (n_rows) = one token per row of an f32 logits buffer drawn per rows[r]; only ids cross to the host */
     tm_status (*sample)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
                         int32_t *out_host, tm_error *err);
+    /* Pipelined sampling (optional, all three or none; the backend then takes tm_batch.token_src): argmax or sample
+     * as above, but the calls return once the work is queued. The ids stay on the backend as the rows the next
+     * pass's token_src reads, and their copy to the host goes to `slot` (0 or 1: the host may begin the next
+     * pass, sampling into the other slot, before it collects these); ids_wait(slot) waits for that copy and
+     * writes the n_rows ids to out_host. */
+    tm_status (*argmax_start)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t slot,
+                              tm_error *err);
+    tm_status (*sample_start)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
+                              const tm_sample_row *rows, int32_t slot, tm_error *err);
+    tm_status (*ids_wait)(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out_host, tm_error *err);
     /* bytes of backend memory still free */
     uint64_t (*mem_free)(tm_backend *be);
     /* ops stopped early on a device error: the first error since the last call (TM_OK if none), then cleared */

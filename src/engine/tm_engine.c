@@ -85,6 +85,7 @@ struct tm_request {
     tm_gen_stats stats;
     tm_req_timing timing;       /* feeds the metrics histograms */
     tm_logprob top[TM_MAX_LOGPROBS];
+    int32_t row_in[2];          /* its logits row in e->pass[k] while that step is in flight, else -1 */
 };
 
 static void request_free(tm_request *q) {
@@ -119,7 +120,11 @@ tm_status tm_engine_create(const tm_model *m, const tm_engine_cfg *cfg, tm_engin
     e->st_ids = tm_malloc_array(ms, sizeof(*e->st_ids));
     e->st_n = tm_malloc_array(ms, sizeof(*e->st_n));
     e->st_logits = tm_malloc_array(ms, sizeof(*e->st_logits));
-    if (!e->st_kv || !e->st_ids || !e->st_n || !e->st_logits) {
+    e->st_src = tm_malloc_array(ms, sizeof(*e->st_src));
+    e->st_seq = tm_malloc_array(ms, sizeof(*e->st_seq));
+    for (int k = 0; k < 2; k++) e->pass[k].rows = tm_calloc(ms, sizeof(tm_request *));
+    e->pipeline = !cfg->no_pipeline && tm_runner_can_pipeline(r);
+    if (!e->st_kv || !e->st_ids || !e->st_n || !e->st_logits || !e->st_src || !e->st_seq || !e->pass[0].rows || !e->pass[1].rows) {
         s = tm_err(err, TM_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -140,6 +145,10 @@ void tm_engine_free(tm_engine *e) {
     free(e->st_ids);
     free(e->st_n);
     free(e->st_logits);
+    free(e->st_src);
+    free(e->st_seq);
+    free(e->pass[0].rows);
+    free(e->pass[1].rows);
     free(e);
 }
 
@@ -170,6 +179,11 @@ static void finish(tm_engine *e, int32_t live_idx, const char *reason) {
     tm_finish_reason fr = !strcmp(reason, "stop") ? TM_FINISH_STOP : !strcmp(reason, "length") ? TM_FINISH_LENGTH
                                                                                             : TM_FINISH_ABORT;
     tm_req_on_finish(&q->timing, e->metrics, q->stats.finish_s, fr);
+    for (int k = 0; k < 2; k++) /* a step in flight computes its row for nothing now */
+        if (q->row_in[k] >= 0) {
+            e->pass[k].rows[q->row_in[k]] = NULL;
+            q->row_in[k] = -1;
+        }
     tm_sched_finish(&e->sched, &q->seq, fr == TM_FINISH_ABORT ? TM_SEQ_ABORTED : TM_SEQ_FINISHED);
     publish_sched_gauges(e);
     if (q->cb) {
@@ -223,6 +237,7 @@ tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, co
     q->seq.n_prompt = q->seq.n_tokens = (int32_t)n_prompt;
     q->seq.user = q;
     q->seq.tokens = q->tokens;
+    q->row_in[0] = q->row_in[1] = -1;
     q->stats.prompt_tokens = (int32_t)n_prompt;
     q->stats.arrival_s = q->seq.arrival;
     tm_req_on_arrival(&q->timing, q->seq.arrival, n_prompt);
@@ -257,6 +272,13 @@ bool tm_engine_abort(tm_engine *e, uint64_t id) {
 
 void tm_engine_abort_all(tm_engine *e) {
     while (e->n_live > 0) finish(e, e->n_live - 1, "abort");
+    while (e->runner && e->runner->n_pending > 0) { /* wait for the steps in flight; their rows are all dropped */
+        int32_t n_rows;
+        tm_error ignore = {0};
+        tm_runner_collect(e->runner, &n_rows, &ignore);
+    }
+    e->pass[0].n_rows = e->pass[1].n_rows = 0;
+    e->n_pass = 0;
 }
 
 /* A sampled token: append, stream its text, decide whether the request is done (returns the reason). */
@@ -306,7 +328,135 @@ static bool sampling_is_plain_greedy(const tm_sampling_params *sp) {
     return (sp->temperature == 0.0f || sp->top_k == 1) && sampling_is_plain(sp);
 }
 
+/* Where the logits rows of a step's sequences (want[i]) are drawn: plain greedy everywhere: the backend's argmax;
+ * else, all without penalties or logprobs: the backend's sampler (each row's draw counter is the tokens its request
+ * generated, plus `ahead` tokens not yet appended); else the host. Sets the runner's flags for the next pass;
+ * true when the backend draws every row. */
+static bool choose_sampling(tm_engine *e, tm_sched_seq *const *seqs, const bool *want, int32_t n, int32_t ahead) {
+    tm_runner *r = e->runner;
+    /* plain greedy requests let a device backend take the argmax itself: only ids leave the device */
+    bool dev_greedy = tm_runner_can_argmax(r);
+    for (int32_t i = 0; i < n && dev_greedy; i++)
+        if (want[i] && !sampling_is_plain_greedy(&((tm_request *)seqs[i]->user)->gp.sampling)) dev_greedy = false;
+    r->greedy_on_device = dev_greedy;
+    /* otherwise requests without penalties or logprobs can be drawn on the device too (a per-request stream keyed
+     * by (seed, tokens generated): reproducible for a seed, but not the host sampler's sequence) */
+    bool dev_sample = !dev_greedy && tm_runner_can_sample(r);
+    for (int32_t i = 0, row = 0; i < n && dev_sample; i++) {
+        if (!want[i]) continue;
+        tm_request *q = seqs[i]->user;
+        const tm_sampling_params *sp = &q->gp.sampling;
+        if (!sampling_is_plain(sp)) {
+            dev_sample = false;
+            break;
+        }
+        r->sample_rows[row++] = (tm_sample_row){
+            .temperature = sp->top_k == 1 ? 0.0f : sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
+            .top_k = sp->top_k, .seed = sp->seed, .offset = (uint64_t)(q->seq.n_tokens - q->seq.n_prompt + ahead)};
+    }
+    r->sample_on_device = dev_sample;
+    return dev_greedy || dev_sample;
+}
+
+/* A pipelined step was queued into runner slot `slot`: its logits rows' requests, in row order. */
+static void record_pass(tm_engine *e, tm_sched_seq *const *seqs, const bool *want, int32_t n) {
+    const tm_runner *r = e->runner;
+    int32_t slot = (r->pend_first + r->n_pending - 1) % 2; /* the runner's newest */
+    tm_engine_pass *P = &e->pass[slot];
+    P->n_rows = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (want[i]) {
+            tm_request *q = seqs[i]->user;
+            q->row_in[slot] = P->n_rows;
+            P->rows[P->n_rows++] = q;
+        }
+    e->n_pass++;
+}
+
+/* The request cannot go on after its next token, whatever that token is (the checks of postprocess that do not
+ * look at the token). */
+static bool ends_after_next(const tm_engine *e, const tm_request *q) {
+    return q->stats.gen_tokens + 1 >= q->gp.max_tokens || q->seq.n_tokens + 1 >= e->runner->cfg.n_ctx ||
+           q->seq.n_tokens + 1 >= q->cap;
+}
+
+/* One pass is in flight: queue the step after it when that step is certain, i.e. what the scheduler would plan
+ * once the pass's tokens are in: every running sequence is in the pass and decodes one more token (those that end
+ * after this token for sure drop out), nothing waiting could be admitted, the blocks for the new entries are free
+ * (no preemption), and every row is drawn on the backend. Otherwise queue nothing (the step after the collection
+ * is planned as usual). */
+static tm_status chain_next(tm_engine *e, tm_error *err) {
+    tm_runner *r = e->runner;
+    tm_sched *S = &e->sched;
+    if (e->n_pass != 1) return TM_OK;
+    if (S->n_waiting > 0 && S->n_running < S->cfg.max_seqs && S->cfg.policy == TM_SCHED_CONTINUOUS) return TM_OK;
+    int32_t n = 0, live = 0, blocks = 0;
+    const tm_engine_pass *P = &e->pass[r->pend_first];
+    for (int32_t row = 0; row < P->n_rows; row++) {
+        tm_request *q = P->rows[row];
+        if (!q) continue;
+        live++;
+        if (q->seq.state != TM_SEQ_RUNNING || q->seq.n_computed != q->seq.n_tokens) return TM_OK;
+        if (ends_after_next(e, q)) continue;
+        e->st_src[n] = row;
+        e->st_seq[n] = &q->seq;
+        blocks += tm_kv_seq_blocks_needed(&r->pool, &q->seq.kv, 1);
+        n++;
+    }
+    if (live != S->n_running || n == 0 || n > S->cfg.max_batched_tokens || !tm_kv_can_allocate(&r->pool, blocks))
+        return TM_OK;
+    tm_sched_seq **seqs = e->st_seq;
+    for (int32_t i = 0; i < n; i++) {
+        tm_request *q = seqs[i]->user;
+        e->st_kv[i] = &q->seq.kv;
+        e->st_ids[i] = q->tokens + q->seq.n_tokens; /* not read: the token is on the device */
+        e->st_n[i] = 1;
+        e->st_logits[i] = true;
+    }
+    if (!choose_sampling(e, seqs, e->st_logits, n, 1)) {
+        r->greedy_on_device = r->sample_on_device = false;
+        return TM_OK;
+    }
+    tm_status s;
+    for (int32_t i = 0; i < n; i++) /* cannot fail: the blocks were counted */
+        if ((s = tm_kv_seq_reserve(&r->pool, e->st_kv[i], 1, err)) != TM_OK) return s;
+    if ((s = tm_runner_launch(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, n, e->st_src, err)) != TM_OK) return s;
+    for (int32_t i = 0; i < n; i++) seqs[i]->n_computed++; /* the commit of a one-token plan */
+    record_pass(e, seqs, e->st_logits, n);
+    return TM_OK;
+}
+
+/* Collect the oldest pass in flight: its tokens, postprocessed in row order. A request whose next token is being
+ * computed by the pass after it gets this token's id recorded for that cache entry. */
+static tm_status collect_pass(tm_engine *e, tm_error *err) {
+    tm_runner *r = e->runner;
+    int32_t slot = r->pend_first, n_rows = 0; /* the runner's oldest */
+    tm_engine_pass *P = &e->pass[slot];
+    tm_status s = tm_runner_collect(r, &n_rows, err);
+    e->n_pass--;
+    for (int32_t row = 0; row < P->n_rows; row++)
+        if (P->rows[row]) P->rows[row]->row_in[slot] = -1;
+    if (s == TM_OK && n_rows != P->n_rows) s = tm_err(err, TM_ERR_INTERNAL, "pass of %d rows gave %d ids", P->n_rows, n_rows);
+    double now = tm_time_s();
+    for (int32_t row = 0; row < P->n_rows && s == TM_OK; row++) {
+        tm_request *q = P->rows[row];
+        if (!q) continue;
+        int32_t tok = r->greedy[row];
+        if (q->row_in[slot ^ 1] >= 0 && (s = tm_kv_seq_set_ids(&r->pool, &q->seq.kv, &tok, 1, err)) != TM_OK) break;
+        tm_logprob chosen = {tok, 0};
+        const char *reason = postprocess(e, q, tok, &chosen, now, err, &s);
+        if (reason) finish(e, live_index(e, q), reason);
+    }
+    P->n_rows = 0;
+    return s;
+}
+
 tm_status tm_engine_step(tm_engine *e, tm_error *err) {
+    if (e->n_pass > 0) { /* pipelined: queue the next step if it is certain, then take in the previous one */
+        tm_status s = chain_next(e, err);
+        if (s != TM_OK) return s;
+        return collect_pass(e, err);
+    }
     tm_runner *r = e->runner;
     double now = tm_time_s();
     const tm_sched_plan *p;
@@ -326,6 +476,7 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
                              tm_kv_usage(&r->pool));
     }
     if (p->n == 0) return TM_OK;
+    int32_t n_want = 0;
     for (int32_t i = 0; i < p->n; i++) {
         tm_request *q = p->seqs[i]->user;
         if (q->stats.first_scheduled_s == 0) q->stats.first_scheduled_s = now;
@@ -334,28 +485,15 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         e->st_ids[i] = q->tokens + q->seq.n_computed;
         e->st_n[i] = p->n_new[i];
         e->st_logits[i] = q->seq.n_computed + p->n_new[i] == q->seq.n_tokens;
+        n_want += e->st_logits[i];
     }
-    /* plain greedy requests let a device backend take the argmax itself: only ids leave the device */
-    bool dev_greedy = tm_runner_can_argmax(r);
-    for (int32_t i = 0; i < p->n && dev_greedy; i++)
-        if (e->st_logits[i] && !sampling_is_plain_greedy(&((tm_request *)p->seqs[i]->user)->gp.sampling)) dev_greedy = false;
-    r->greedy_on_device = dev_greedy;
-    /* otherwise requests without penalties or logprobs can be drawn on the device too (a per-request stream keyed
-     * by (seed, tokens generated): reproducible for a seed, but not the host sampler's sequence) */
-    bool dev_sample = !dev_greedy && tm_runner_can_sample(r);
-    for (int32_t i = 0, row = 0; i < p->n && dev_sample; i++) {
-        if (!e->st_logits[i]) continue;
-        tm_request *q = p->seqs[i]->user;
-        const tm_sampling_params *sp = &q->gp.sampling;
-        if (!sampling_is_plain(sp)) {
-            dev_sample = false;
-            break;
-        }
-        r->sample_rows[row++] = (tm_sample_row){
-            .temperature = sp->top_k == 1 ? 0.0f : sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
-            .top_k = sp->top_k, .seed = sp->seed, .offset = (uint64_t)(q->seq.n_tokens - q->seq.n_prompt)};
+    bool on_device = choose_sampling(e, p->seqs, e->st_logits, p->n, 0);
+    if (e->pipeline && on_device && n_want > 0) { /* queued; collected by the next call, after it queues its successor */
+        if ((s = tm_runner_launch(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, p->n, NULL, err)) != TM_OK) return s;
+        tm_sched_commit(&e->sched, p);
+        record_pass(e, p->seqs, e->st_logits, p->n);
+        return TM_OK;
     }
-    r->sample_on_device = dev_sample;
     if ((s = tm_runner_step(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, p->n, err)) != TM_OK) return s;
     tm_sched_commit(&e->sched, p);
     now = tm_time_s();
@@ -365,7 +503,7 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         if (!e->st_logits[i]) continue;
         tm_request *q = p->seqs[i]->user;
         tm_logprob chosen = {0, 0};
-        if (dev_greedy || dev_sample) { /* drawn on the device (a greedy sampler draws no random numbers) */
+        if (on_device) { /* drawn on the device (a greedy sampler draws no random numbers) */
             int32_t tok = r->greedy[row++];
             chosen.id = tok;
             const char *reason = postprocess(e, q, tok, &chosen, now, err, &s);

@@ -46,9 +46,17 @@ typedef struct tm_engine_cfg {
     tm_runner_cfg runner;       /* runner.n_seqs sizes the KV pool (n_seqs full contexts) */
     tm_sched_cfg sched;         /* max_batched_tokens defaults to runner.max_batch_tokens */
     tm_metrics *metrics;        /* borrowed; NULL = no metrics. Recorded on the engine thread, lock-free */
+    bool no_pipeline;           /* run each step to completion before planning the next (pipelining is on where the
+                                 * backend can: tm_runner_can_pipeline) */
 } tm_engine_cfg;
 
 typedef struct tm_request tm_request;
+
+/* A pipelined step queued on the backend whose sampled ids the host has not collected yet. */
+typedef struct tm_engine_pass {
+    tm_request **rows;          /* (max_seqs) the request of each logits row; NULL once it finished */
+    int32_t n_rows;
+} tm_engine_pass;
 
 typedef struct tm_engine {
     const tm_model *model;      /* borrowed */
@@ -64,6 +72,15 @@ typedef struct tm_engine {
     const int32_t **st_ids;
     int32_t *st_n;
     bool *st_logits;
+    int32_t *st_src;            /* (max_seqs) a chained step's rows of the pass before it */
+    tm_sched_seq **st_seq;      /* (max_seqs) a chained step's sequences */
+    /* Pipelining: a decode step whose next step is certain (every running sequence decodes one token, nothing is
+     * waiting to be admitted, blocks are free) is queued before the host has seen the tokens it samples; the next
+     * tm_engine_step queues the step after it, reading those tokens on the device (tm_batch.token_src), and only
+     * then collects them. Sequences that turn out to have stopped get one token computed and dropped. */
+    bool pipeline;
+    tm_engine_pass pass[2];     /* in flight, indexed by the runner's slot (oldest: runner->pend_first) */
+    int32_t n_pass;
 } tm_engine;
 
 tm_status tm_engine_create(const tm_model *m, const tm_engine_cfg *cfg, tm_engine **out, tm_error *err);
@@ -79,9 +96,10 @@ tm_status tm_engine_add(tm_engine *e, const int32_t *prompt, size_t n_prompt, co
 bool tm_engine_abort(tm_engine *e, uint64_t id);
 /* Abort every live request (final "abort" events). */
 void tm_engine_abort_all(tm_engine *e);
-/* One step: schedule -> forward -> sample -> postprocess. Finished requests free their blocks. */
+/* One step: schedule -> forward -> sample -> postprocess. Finished requests free their blocks. When pipelining, a
+ * call queues the next step (if it is certain) and then collects and postprocesses the previous one. */
 tm_status tm_engine_step(tm_engine *e, tm_error *err);
-static inline bool tm_engine_has_work(const tm_engine *e) { return e->n_live > 0; }
+static inline bool tm_engine_has_work(const tm_engine *e) { return e->n_live > 0 || e->n_pass > 0; }
 
 /* Convenience: one request run to completion (the CLI's `run`). */
 tm_status tm_engine_generate(tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp,

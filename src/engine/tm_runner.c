@@ -159,6 +159,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     r->greedy = tm_malloc_array((size_t)max_logits, sizeof(int32_t));
     r->sample_rows = tm_malloc_array((size_t)max_logits, sizeof(tm_sample_row));
     r->b_ids = tm_malloc_array(T, sizeof(int32_t));
+    r->b_src = tm_malloc_array(T, sizeof(int32_t));
     r->b_pos = tm_malloc_array(T, sizeof(int32_t));
     r->b_seq = tm_malloc_array(T, sizeof(int32_t));
     r->b_logits_idx = tm_malloc_array(T, sizeof(int32_t));
@@ -167,7 +168,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     r->b_ctx = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_last = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_btab = tm_malloc_array((size_t)r->max_seqs * (size_t)r->max_blocks, sizeof(int32_t));
-    if (!r->logits || !r->greedy || !r->sample_rows || !r->b_ids || !r->b_pos || !r->b_seq || !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
+    if (!r->logits || !r->greedy || !r->sample_rows || !r->b_ids || !r->b_src || !r->b_pos || !r->b_seq || !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
         !r->b_ctx || !r->b_last || !r->b_btab) {
         s = tm_err(err, TM_ERR_NOMEM, "out of memory allocating batch buffers");
         goto fail;
@@ -203,6 +204,7 @@ void tm_runner_free(tm_runner *r) {
     free(r->greedy);
     free(r->sample_rows);
     free(r->b_ids);
+    free(r->b_src);
     free(r->b_pos);
     free(r->b_seq);
     free(r->b_logits_idx);
@@ -217,8 +219,11 @@ void tm_runner_free(tm_runner *r) {
 bool tm_runner_can_argmax(const tm_runner *r) { return r->be->ops->argmax != NULL; }
 bool tm_runner_can_sample(const tm_runner *r) { return r->be->ops->sample != NULL; }
 
-tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
-                         const bool *want_logits, int32_t n_seqs, tm_error *err) {
+/* The step's ragged batch in the staging buffers. src_row (n_seqs) or NULL: where src_row[k] >= 0, sequence k's one
+ * new token is that row of the previous pipelined pass's ids (its id here is a placeholder). */
+static tm_status build_batch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
+                             const bool *want_logits, int32_t n_seqs, const int32_t *src_row, tm_batch *out,
+                             tm_error *err) {
     if (n_seqs < 1 || n_seqs > r->max_seqs)
         return tm_err(err, TM_ERR_RANGE, "step with %d sequences (limit %d)", n_seqs, r->max_seqs);
     int32_t n = 0, nl = 0;
@@ -237,9 +242,11 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
                 return tm_err(err, TM_ERR_RANGE, "sequence of %d tokens exceeds the context %d", ctx, r->cfg.n_ctx);
             if ((int64_t)s->n_blocks * r->pool.block_size < ctx)
                 return tm_err(err, TM_ERR_INTERNAL, "KV blocks not reserved for %d tokens", ctx);
+            bool chained = src_row && src_row[k] >= 0;
             for (int32_t j = 0; j < n_new[k]; j++, n++) {
                 int32_t c = s->n_tokens + j;
-                r->b_ids[n] = new_ids[k][j];
+                r->b_ids[n] = chained ? 0 : new_ids[k][j];
+                r->b_src[n] = chained ? src_row[k] : -1;
                 r->b_pos[n] = c;
                 r->b_seq[n] = bk;
                 r->b_slots[n] = tm_kv_seq_slot(&r->pool, s, c);
@@ -252,16 +259,21 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
         }
     for (int32_t k = 0; k < n_seqs; k++)
         if (want_logits[k]) r->b_logits_idx[nl++] = r->b_last[k];
-    tm_batch b = {
+    *out = (tm_batch){
         .n_tokens = n, .token_ids = r->b_ids, .positions = r->b_pos, .seq_index = r->b_seq, .n_seqs = n_seqs,
         .query_start = r->b_qstart, .context_len = r->b_ctx, .max_blocks = r->max_blocks, .block_table = r->b_btab,
-        .slot_mapping = r->b_slots, .n_logits = nl, .logits_index = r->b_logits_idx,
+        .slot_mapping = r->b_slots, .n_logits = nl, .logits_index = r->b_logits_idx, .token_src = src_row ? r->b_src : NULL,
     };
-    bool dev_argmax = r->greedy_on_device && r->be->ops->argmax && nl > 0;
-    bool dev_sample = !dev_argmax && r->sample_on_device && r->be->ops->sample && nl > 0;
-    r->greedy_on_device = r->sample_on_device = false; /* one step only: the next caller gets logits */
+    return TM_OK;
+}
+
+/* The forward pass of b; logits to r->logits unless the ids are drawn on the backend (argmax or sample). slot < 0:
+ * the ids are waited for (r->greedy); slot 0/1: only queued, for tm_runner_collect. */
+static tm_status run_pass(tm_runner *r, const tm_batch *b, bool dev_argmax, bool dev_sample, int32_t slot,
+                          tm_error *err) {
+    const tm_backend_ops *op = r->be->ops;
+    int32_t nl = b->n_logits, vocab = r->model->hp.n_vocab;
     tm_status st;
-    const double t_pass = tm_time_s();
     if (r->cfg.tp > 1) {
         tm_tp_rank ranks[TM_TP_MAX_RANKS];
         for (int32_t rk = 0; rk < r->cfg.tp; rk++)
@@ -269,20 +281,88 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
                                      rk ? r->tp_be[rk] : r->be, rk ? &r->tp_ws[rk] : &r->ws};
         tm_tp_group g = {r->cfg.tp, ranks, r->cuda_tp ? tm_cuda_tp_allreduce : tm_tp_allreduce_host,
                          r->cuda_tp ? (void *)r->cuda_tp : (void *)r->tp_host, r->tp_threads};
-        st = tm_tp_forward(&g, &b, dev_argmax || dev_sample ? NULL : r->logits, err); /* rank 0 holds the logits */
+        st = tm_tp_forward(&g, b, dev_argmax || dev_sample ? NULL : r->logits, err); /* rank 0 holds the logits */
         if (st == TM_OK && r->cuda_tp) st = tm_cuda_tp_last_error(r->cuda_tp, err);
     } else {
-        st = tm_model_forward(r->model, r->be, &r->ws, &b, dev_argmax || dev_sample ? NULL : r->logits, err);
+        st = tm_model_forward(r->model, r->be, &r->ws, b, dev_argmax || dev_sample ? NULL : r->logits, err);
     }
-    if (st == TM_OK && dev_argmax) st = r->be->ops->argmax(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->greedy, err);
-    if (st == TM_OK && dev_sample)
-        st = r->be->ops->sample(r->be, r->ws.logits, nl, r->model->hp.n_vocab, r->sample_rows, r->greedy, err);
+    if (st != TM_OK) return st;
+    if (slot >= 0)
+        return dev_argmax ? op->argmax_start(r->be, r->ws.logits, nl, vocab, slot, err)
+                          : op->sample_start(r->be, r->ws.logits, nl, vocab, r->sample_rows, slot, err);
+    if (dev_argmax) return op->argmax(r->be, r->ws.logits, nl, vocab, r->greedy, err);
+    if (dev_sample) return op->sample(r->be, r->ws.logits, nl, vocab, r->sample_rows, r->greedy, err);
+    return TM_OK;
+}
+
+tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
+                         const bool *want_logits, int32_t n_seqs, tm_error *err) {
+    bool want_argmax = r->greedy_on_device, want_sample = r->sample_on_device;
+    r->greedy_on_device = r->sample_on_device = false; /* one step only: the next caller gets logits */
+    if (r->n_pending > 0) return tm_err(err, TM_ERR_INVALID, "a step while %d pipelined passes are pending", r->n_pending);
+    tm_batch b;
+    tm_status st = build_batch(r, seqs, new_ids, n_new, want_logits, n_seqs, NULL, &b, err);
+    if (st != TM_OK) return st;
+    bool dev_argmax = want_argmax && r->be->ops->argmax && b.n_logits > 0;
+    bool dev_sample = !dev_argmax && want_sample && r->be->ops->sample && b.n_logits > 0;
+    const double t_pass = tm_time_s();
+    st = run_pass(r, &b, dev_argmax, dev_sample, -1, err);
     r->pass_s += tm_time_s() - t_pass;
     if (st != TM_OK) return st;
     /* the entries are written: record their tokens (full blocks become shareable prefix-cache blocks) */
     for (int32_t k = 0; k < n_seqs; k++)
         if ((st = tm_kv_seq_append_tokens(&r->pool, seqs[k], new_ids[k], n_new[k], err)) != TM_OK) return st;
     return TM_OK;
+}
+
+bool tm_runner_can_pipeline(const tm_runner *r) {
+    const tm_backend_ops *op = r->be->ops;
+    return r->cfg.tp <= 1 && op->argmax_start && op->sample_start && op->ids_wait;
+}
+
+tm_status tm_runner_launch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
+                           const bool *want_logits, int32_t n_seqs, const int32_t *src_row, tm_error *err) {
+    bool want_argmax = r->greedy_on_device, want_sample = r->sample_on_device;
+    r->greedy_on_device = r->sample_on_device = false;
+    if (!tm_runner_can_pipeline(r)) return tm_err(err, TM_ERR_UNSUPPORTED, "the backend cannot pipeline steps");
+    if (r->n_pending == 2) return tm_err(err, TM_ERR_INVALID, "two pipelined passes are pending already");
+    if (!want_argmax && !want_sample) return tm_err(err, TM_ERR_INVALID, "a pipelined pass samples on the backend");
+    if (src_row && r->n_pending == 0) return tm_err(err, TM_ERR_INVALID, "chained tokens without a pending pass");
+    tm_batch b;
+    tm_status st = build_batch(r, seqs, new_ids, n_new, want_logits, n_seqs, src_row, &b, err);
+    if (st != TM_OK) return st;
+    if (b.n_logits == 0) return tm_err(err, TM_ERR_INVALID, "a pipelined pass without logits rows");
+    if (src_row) /* the rows read must exist in the newest pending pass */
+        for (int32_t k = 0; k < n_seqs; k++)
+            if (src_row[k] >= r->pend_rows[(r->pend_first + r->n_pending - 1) % 2] || (src_row[k] >= 0 && n_new[k] != 1))
+                return tm_err(err, TM_ERR_INVALID, "chained token of sequence %d reads row %d", k, src_row[k]);
+    int32_t slot = (r->pend_first + r->n_pending) % 2;
+    const double t_pass = tm_time_s();
+    st = run_pass(r, &b, want_argmax, !want_argmax, slot, err);
+    r->pass_s += tm_time_s() - t_pass;
+    if (st != TM_OK) return st;
+    r->pend_rows[slot] = b.n_logits;
+    r->n_pending++;
+    /* the entries are being written: chained ones get their ids when the pass that samples them is collected */
+    for (int32_t k = 0; k < n_seqs; k++) {
+        st = src_row && src_row[k] >= 0 ? tm_kv_seq_advance(&r->pool, seqs[k], n_new[k], err)
+                                         : tm_kv_seq_append_tokens(&r->pool, seqs[k], new_ids[k], n_new[k], err);
+        if (st != TM_OK) return st;
+    }
+    return TM_OK;
+}
+
+tm_status tm_runner_collect(tm_runner *r, int32_t *n_rows, tm_error *err) {
+    *n_rows = 0;
+    if (r->n_pending == 0) return tm_err(err, TM_ERR_INVALID, "no pipelined pass to collect");
+    int32_t slot = r->pend_first;
+    r->pend_first = (r->pend_first + 1) % 2;
+    r->n_pending--;
+    const double t_wait = tm_time_s();
+    tm_status st = r->be->ops->ids_wait(r->be, slot, r->pend_rows[slot], r->greedy, err);
+    r->pass_s += tm_time_s() - t_wait;
+    if (st == TM_OK) *n_rows = r->pend_rows[slot];
+    return st;
 }
 
 /* Run the prompt through the model in chunks; logits of its last token land in r->logits row 0. */

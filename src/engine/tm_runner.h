@@ -57,13 +57,16 @@ typedef struct tm_runner {
     bool sample_on_device;      /* the next step only: draw each row per sample_rows on the backend (ids in greedy) */
     tm_sample_row *sample_rows; /* (max_logits) recipes of the next step's logits rows */
     /* batch staging, (max_batch_tokens) each unless noted */
-    int32_t *b_ids, *b_pos, *b_seq, *b_logits_idx;
+    int32_t *b_ids, *b_src, *b_pos, *b_seq, *b_logits_idx;
     int64_t *b_slots;
     int32_t *b_qstart;          /* (max_seqs + 1) */
     int32_t *b_ctx;             /* (max_seqs) */
     int32_t *b_last;            /* (max_seqs) batch row of each caller sequence's last new token */
     int32_t *b_btab;            /* (max_seqs, max_blocks) */
     int32_t max_seqs, max_blocks;
+    /* pipelined passes (tm_runner_launch) whose ids are not collected yet: at most two, in slots pend_first and
+     * pend_first ^ 1 (the backend's ids slots), pend_rows[slot] ids each */
+    int32_t n_pending, pend_first, pend_rows[2];
     double pass_s;              /* seconds inside forward passes, from the first op until the logits or sampled ids
                                  * are on the host (what is left of a step is host work with the device idle) */
 } tm_runner;
@@ -84,6 +87,20 @@ void tm_runner_free(tm_runner *r);
  * to r->logits row k' where k' counts sequences with want_logits before k. Positions = cache index. */
 tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
                          const bool *want_logits, int32_t n_seqs, tm_error *err);
+
+/* Pipelined steps: the host plans and queues the next pass while the backend still runs this one.
+ * tm_runner_can_pipeline: the backend has argmax_start, sample_start and ids_wait (one rank).
+ * tm_runner_launch: tm_runner_step with greedy_on_device or sample_on_device set (at least one logits row), except
+ * that it returns once the pass is queued; its ids are collected later, oldest first, by tm_runner_collect (into
+ * r->greedy; *n_rows = the pass's logits rows). At most two passes are pending. src_row (n_seqs) or NULL: where
+ * src_row[k] >= 0 (n_new[k] must be 1), sequence k's token is row src_row[k] of the newest pending pass's ids, which
+ * the host has not seen (new_ids[k] is not read): its cache entry is advanced (tm_kv_seq_advance), and the caller
+ * records its id with tm_kv_seq_set_ids once that pass is collected. tm_runner_step refuses to run while passes
+ * are pending. */
+bool tm_runner_can_pipeline(const tm_runner *r);
+tm_status tm_runner_launch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
+                           const bool *want_logits, int32_t n_seqs, const int32_t *src_row, tm_error *err);
+tm_status tm_runner_collect(tm_runner *r, int32_t *n_rows, tm_error *err);
 
 /* True when the backend can take the argmax itself (set r->greedy_on_device per step). */
 bool tm_runner_can_argmax(const tm_runner *r);

@@ -377,25 +377,59 @@ static void commit_full_blocks(tm_kv_pool *p, tm_kv_seq *s) {
     }
 }
 
-tm_status tm_kv_seq_append_tokens(tm_kv_pool *p, tm_kv_seq *s, const int32_t *tokens, int32_t n, tm_error *err) {
-    if (n < 0 || (n > 0 && !tokens)) return tm_err(err, TM_ERR_INVALID, "append of %d tokens", n);
+/* record ids for entries [n_ids, n_ids + n) (all written) and commit the blocks that became full */
+static void record_ids(tm_kv_pool *p, tm_kv_seq *s, const int32_t *tokens, int32_t n) {
     int32_t bs = p->block_size;
-    if ((int64_t)s->n_tokens + n > (int64_t)s->n_blocks * bs)
+    for (int32_t i = 0; i < n;) {
+        int32_t idx = s->n_ids + i, b = s->blocks[idx / bs], off = idx % bs;
+        int32_t len = bs - off < n - i ? bs - off : n - i;
+        assert(!p->committed[b]); /* entries are only written into private blocks */
+        memcpy(p->tokens + (size_t)b * (size_t)bs + (size_t)off, tokens + i, (size_t)len * sizeof(int32_t));
+        i += len;
+    }
+    s->n_ids += n;
+    commit_full_blocks(p, s);
+}
+
+/* ids are recorded while they come in order: none skipped by hand, caching on for this sequence */
+static bool records(const tm_kv_pool *p, const tm_kv_seq *s) {
+    return p->prefix_cache && !s->no_cache && s->n_ids + s->n_pending == s->n_tokens;
+}
+
+static tm_status check_room(const tm_kv_pool *p, const tm_kv_seq *s, int32_t n, tm_error *err) {
+    if ((int64_t)s->n_tokens + n > (int64_t)s->n_blocks * p->block_size)
         return tm_err(err, TM_ERR_RANGE, "append of %d entries after %d: only %d blocks reserved", n, s->n_tokens,
                       s->n_blocks);
-    bool record = p->prefix_cache && !s->no_cache && s->n_ids == s->n_tokens;
-    if (record) {
-        for (int32_t i = 0; i < n;) {
-            int32_t idx = s->n_tokens + i, b = s->blocks[idx / bs], off = idx % bs;
-            int32_t len = bs - off < n - i ? bs - off : n - i;
-            assert(!p->committed[b]); /* entries are only written into private blocks */
-            memcpy(p->tokens + (size_t)b * (size_t)bs + (size_t)off, tokens + i, (size_t)len * sizeof(int32_t));
-            i += len;
-        }
-        s->n_ids += n;
-    }
+    return TM_OK;
+}
+
+tm_status tm_kv_seq_append_tokens(tm_kv_pool *p, tm_kv_seq *s, const int32_t *tokens, int32_t n, tm_error *err) {
+    if (n < 0 || (n > 0 && !tokens)) return tm_err(err, TM_ERR_INVALID, "append of %d tokens", n);
+    if (s->n_pending > 0)
+        return tm_err(err, TM_ERR_INVALID, "append of %d tokens before the ids of %d pending entries", n, s->n_pending);
+    tm_status st = check_room(p, s, n, err);
+    if (st != TM_OK) return st;
+    bool record = records(p, s);
     s->n_tokens += n;
-    if (record) commit_full_blocks(p, s);
+    if (record) record_ids(p, s, tokens, n);
+    return TM_OK;
+}
+
+tm_status tm_kv_seq_advance(tm_kv_pool *p, tm_kv_seq *s, int32_t n, tm_error *err) {
+    if (n < 0) return tm_err(err, TM_ERR_INVALID, "advance of %d entries", n);
+    tm_status st = check_room(p, s, n, err);
+    if (st != TM_OK) return st;
+    s->n_tokens += n;
+    s->n_pending += n;
+    return TM_OK;
+}
+
+tm_status tm_kv_seq_set_ids(tm_kv_pool *p, tm_kv_seq *s, const int32_t *tokens, int32_t n, tm_error *err) {
+    if (n < 0 || n > s->n_pending || (n > 0 && !tokens))
+        return tm_err(err, TM_ERR_INVALID, "ids of %d entries (%d pending)", n, s->n_pending);
+    bool record = records(p, s);
+    s->n_pending -= n;
+    if (record) record_ids(p, s, tokens, n);
     return TM_OK;
 }
 
@@ -416,6 +450,7 @@ int32_t tm_kv_seq_truncate(tm_kv_pool *p, tm_kv_seq *s, int32_t n_tokens) {
     }
     s->n_tokens = n;
     if (s->n_ids > n) s->n_ids = n;
+    if (s->n_ids + s->n_pending > n) s->n_pending = n - s->n_ids;
     if (s->n_hashed > n / bs) s->n_hashed = n / bs;
     return n;
 }

@@ -140,8 +140,9 @@ typedef struct tm_kv_seq {
     int32_t *blocks;        /* (cap) physical block ids */
     int32_t n_blocks, cap;
     int32_t n_tokens;       /* cache entries written */
-    int32_t n_ids;          /* entries whose token ids were recorded (== n_tokens unless n_tokens was
+    int32_t n_ids;          /* entries whose token ids were recorded (== n_tokens - n_pending unless n_tokens was
                              * advanced by hand, which stops committing for this sequence) */
+    int32_t n_pending;      /* entries written whose ids are still to come (tm_kv_seq_advance), after n_ids */
     int32_t n_hashed;       /* leading blocks committed */
     bool no_cache;          /* set by the caller: never commit this sequence's blocks (opt-out; eviction) */
 } tm_kv_seq;
@@ -165,8 +166,16 @@ int64_t tm_kv_seq_slot(const tm_kv_pool *p, const tm_kv_seq *s, int32_t idx);
  * whose identical twin (same parent, same tokens) is already committed is swapped for the twin (dedup: the
  * twin gets the reference, this one goes back unused), so s->blocks may change below the new n_tokens: read
  * the block table after this call. Call it after the forward pass that wrote the entries.
- * TM_ERR_RANGE when the entries were not reserved, TM_ERR_INVALID for n < 0 or NULL tokens. */
+ * TM_ERR_RANGE when the entries were not reserved, TM_ERR_INVALID for n < 0, NULL tokens or pending entries
+ * (tm_kv_seq_advance) whose ids have not come yet. */
 tm_status tm_kv_seq_append_tokens(tm_kv_pool *p, tm_kv_seq *s, const int32_t *tokens, int32_t n, tm_error *err);
+/* A pipelined step: the K/V of entries [n_tokens, n_tokens + n) is being written for token ids the host does not
+ * know yet (they are being sampled on the device). n_tokens += n; n_pending += n. The ids follow, in order, with
+ * tm_kv_seq_set_ids; blocks are committed only then. TM_ERR_RANGE when the entries were not reserved. */
+tm_status tm_kv_seq_advance(tm_kv_pool *p, tm_kv_seq *s, int32_t n, tm_error *err);
+/* The ids of the first n pending entries (n <= n_pending): recorded, and full blocks committed as by
+ * tm_kv_seq_append_tokens. TM_ERR_INVALID for n < 0, n > n_pending or NULL tokens. */
+tm_status tm_kv_seq_set_ids(tm_kv_pool *p, tm_kv_seq *s, const int32_t *tokens, int32_t n, tm_error *err);
 /* Speculative rollback: drop entries from the end down to n_tokens (clamped to 0 .. s->n_tokens) and release
  * every block past the new tail, reserved-ahead ones included. A cut inside a block that this sequence holds
  * alone un-commits it (it becomes the private partial tail); a cut inside a shared block releases it too and

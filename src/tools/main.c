@@ -29,6 +29,7 @@ static const char *k_usage =
     "           [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--stop STR]...\n"
     "           [--ignore-eos] [--logprobs N] [--chat] [--system TEXT] [--chat-template NAME] [--json]\n"
     "           [-t THREADS] [-c CTX] [-b TOKENS_PER_PASS] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs]\n"
+    "           [--no-pipeline] [--block-size N]\n"
     "           [--kv-cache-dtype auto|f32|f16|bf16|fp8]   (auto: cpu f16, cuda bf16; fp8 e4m3: half of bf16)\n"
     "           [--tp N]   (tensor-parallel ranks: heads and MLP columns sharded, partial outputs summed)\n"
     "  chat     [-m MODEL] [same sampling options] [--system TEXT] [--chat-template NAME]\n"
@@ -41,7 +42,7 @@ static const char *k_usage =
     "           probes the bandwidth next to every 8 decode steps and reports the median group\n"
     "  bench throughput [-m MODEL] [--num-prompts N] [--input-len I] [--output-len O]\n"
     "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
-    "           [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache] [--sequential] [--json]\n"
+    "           [--max-seqs S] [-b TOKENS_PER_STEP] [--block-size N] [--no-prefix-cache] [--sequential] [--json]\n"
     "           offline, EOS ignored; --sequential: each request arrives when the previous finished\n"
     "  plan     --mem SIZE [-m MODEL] [--ctx N] [--kv-dtype f16|bf16|f32|fp8] [--block-size N]\n"
     "           [--workspace-tokens N] [--json]   weights, KV bytes per token, blocks, max sequences\n"
@@ -162,11 +163,16 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(a, "--kv-blocks")) {
             NEED_VALUE();
             if (!tm_cli_parse_i32(v, 1, INT32_MAX, &o->load.kv_blocks)) return usage_error("bad KV block count '%s'", v);
+        } else if (!strcmp(a, "--block-size")) {
+            NEED_VALUE();
+            if (!tm_cli_parse_i32(v, 1, 256, &o->load.block_size)) return usage_error("bad KV block size '%s' (1..256 tokens)", v);
         } else if (!strcmp(a, "--tp")) {
             NEED_VALUE();
             if (!tm_cli_parse_i32(v, 1, 8, &o->load.tp)) return usage_error("bad tensor-parallel degree '%s' (1..8)", v);
         } else if (!strcmp(a, "--no-graphs")) {
             o->load.no_graphs = true;
+        } else if (!strcmp(a, "--no-pipeline")) {
+            o->load.no_pipeline = true;
         } else if (!strcmp(a, "--kv-cache-dtype")) {
             NEED_VALUE();
             if (!tm_kv_dtype_parse(v, &o->kv_dtype))
@@ -461,7 +467,8 @@ static int cmd_bench(cli_opts *o) {
             .input_len = o->input_len ? o->input_len : 128, .output_len = o->output_len ? o->output_len : 128,
             .out_min = o->out_min, .out_max = o->out_max, .shared_prefix = o->shared_prefix,
             .static_batching = o->static_batching, .max_seqs = o->max_seqs, .max_batched_tokens = o->load.max_batch_tokens,
-            .act_bits = o->load.act_bits, .no_prefix_cache = o->no_prefix_cache, .json = o->json, .seed = o->gen.seed,
+            .block_size = o->load.block_size, .no_pipeline = o->load.no_pipeline, .act_bits = o->load.act_bits,
+            .no_prefix_cache = o->no_prefix_cache, .json = o->json, .seed = o->gen.seed,
             .sequential = o->sequential,
         };
         tm_error err = {0};
@@ -477,7 +484,8 @@ static int cmd_bench(cli_opts *o) {
             .kv_dtype = o->kv_dtype,
             .n_threads = o->load.n_threads, .num_prompts = o->batch,
             .input_len = o->input_len ? o->input_len : 512, .output_len = o->output_len ? o->output_len : 128,
-            .act_bits = o->load.act_bits, .json = o->json, .seed = o->gen.seed, .ceiling_gflop_s = o->ceiling_gflop_s,
+            .block_size = o->load.block_size, .no_pipeline = o->load.no_pipeline, .act_bits = o->load.act_bits,
+            .json = o->json, .seed = o->gen.seed, .ceiling_gflop_s = o->ceiling_gflop_s,
         };
         tm_error err = {0};
         if (tm_bench_latency_batch(&bc, o->bw_gb_s, &err) != TM_OK) return fail(&err);

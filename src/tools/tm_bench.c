@@ -62,9 +62,11 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     tm_engine_cfg ec = {
         .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_dtype = c->kv_dtype,
                    .n_threads = c->n_threads, .n_ctx = c->input_len + omax + 1,
-                   .max_batch_tokens = c->max_batched_tokens > 0 ? c->max_batched_tokens : 512, .block_size = 16,
+                   .max_batch_tokens = c->max_batched_tokens > 0 ? c->max_batched_tokens : 512,
+                   .block_size = c->block_size > 0 ? c->block_size : 16,
                    .n_seqs = max_seqs, .act_bits = c->act_bits, .no_prefix_cache = c->no_prefix_cache},
         .sched = {.max_seqs = max_seqs, .policy = c->static_batching ? TM_SCHED_STATIC : TM_SCHED_CONTINUOUS},
+        .no_pipeline = c->no_pipeline,
     };
     if (ec.runner.n_ctx > m->hp.n_ctx_train) {
         s = tm_err(err, TM_ERR_RANGE, "input %d + output %d exceeds the model's context %d", c->input_len, omax,
@@ -243,9 +245,10 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     tm_engine_cfg ec = {
         .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_dtype = c->kv_dtype,
                    .n_threads = c->n_threads, .n_ctx = I + O + 1,
-                   .max_batch_tokens = (int32_t)(pp_budget < 4096 ? pp_budget : 4096), .block_size = 16, .n_seqs = B,
+                   .max_batch_tokens = (int32_t)(pp_budget < 4096 ? pp_budget : 4096), .block_size = c->block_size > 0 ? c->block_size : 16, .n_seqs = B,
                    .act_bits = c->act_bits, .no_prefix_cache = true},
         .sched = {.max_seqs = B},
+        .no_pipeline = c->no_pipeline,
     };
     if (ec.runner.max_batch_tokens < B) ec.runner.max_batch_tokens = B;
     if ((s = tm_engine_create(m, &ec, &e, err)) != TM_OK) goto done;

@@ -20,6 +20,8 @@ typedef struct tm_bench_tp_cfg {
     bool static_batching;
     int32_t max_seqs;            /* sequences per step (0 = 32) */
     int32_t max_batched_tokens;  /* tokens per step (0 = 512) */
+    int32_t block_size;          /* KV cache tokens per block (0 = 16) */
+    bool no_pipeline;            /* every step finished before the next is planned */
     int32_t act_bits;
     bool no_prefix_cache;
     bool json;

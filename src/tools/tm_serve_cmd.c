@@ -22,7 +22,7 @@ static const char *k_serve_usage =
     "usage: tokenmill serve [-m MODEL] [--host ADDR] [--port N] [--api-key KEY] [--served-model-name NAME]\n"
     "                       [-t THREADS] [-c CTX] [--max-seqs S] [-b TOKENS_PER_STEP] [--no-prefix-cache]\n"
     "                       [--kv-blocks K] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs] [--tp N]\n"
-    "                       [--kv-cache-dtype auto|f32|f16|bf16|fp8]\n"
+    "                       [--kv-cache-dtype auto|f32|f16|bf16|fp8] [--no-pipeline]\n"
     "                       [--chat-template NAME] [--max-body BYTES]\n"
     "                       [--max-connections N] [--http-threads N]\n"
     "  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (stream or not),\n"
@@ -33,6 +33,7 @@ static const char *k_serve_usage =
     "  --max-seqs: sequences batched per step (default 16); the KV cache holds this many full contexts\n"
     "           unless --kv-blocks sets its size in blocks of 16 tokens\n"
     "  -b, --max-batched-tokens: tokens per step, prefill chunks and decode tokens together (default 512)\n"
+    "  --no-pipeline: finish each step before planning the next (cuda pipelines certain decode steps)\n"
     "  --max-body: request body limit in bytes (default 2097152; 413 above it)\n"
     "  --max-connections: concurrent connections (default 4096); --http-threads: polling threads (default 1)\n"
     "  SIGINT/SIGTERM stop it: running requests are aborted with a final event, then it exits.\n";
@@ -126,6 +127,8 @@ int tm_cmd_serve(int argc, char **argv) {
             device = v;
         } else if (!strcmp(a, "--no-graphs")) {
             ec.runner.no_graphs = true;
+        } else if (!strcmp(a, "--no-pipeline")) {
+            ec.no_pipeline = true;
         } else if (!strcmp(a, "--kv-cache-dtype")) {
             NEED_VALUE();
             if (!tm_kv_dtype_parse(v, &ec.runner.kv_dtype))

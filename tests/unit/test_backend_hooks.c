@@ -624,6 +624,205 @@ static void test_engine_argmax_on_backend(void **st) {
     tm_model_free(m);
 }
 
+/* ---- pipelined steps (tm_engine pipelining) on a mock backend whose "device" is host memory ---------------------
+ * The mock keeps the last argmax_start/sample_start ids as its device ids (what tm_batch.token_src rows read), copies
+ * them to a per-slot buffer for ids_wait, and substitutes the chained tokens in embed, as the cuda backend's gather
+ * does before its pass. */
+static int32_t g_dev_ids[64], g_slot_ids[2][64];
+static const tm_batch *g_pipe_batch;
+static const tm_backend_ops *g_pipe_cpu; /* the real cpu ops the mock forwards to */
+static int g_chained_steps, g_pipe_launches;
+static int g_offsets[64][2]; /* sample_start: (seed, offset) of each row of every call, appended */
+static int g_n_offsets;
+
+static tm_status pipe_begin(tm_backend *be, const tm_batch *b, tm_step_plan *plan, tm_error *err) {
+    (void)be;
+    (void)err;
+    g_pipe_batch = b;
+    if (b->token_src) g_chained_steps++;
+    plan->n_tokens = b->n_tokens;
+    plan->n_logits = b->n_logits;
+    plan->replayed = false;
+    return TM_OK;
+}
+static tm_status pipe_end(tm_backend *be, bool *rerun, tm_error *err) {
+    (void)be;
+    (void)err;
+    *rerun = false;
+    return TM_OK;
+}
+static void pipe_embed(tm_backend *be, const tm_weight *t, const int32_t *ids, int32_t n, void *x) {
+    int32_t sub[256];
+    const tm_batch *b = g_pipe_batch;
+    if (b && ids == b->token_ids && b->token_src && n <= 256) {
+        for (int32_t i = 0; i < n; i++) sub[i] = b->token_src[i] >= 0 ? g_dev_ids[b->token_src[i]] : ids[i];
+        ids = sub;
+    }
+    g_pipe_cpu->embed(be, t, ids, n, x);
+}
+static tm_status pipe_argmax_start(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t slot,
+                                   tm_error *err) {
+    assert_true(slot == 0 || slot == 1);
+    assert_true(n_rows >= 1 && n_rows <= 64);
+    g_pipe_launches++;
+    tm_status s = cpu_argmax(be, logits, n_rows, vocab, g_dev_ids, err);
+    memcpy(g_slot_ids[slot], g_dev_ids, (size_t)n_rows * sizeof(int32_t));
+    return s;
+}
+static void pipe_record(const tm_sample_row *rows, int32_t n_rows) {
+    for (int32_t r = 0; r < n_rows && g_n_offsets < 64; r++)
+        if (rows[r].seed != 0) {
+            g_offsets[g_n_offsets][0] = (int)rows[r].seed;
+            g_offsets[g_n_offsets++][1] = (int)rows[r].offset;
+        }
+}
+static tm_status pipe_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
+                             int32_t *out, tm_error *err) {
+    pipe_record(rows, n_rows);
+    return cpu_argmax(be, logits, n_rows, vocab, out, err);
+}
+static tm_status pipe_sample_start(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
+                                   const tm_sample_row *rows, int32_t slot, tm_error *err) {
+    pipe_record(rows, n_rows);
+    return pipe_argmax_start(be, logits, n_rows, vocab, slot, err);
+}
+static tm_status pipe_ids_wait(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out, tm_error *err) {
+    (void)be;
+    (void)err;
+    memcpy(out, g_slot_ids[slot], (size_t)n_rows * sizeof(int32_t));
+    return TM_OK;
+}
+
+typedef struct pipe_out {
+    int32_t ids[32];
+    int n, stop_after; /* stop_after > 0: the callback aborts the request after that many tokens */
+    const char *reason;
+} pipe_out;
+static bool pipe_cb(void *user, const tm_gen_event *ev) {
+    pipe_out *o = user;
+    if (ev->finish_reason) o->reason = ev->finish_reason;
+    if (ev->token >= 0 && o->n < 32) o->ids[o->n++] = ev->token;
+    return !(o->stop_after > 0 && o->n >= o->stop_after);
+}
+
+/* Runs one workload with pipelining on or off; out[k] per request. kv_blocks small forces preemption. */
+static void pipe_run(const tm_model *m, bool pipeline, int32_t kv_blocks, bool sampled, pipe_out *out,
+                     tm_kv_stats *kv_stats, uint64_t *preemptions) {
+    tm_error err;
+    tm_engine_cfg cfg = {.runner = {.n_threads = 2, .n_ctx = 128, .max_batch_tokens = 64, .n_seqs = 4,
+                                    .kv_blocks = kv_blocks},
+                         .sched = {.max_batched_tokens = 64, .max_seqs = 4}};
+    tm_engine *e = NULL;
+    assert_int_equal(tm_engine_create(m, &cfg, &e, &err), TM_OK);
+    assert_false(e->pipeline); /* the cpu backend cannot pipeline */
+    const tm_backend_ops *orig = e->runner->be->ops;
+    tm_backend_ops ops = *orig;
+    g_pipe_cpu = orig;
+    g_pipe_batch = NULL;
+    ops.begin_step = pipe_begin;
+    ops.end_step = pipe_end;
+    ops.embed = pipe_embed;
+    ops.argmax = cpu_argmax;
+    ops.sample = pipe_sample;
+    ops.argmax_start = pipe_argmax_start;
+    ops.sample_start = pipe_sample_start;
+    ops.ids_wait = pipe_ids_wait;
+    e->runner->be->ops = &ops;
+    assert_true(tm_runner_can_pipeline(e->runner));
+    e->pipeline = pipeline;
+    /* six requests over four sequence slots: two wait; different lengths end at different steps, two are stopped
+     * by their callback (an end the engine cannot foresee), prompts share a 20-token prefix (a full block) */
+    int32_t prompt[6][24];
+    for (int k = 0; k < 6; k++)
+        for (int i = 0; i < 24; i++) prompt[k][i] = i < 20 ? (i * 13 + 5) % m->hp.n_vocab : (k * 31 + i * 7 + 3) % m->hp.n_vocab;
+    const int max_tokens[6] = {9, 14, 5, 20, 12, 7}, stop_after[6] = {0, 6, 0, 0, 3, 0};
+    for (int k = 0; k < 6; k++) {
+        tm_gen_params gp = {.sampling = tm_sampling_default(), .max_tokens = max_tokens[k], .ignore_eos = true};
+        gp.sampling.temperature = 0.0f;
+        if (sampled && k % 2) {
+            gp.sampling.temperature = 0.7f;
+            gp.sampling.seed = (uint64_t)(10 + k);
+        }
+        out[k].stop_after = stop_after[k];
+        assert_int_equal(tm_engine_add(e, prompt[k], 24, &gp, pipe_cb, &out[k], NULL, &err), TM_OK);
+    }
+    while (tm_engine_has_work(e)) assert_int_equal(tm_engine_step(e, &err), TM_OK);
+    assert_int_equal(e->runner->n_pending, 0);
+    /* a request continuing request 0's text: its prompt's full blocks were committed with the pipelined ids */
+    int32_t cont[40];
+    memcpy(cont, prompt[0], sizeof prompt[0]);
+    memcpy(cont + 24, out[0].ids, (size_t)out[0].n * sizeof(int32_t));
+    tm_gen_params gp = {.sampling = tm_sampling_default(), .max_tokens = 6, .ignore_eos = true};
+    gp.sampling.temperature = 0.0f;
+    assert_int_equal(tm_engine_add(e, cont, (size_t)(24 + out[0].n), &gp, pipe_cb, &out[6], NULL, &err), TM_OK);
+    /* and one aborted from outside while its step is in flight */
+    uint64_t id = 0;
+    assert_int_equal(tm_engine_add(e, prompt[5], 24, &gp, pipe_cb, &out[7], &id, &err), TM_OK);
+    for (int i = 0; i < 4 && tm_engine_has_work(e); i++) assert_int_equal(tm_engine_step(e, &err), TM_OK);
+    assert_true(tm_engine_abort(e, id));
+    while (tm_engine_has_work(e)) assert_int_equal(tm_engine_step(e, &err), TM_OK);
+    assert_int_equal(tm_kv_pool_check(&e->runner->pool, &err), TM_OK);
+    tm_kv_get_stats(&e->runner->pool, kv_stats);
+    *preemptions = e->sched.n_preemptions;
+    e->runner->be->ops = orig;
+    tm_engine_free(e);
+}
+
+static void test_engine_pipelined(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    tm_model *m = load_tiny(&o);
+    for (int variant = 0; variant < 3; variant++) { /* greedy; some rows sampled; a 3-block pool (preemption) */
+        bool sampled = variant == 1;
+        int32_t kv_blocks = variant == 2 ? 3 : 0;
+        pipe_out ref[8], got[8];
+        tm_kv_stats ks_ref, ks_got;
+        uint64_t pre_ref, pre_got;
+        memset(ref, 0, sizeof ref);
+        memset(got, 0, sizeof got);
+        g_chained_steps = g_pipe_launches = g_n_offsets = 0;
+        pipe_run(m, false, kv_blocks, sampled, ref, &ks_ref, &pre_ref);
+        assert_int_equal(g_chained_steps, 0);
+        assert_int_equal(g_pipe_launches, 0);
+        int ref_offsets[64][2], n_ref_offsets = g_n_offsets;
+        memcpy(ref_offsets, g_offsets, sizeof g_offsets);
+        g_chained_steps = g_pipe_launches = g_n_offsets = 0;
+        pipe_run(m, true, kv_blocks, sampled, got, &ks_got, &pre_got);
+        assert_int_equal(pre_got > 0, variant == 2); /* the small pool preempts (never inside a chain) */
+        assert_int_equal(pre_ref > 0, variant == 2);
+        print_message("pipelined variant %d: %d passes queued, %d of them chained, %llu preemptions\n", variant,
+                      g_pipe_launches, g_chained_steps, (unsigned long long)pre_got);
+        assert_true(g_chained_steps > (variant == 2 ? 4 : 10));
+        for (int k = 0; k < 8; k++) { /* request 7 is aborted after 4 calls: a pipelined call collects a step later */
+            if (k < 7) assert_int_equal(got[k].n, ref[k].n);
+            assert_memory_equal(got[k].ids, ref[k].ids, (size_t)got[k].n * sizeof(int32_t));
+            assert_non_null(got[k].reason);
+            assert_string_equal(got[k].reason, ref[k].reason);
+        }
+        const int max_tokens[6] = {9, 14, 5, 20, 12, 7}, stop_after[6] = {0, 6, 0, 0, 3, 0};
+        for (int k = 0; k < 6; k++) assert_int_equal(got[k].n, stop_after[k] ? stop_after[k] : max_tokens[k]);
+        assert_int_equal(got[6].n, 6);
+        assert_true(got[7].n < 6);
+        assert_string_equal(got[7].reason, "abort");
+        /* the prefix cache saw the same ids: the continuation hit as many blocks */
+        if (variant != 2) assert_int_equal(ks_got.hit_tokens, ks_ref.hit_tokens);
+        assert_true(variant == 2 || ks_got.hit_tokens >= 32);
+        /* the sampled rows' draw counters: one per generated token, the same in both modes */
+        assert_int_equal(g_n_offsets > 0, sampled);
+        if (sampled) {
+            int seen[64] = {0};
+            for (int i = 0; i < g_n_offsets; i++) { /* each (seed, offset) of the pipelined run was drawn in the reference */
+                bool found = false;
+                for (int j = 0; j < n_ref_offsets && !found; j++)
+                    if (!seen[j] && ref_offsets[j][0] == g_offsets[i][0] && ref_offsets[j][1] == g_offsets[i][1]) seen[j] = found = true;
+                int k = g_offsets[i][0] - 10; /* or the row after the request's end, computed and dropped */
+                assert_true(found || g_offsets[i][1] == (stop_after[k] ? stop_after[k] : max_tokens[k]));
+            }
+        }
+    }
+    tm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_parse),
@@ -633,6 +832,7 @@ int main(void) {
         cmocka_unit_test(test_tp_ranks_agree),
         cmocka_unit_test(test_deferred_dummy_weights),
         cmocka_unit_test(test_engine_argmax_on_backend),
+        cmocka_unit_test(test_engine_pipelined),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,7 +33,7 @@ static tm_kv_dtype g_kv = TM_KV_F32; /* the KV cache type of the engines made by
 static tm_engine *engine(const tm_model *m, int32_t n_ctx, int32_t batch, int32_t kv_blocks, int32_t max_seqs,
                          tm_sched_policy pol) {
     tm_engine_cfg cfg = {{2, n_ctx, batch, 16, max_seqs, 16, kv_blocks, false, TM_DEVICE_CPU, 0, false, 0, g_kv},
-                         {batch, max_seqs, pol, 0}, NULL};
+                         {batch, max_seqs, pol, 0}, NULL, false};
     tm_engine *e = NULL;
     tm_error err = {0};
     if (tm_engine_create(m, &cfg, &e, &err) != TM_OK) fail_msg("engine: %s", err.msg);
@@ -191,7 +191,7 @@ static void test_metrics_follow_requests(void **st) {
     assert_int_equal(tm_model_load(path, &m, &err), TM_OK);
     tm_metrics *mx = NULL;
     assert_int_equal(tm_metrics_create(128, &mx, &err), TM_OK);
-    tm_engine_cfg cfg = {{2, 128, 64, 16, 4, 16, 0, false, TM_DEVICE_CPU, 0, false, 0, TM_KV_AUTO}, {64, 4, TM_SCHED_CONTINUOUS, 0}, mx};
+    tm_engine_cfg cfg = {{2, 128, 64, 16, 4, 16, 0, false, TM_DEVICE_CPU, 0, false, 0, TM_KV_AUTO}, {64, 4, TM_SCHED_CONTINUOUS, 0}, mx, false};
     tm_engine *e = NULL;
     assert_int_equal(tm_engine_create(m, &cfg, &e, &err), TM_OK);
     int32_t p[10] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
@@ -236,7 +236,7 @@ static void test_prefix_cache_hits_and_matches(void **st) {
         bool no_cache = off == 1;
         tm_metrics *mx = NULL;
         assert_int_equal(tm_metrics_create(128, &mx, &err), TM_OK);
-        tm_engine_cfg cfg = {{2, 128, 64, 16, 4, 16, 0, no_cache, TM_DEVICE_CPU, 0, false, 0, TM_KV_AUTO}, {64, 4, TM_SCHED_CONTINUOUS, 0}, mx};
+        tm_engine_cfg cfg = {{2, 128, 64, 16, 4, 16, 0, no_cache, TM_DEVICE_CPU, 0, false, 0, TM_KV_AUTO}, {64, 4, TM_SCHED_CONTINUOUS, 0}, mx, false};
         tm_engine *e = NULL;
         assert_int_equal(tm_engine_create(m, &cfg, &e, &err), TM_OK);
         out_rec a = {{0}, 0, NULL, 0}, b = {{0}, 0, NULL, 0};

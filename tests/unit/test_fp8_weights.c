@@ -387,7 +387,7 @@ static bool record(void *user, const tm_gen_event *ev) {
 static gen_rec greedy(const tm_model *m, int32_t batch_tokens) {
     tm_runner_cfg rc = {.n_threads = 2, .n_ctx = 32, .max_batch_tokens = batch_tokens, .block_size = 16, .n_seqs = 1,
                         .act_bits = 16};
-    tm_engine_cfg ec = {rc, {0}, NULL};
+    tm_engine_cfg ec = {rc, {0}, NULL, false};
     tm_engine *e = NULL;
     tm_error err = {0};
     if (tm_engine_create(m, &ec, &e, &err) != TM_OK) fail_msg("engine: %s", err.msg);

@@ -751,6 +751,68 @@ static void test_random_weak_hash(void **st) {
 
 /* ---- fp8 e4m3 KV elements (the CUDA cache's 8-bit type; the host side rounds test references) ------- */
 
+
+/* A pipelined decode: each entry is advanced before its id is known and gets the id one step later, the way the
+ * engine runs a step queued before the previous step's token came back. The pool ends up as with plain appends:
+ * the same blocks committed, the same prefix hits, and ids out of order or appends over pending entries refused. */
+static void test_advance_then_set_ids(void **st) {
+    (void)st;
+    tm_error err = {0};
+    int32_t tok[70];
+    make_tokens(tok, 70, 9);
+    tm_kv_pool pa, pb;
+    assert_int_equal(tm_kv_pool_init(&pa, 16, 8, &err), TM_OK);
+    assert_int_equal(tm_kv_pool_init(&pb, 16, 8, &err), TM_OK);
+    tm_kv_seq a = {0}, b = {0};
+    admit(&pa, &a, tok, 20);
+    admit(&pb, &b, tok, 20);
+    for (int32_t i = 20; i < 70; i++) decode(&pb, &b, tok[i]);
+    /* a: the entry of token i is written (advanced) in the step after the one that sampled token i - 1 */
+    assert_int_equal(tm_kv_seq_reserve(&pa, &a, 1, &err), TM_OK);
+    assert_int_equal(tm_kv_seq_advance(&pa, &a, 1, &err), TM_OK);
+    for (int32_t i = 21; i < 70; i++) {
+        assert_int_equal(tm_kv_seq_reserve(&pa, &a, 1, &err), TM_OK);
+        assert_int_equal(tm_kv_seq_advance(&pa, &a, 1, &err), TM_OK); /* entry i, its id still on the device */
+        assert_int_equal(a.n_pending, 2);
+        assert_int_equal(tm_kv_seq_append_tokens(&pa, &a, &tok[i], 1, &err), TM_ERR_INVALID);
+        assert_int_equal(tm_kv_seq_set_ids(&pa, &a, &tok[i - 1], 1, &err), TM_OK); /* entry i - 1's id comes back */
+        assert_int_equal(a.n_pending, 1);
+        check(&pa);
+    }
+    assert_int_equal(tm_kv_seq_set_ids(&pa, &a, &tok[69], 2, &err), TM_ERR_INVALID); /* only one is pending */
+    assert_int_equal(tm_kv_seq_set_ids(&pa, &a, &tok[69], 1, &err), TM_OK);
+    assert_int_equal(a.n_pending, 0);
+    assert_int_equal(tm_kv_seq_set_ids(&pa, &a, &tok[69], 1, &err), TM_ERR_INVALID);
+    assert_int_equal(a.n_tokens, 70);
+    assert_int_equal(a.n_ids, b.n_ids);
+    assert_int_equal(a.n_hashed, b.n_hashed);
+    assert_int_equal(a.n_hashed, 8);
+    tm_kv_stats sa, sb;
+    tm_kv_get_stats(&pa, &sa);
+    tm_kv_get_stats(&pb, &sb);
+    assert_int_equal(sa.blocks_committed, sb.blocks_committed);
+    /* a new sequence with the same 70 tokens hits 64 of them in both pools */
+    tm_kv_seq a2 = {0}, b2 = {0};
+    assert_int_equal(admit(&pa, &a2, tok, 70), 64);
+    assert_int_equal(admit(&pb, &b2, tok, 70), 64);
+    /* truncating below pending entries drops them */
+    tm_kv_seq c = {0};
+    admit(&pa, &c, tok + 1, 5);
+    assert_int_equal(tm_kv_seq_reserve(&pa, &c, 2, &err), TM_OK);
+    assert_int_equal(tm_kv_seq_advance(&pa, &c, 2, &err), TM_OK);
+    assert_int_equal(tm_kv_seq_truncate(&pa, &c, 6), 6);
+    assert_int_equal(c.n_pending, 1);
+    assert_int_equal(tm_kv_seq_advance(&pa, &c, 100, &err), TM_ERR_RANGE); /* not reserved */
+    tm_kv_seq_release(&pa, &c);
+    tm_kv_seq_release(&pa, &a);
+    tm_kv_seq_release(&pa, &a2);
+    tm_kv_seq_release(&pb, &b);
+    tm_kv_seq_release(&pb, &b2);
+    check(&pa);
+    tm_kv_pool_free(&pa);
+    tm_kv_pool_free(&pb);
+}
+
 static void test_fp8_e4m3_conversions(void **state) {
     (void)state;
     static const struct { float f; uint8_t b; } k[] = {
@@ -799,6 +861,7 @@ int main(void) {
         cmocka_unit_test(test_forced_collision_parent_check),
         cmocka_unit_test(test_stale_parent_generation),
         cmocka_unit_test(test_truncate_rollback),
+        cmocka_unit_test(test_advance_then_set_ids),
         cmocka_unit_test(test_exhaustion_changes_nothing),
         cmocka_unit_test(test_prefix_cache_off),
         cmocka_unit_test(test_misuse_is_refused),

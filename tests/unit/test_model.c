@@ -349,7 +349,7 @@ static void test_prompt_limits(void **st) {
     assert_int_equal(tm_runner_prompt_logits(r, ids, 10, lg, &err), TM_ERR_RANGE);
     assert_int_equal(tm_kv_n_free(&r->pool), r->pool.n_blocks);
     /* generation stops at the context with "length" and frees its blocks */
-    tm_engine_cfg ec = {cfg, {0}, NULL};
+    tm_engine_cfg ec = {cfg, {0}, NULL, false};
     tm_engine *e = NULL;
     assert_int_equal(tm_engine_create(m, &ec, &e, &err), TM_OK);
     ids[3] = 7;

@@ -91,6 +91,13 @@ typedef struct cu_backend {
     int32_t max_tokens;
     int32_t *d_ids_out;          /* (cfg.max_logits) argmax / sampled ids */
     tm_cuda_sample_params *d_sparams; /* (cfg.max_logits) per-row sampling recipes */
+    int32_t *d_src;              /* the step's tm_batch.token_src in the metadata (NULL: none) */
+    /* pipelined sampling (argmax_start, sample_start, ids_wait), per slot: pinned ids and recipes, and the events of
+     * the ids' copy to the host and of the recipes' upload */
+    int32_t *h_ids[2];           /* (cfg.max_logits) */
+    tm_cuda_sample_params *h_sp[2]; /* (cfg.max_logits) */
+    cudaEvent_t ids_ev[2], sp_ev[2];
+    bool sp_used[2];
     float *host_stage;           /* (stage_elems) pinned staging for to_host / from_host */
     size_t stage_bytes;
     /* fused GEMV epilogues (off with TM_CUDA_NO_FUSE=1). The add+RMSNorm epilogue is opt-in
@@ -116,6 +123,11 @@ typedef struct cu_backend {
     int64_t t_steps, t_periods; /* closed steps; launch-to-launch periods between two of them */
     double t_dev_s, t_period_s;
     double t_engine_s, t_prep_s; /* of the periods: ids back -> next begin_step (the engine), begin_step -> launch */
+    /* pipelined passes: a ring of events recorded when each pass's ids are copied; the device time between two
+     * consecutive passes' copies (their period, idle time included) */
+    cudaEvent_t t_pev[4];
+    int64_t t_plaunched, t_pcollected, t_pperiods;
+    double t_pperiod_s;
 } cu_backend;
 
 /* The backend behind be, with its device made current when one thread drives several backends (the ranks of a
@@ -461,7 +473,8 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
            o_qs = align8(o_lidx + (size_t)(nl > 0 ? nl : 1) * 4), o_ctx = align8(o_qs + (size_t)(nsp + 1) * 4),
            o_bt = align8(o_ctx + (size_t)nsp * 4), o_qst = align8(o_bt + (size_t)nsp * (size_t)stride * 4),
            o_sqt = align8(o_qst + (size_t)(mixed ? ns - n_dec + 1 : 0) * 4),
-           total = align8(o_sqt + (size_t)(mixed ? n - n_dec : 0) * 4);
+           o_src = align8(o_sqt + (size_t)(mixed ? n - n_dec : 0) * 4),
+           total = align8(o_src + (size_t)(b->token_src ? nt : 0) * 4);
     if (total > c->meta_cap) {
         graphs_reset(c);
         cudaStreamSynchronize(c->stream);
@@ -510,6 +523,10 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
             for (int32_t j = 0; j < stride; j++) row[j] = c->kv.n_blocks;
         }
     }
+    if (b->token_src) { /* a pipelined step: these ids come from the previous pass's, on the device */
+        int32_t *src = (int32_t *)(h + o_src);
+        for (int32_t i = 0; i < nt; i++) src[i] = i < n ? b->token_src[i] : -1;
+    }
     if (mixed) { /* the prefill part as a batch of its own */
         int32_t *qst = (int32_t *)(h + o_qst), *sqt = (int32_t *)(h + o_sqt);
         for (int32_t k = n_dec; k <= ns; k++) qst[k - n_dec] = b->query_start[k] - n_dec;
@@ -517,6 +534,10 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     }
     if (cu_fail(c, cudaMemcpyAsync(c->meta_dev, h, total, cudaMemcpyHostToDevice, c->stream), "batch upload") ||
         cu_fail(c, cudaEventRecord(c->meta_done, c->stream), "batch upload event"))
+        return tm_err(err, c->err_code, "%s", c->err.msg);
+    c->d_src = b->token_src ? (int32_t *)(c->meta_dev + o_src) : NULL;
+    if (c->d_src && cu_fail(c, tm_cuda_ids_gather((int32_t *)(c->meta_dev + o_ids), c->d_src, c->d_ids_out, nt, c->stream),
+                            "pipelined token ids"))
         return tm_err(err, c->err_code, "%s", c->err.msg);
     c->meta_pending = true;
     uint8_t *d = c->meta_dev;
@@ -1134,8 +1155,12 @@ static void cu_free(tm_backend *be) {
                    c->t_periods ? 1e3 * c->t_period_s / (double)c->t_periods : 0.0,
                    c->t_periods ? 1e3 * c->t_engine_s / (double)c->t_periods : 0.0,
                    c->t_periods ? 1e3 * c->t_prep_s / (double)c->t_periods : 0.0);
-        cudaEventDestroy(c->t_ev[0]);
-        cudaEventDestroy(c->t_ev[1]);
+        if (c->t_pperiods > 0)
+            tm_log(TM_LOG_WARN, "cuda step timing: %lld pipelined passes, %.3f ms a pass on the device (from one pass's "
+                   "ids copied to the next's, idle time included)", (long long)c->t_plaunched,
+                   1e3 * c->t_pperiod_s / (double)c->t_pperiods);
+        for (int k = 0; k < 2; k++) cudaEventDestroy(c->t_ev[k]);
+        for (int k = 0; k < 4; k++) cudaEventDestroy(c->t_pev[k]);
     }
     graphs_reset(c);
     for (int32_t i = 0; i < c->n_bufs; i++) cudaFree(c->bufs[i].p);
@@ -1151,6 +1176,12 @@ static void cu_free(tm_backend *be) {
     cudaFreeHost(c->host_stage);
     cudaFree(c->d_ids_out);
     cudaFree(c->d_sparams);
+    for (int k = 0; k < 2; k++) {
+        cudaFreeHost(c->h_ids[k]);
+        cudaFreeHost(c->h_sp[k]);
+        if (c->ids_ev[k]) cudaEventDestroy(c->ids_ev[k]);
+        if (c->sp_ev[k]) cudaEventDestroy(c->sp_ev[k]);
+    }
     cudaFree(c->norm_scratch);
     cudaFree(c->layer_work);
     for (int32_t g = 0; g < c->n_wgroups; g++) cudaFree(c->wgroups[g].base); /* weights never released */
@@ -1211,6 +1242,74 @@ static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, i
     return ids_to_host(c, n_rows, out_host, err); /* the copy follows the upload on the stream: staging reuse is safe */
 }
 
+/* ---- pipelined sampling ---------------------------------------------------------------------------- */
+
+/* the ids in d_ids_out go to slot's pinned buffer; the pass's timing event */
+static tm_status ids_copy_start(cu_backend *c, int32_t slot, int32_t n_rows, tm_error *err) {
+    if (cu_fail(c, cudaMemcpyAsync(c->h_ids[slot], c->d_ids_out, (size_t)n_rows * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, c->stream), "token ids") ||
+        cu_fail(c, cudaEventRecord(c->ids_ev[slot], c->stream), "token ids event"))
+        return cu_last_error(&c->base, err);
+    if (c->timing && cudaEventRecord(c->t_pev[c->t_plaunched % 4], c->stream) == cudaSuccess) c->t_plaunched++;
+    return TM_OK;
+}
+
+static tm_status start_check(cu_backend *c, int32_t n_rows, int32_t slot, tm_error *err) {
+    if (cu_failed(c)) return cu_last_error(&c->base, err);
+    if (slot < 0 || slot > 1) return tm_err(err, TM_ERR_INVALID, "ids slot %d (0 or 1)", slot);
+    if (n_rows < 1 || n_rows > c->cfg.max_logits)
+        return tm_err(err, TM_ERR_RANGE, "sampling %d rows (1 to %d)", n_rows, c->cfg.max_logits);
+    return TM_OK;
+}
+
+static tm_status cu_argmax_start(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t slot,
+                                 tm_error *err) {
+    cu_backend *c = cu(be);
+    tm_status s = start_check(c, n_rows, slot, err);
+    if (s != TM_OK) return s;
+    if (cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_ids_out, c->stream), "argmax")) return cu_last_error(be, err);
+    return ids_copy_start(c, slot, n_rows, err);
+}
+
+static tm_status cu_sample_start(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
+                                 const tm_sample_row *rows, int32_t slot, tm_error *err) {
+    cu_backend *c = cu(be);
+    tm_status s = start_check(c, n_rows, slot, err);
+    if (s != TM_OK) return s;
+    /* the slot's recipes went up two passes ago; that upload is long done, but the buffer is only rewritten after */
+    if (c->sp_used[slot] && cu_fail(c, cudaEventSynchronize(c->sp_ev[slot]), "sampling params"))
+        return cu_last_error(be, err);
+    tm_cuda_sample_params *hp = c->h_sp[slot];
+    for (int32_t r = 0; r < n_rows; r++)
+        hp[r] = (tm_cuda_sample_params){.temperature = rows[r].temperature, .top_p = rows[r].top_p,
+                                        .min_p = rows[r].min_p, .top_k = rows[r].top_k, .seed = rows[r].seed,
+                                        .offset = rows[r].offset};
+    if (cu_fail(c, cudaMemcpyAsync(c->d_sparams, hp, (size_t)n_rows * sizeof(*hp), cudaMemcpyHostToDevice, c->stream),
+                "sampling params") ||
+        cu_fail(c, cudaEventRecord(c->sp_ev[slot], c->stream), "sampling params event") ||
+        cu_fail(c, tm_cuda_sample(logits, n_rows, vocab, c->d_sparams, NULL, c->d_ids_out, NULL, c->stream), "sample"))
+        return cu_last_error(be, err);
+    c->sp_used[slot] = true;
+    return ids_copy_start(c, slot, n_rows, err);
+}
+
+static tm_status cu_ids_wait(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out_host, tm_error *err) {
+    cu_backend *c = cu(be);
+    tm_status s = start_check(c, n_rows, slot, err);
+    if (s != TM_OK) return s;
+    if (cu_fail(c, cudaEventSynchronize(c->ids_ev[slot]), "token ids")) return cu_last_error(be, err);
+    if (c->timing && c->t_pcollected < c->t_plaunched) {
+        int64_t k = c->t_pcollected++;
+        float ms = 0.0f;
+        if (k > 0 && cudaEventElapsedTime(&ms, c->t_pev[(k - 1) % 4], c->t_pev[k % 4]) == cudaSuccess) {
+            c->t_pperiod_s += ms * 1e-3;
+            c->t_pperiods++;
+        }
+    }
+    memcpy(out_host, c->h_ids[slot], (size_t)n_rows * sizeof(int32_t));
+    return TM_OK;
+}
+
 static uint64_t cu_mem_free(tm_backend *be) {
     cu_backend *c = (cu_backend *)be;
     if (cudaSetDevice(c->cfg.device) != cudaSuccess) { /* this backend's GPU, whichever thread asks */
@@ -1232,6 +1331,9 @@ static const tm_backend_ops k_cuda_ops = {
     .mem_free = cu_mem_free,
     .argmax = cu_argmax,
     .sample = cu_sample,
+    .argmax_start = cu_argmax_start,
+    .sample_start = cu_sample_start,
+    .ids_wait = cu_ids_wait,
     .name = "cuda",
     .free = cu_free,
     .alloc = cu_alloc,
@@ -1295,7 +1397,9 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     }
     if ((s = tm_cuda_blas_create((size_t)64 << 20, &c->blas, err)) != TM_OK) goto fail;
     if (getenv("TM_CUDA_STEP_TIMING") && atoi(getenv("TM_CUDA_STEP_TIMING")) > 0)
-        c->timing = cudaEventCreate(&c->t_ev[0]) == cudaSuccess && cudaEventCreate(&c->t_ev[1]) == cudaSuccess;
+        c->timing = cudaEventCreate(&c->t_ev[0]) == cudaSuccess && cudaEventCreate(&c->t_ev[1]) == cudaSuccess &&
+                    cudaEventCreate(&c->t_pev[0]) == cudaSuccess && cudaEventCreate(&c->t_pev[1]) == cudaSuccess &&
+                    cudaEventCreate(&c->t_pev[2]) == cudaSuccess && cudaEventCreate(&c->t_pev[3]) == cudaSuccess;
     /* fp8 GEMMs with fast accumulation unless TM_CUDA_FP8_FAST_ACCUM=0 (tm_cuda_blas.h): 6% more 8B throughput,
      * errors at the level of the bf16 output's rounding (tb_fp8) */
     const char *fa = getenv("TM_CUDA_FP8_FAST_ACCUM");
@@ -1308,6 +1412,15 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         s = tm_err(err, TM_ERR_NOMEM, "device buffers for %zu sampled rows: %s", rows, cudaGetErrorString(e));
         goto fail;
     }
+    for (int k = 0; k < 2; k++)
+        if ((e = cudaMallocHost((void **)&c->h_ids[k], rows * sizeof(int32_t))) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&c->h_sp[k], rows * sizeof(tm_cuda_sample_params))) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&c->ids_ev[k], cudaEventDisableTiming)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&c->sp_ev[k], cudaEventDisableTiming)) != cudaSuccess) {
+            cudaGetLastError();
+            s = tm_err(err, TM_ERR_NOMEM, "pipelined sampling buffers for %zu rows: %s", rows, cudaGetErrorString(e));
+            goto fail;
+        }
     const char *ng = getenv("TM_CUDA_NO_FUSE_GEMM"); /* 1: weights placed together still run one product each */
     c->no_fuse_gemm = ng && ng[0] == '1' && ng[1] == '\0';
     const char *fl = getenv("TM_CUDA_FP8_LEFT"); /* 0: no producer leaves the next product's e4m3 input */

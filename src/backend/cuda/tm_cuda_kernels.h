@@ -73,6 +73,10 @@ cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStream_t strea
 /* out_ids[r] = argmax_j logits[r, j] (lowest index on ties); logits (n_rows, vocab) f32 */
 cudaError_t tm_cuda_argmax(const float *logits, int32_t n_rows, int32_t vocab, int32_t *out_ids, cudaStream_t stream);
 
+/* A pipelined step's token ids: ids[i] = prev[src[i]] where src[i] >= 0, unchanged where it is -1; prev holds the
+ * ids the previous pass sampled (n_prev rows: src[i] < n_prev) */
+cudaError_t tm_cuda_ids_gather(int32_t *ids, const int32_t *src, const int32_t *prev, int32_t n, cudaStream_t stream);
+
 /* Per-row sampling parameters (device array, one per row). temperature <= 0 means greedy. */
 typedef struct tm_cuda_sample_params {
     float temperature, top_p, min_p;
