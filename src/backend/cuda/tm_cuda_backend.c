@@ -27,6 +27,17 @@ typedef struct cu_wgroup {
     int32_t live;                /* weights not yet released */
 } cu_wgroup;
 
+/* A bf16 activation its producer left unwritten (see cu_backend.lazy). */
+typedef struct cu_lazy {
+    const void *buf;      /* (n, dim) bf16; NULL: a free record */
+    const void *src;      /* what remakes it: a norm's f32 input (its residual after the add), or ffn_tmp holding
+                           * the [gate | up] product; NULL once that was overwritten (reading buf is then an error) */
+    const tm_weight *w;   /* the norm's weight; NULL: a SwiGLU */
+    float eps;
+    int32_t n, dim;
+} cu_lazy;
+#define CU_MAX_LAZY 4
+
 typedef struct cu_backend {
     tm_backend base;
     tm_cuda_cfg cfg;
@@ -75,6 +86,11 @@ typedef struct cu_backend {
     const void *xq8_src;
     float xq8_act;
     size_t xq8_elems;
+    /* bf16 outputs a producer that left the e4m3 copy did not write (TM_CUDA_FP8_ONLY, on by default): the fp8
+     * product that follows reads the copy, and anything else that reads the buffer has it written first (lazy_read),
+     * from what is still at hand: the norm's f32 input (after its add), or the SwiGLU's [gate | up] product */
+    cu_lazy lazy[CU_MAX_LAZY];
+    bool fp8_only;
     /* weights placed together (weight_place_group): one allocation each, freed with its last weight */
     cu_wgroup *wgroups;          /* (n_wgroups) */
     int32_t n_wgroups, cap_wgroups;
@@ -151,11 +167,51 @@ static cu_buf *buf_find(cu_backend *c, const void *p) {
         if (c->bufs[i].p == p) return &c->bufs[i];
     return NULL;
 }
+/* p is being written: a record of p's own unwritten bf16 is void, and records remade from p can no longer be */
+static void lazy_write(cu_backend *c, const void *p) {
+    for (int k = 0; k < CU_MAX_LAZY; k++) {
+        if (c->lazy[k].buf == p) c->lazy[k].buf = NULL;
+        if (c->lazy[k].src == p) c->lazy[k].src = NULL;
+    }
+}
+
 /* An op wrote buffer p (f32 or bf16): recorded, and xq8 no longer holds p's rounding */
 static void buf_mark(cu_backend *c, const void *p, bool f32) {
     cu_buf *b = buf_find(c, p);
     if (b) b->f32 = f32;
     if (p == c->xq8_src) c->xq8_src = NULL;
+    lazy_write(c, p);
+}
+
+/* p is about to be read as bf16: if its producer left it unwritten, write it now (bit for bit what the producer
+ * would have written: the same kernels' arithmetic, tb_norm and tb_elementwise) */
+static void lazy_read(cu_backend *c, const void *p) {
+    for (int k = 0; k < CU_MAX_LAZY && p; k++) {
+        cu_lazy *L = &c->lazy[k];
+        if (L->buf != p) continue;
+        L->buf = NULL;
+        if (!L->src) {
+            cu_fail(c, cudaErrorInvalidValue, "read of a bf16 output its producer left unwritten, whose inputs are gone");
+            return;
+        }
+        if (L->w)
+            cu_fail(c, tm_cuda_rmsnorm(L->src, L->w->data, L->eps, L->n, L->dim, (uint16_t *)p, c->stream),
+                    "rmsnorm (deferred bf16 output)");
+        else
+            cu_fail(c, tm_cuda_swiglu_rows(L->src, L->n, L->dim, (uint16_t *)p, NULL, 0.0f, c->stream),
+                    "swiglu (deferred bf16 output)");
+    }
+}
+
+/* buf (n, dim) was not written; it can be remade from src (w: the norm's weight, NULL: the SwiGLU of src) */
+static void lazy_add(cu_backend *c, const void *buf, const void *src, const tm_weight *w, float eps, int32_t n,
+                     int32_t dim) {
+    for (int k = 0; k < CU_MAX_LAZY; k++)
+        if (!c->lazy[k].buf) {
+            c->lazy[k] = (cu_lazy){.buf = buf, .src = src, .w = w, .eps = eps, .n = n, .dim = dim};
+            return;
+        }
+    cu_fail(c, cudaErrorInvalidValue, "more deferred bf16 outputs than records"); /* the forward has at most two */
 }
 
 /* Captured graphs hold raw device addresses (metadata, scratch, KV pool, rope table): whenever one of those is
@@ -562,6 +618,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     c->ctx_bucket = ctxb;
     c->host_batch = b;
     c->xq8_src = NULL;
+    memset(c->lazy, 0, sizeof c->lazy); /* nothing of an earlier pass is read */
     plan->n_tokens = nt;
     plan->n_logits = nl;
     plan->replayed = false;
@@ -669,13 +726,17 @@ static bool norm_leaves_fp8(const cu_backend *c, int64_t dim, int32_t n) {
 
 static void norm_run(cu_backend *c, float *residual, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
     const int32_t dim = (int32_t)w->cols;
-    if (norm_leaves_fp8(c, dim, n)) {
-        if (cu_fail(c, tm_cuda_rmsnorm_fp8(residual, residual ? x : NULL, residual ? NULL : x, w->data, eps, n, dim, out,
-                                           c->xq8, 1.0f / c->fp8_act, c->stream),
+    lazy_read(c, x);
+    lazy_write(c, out); /* overwritten: not to be remade */
+    if (residual) lazy_write(c, residual);
+    if (norm_leaves_fp8(c, dim, n)) { /* fp8_only: the e4m3 copy alone, the bf16 output when something reads it */
+        if (cu_fail(c, tm_cuda_rmsnorm_fp8(residual, residual ? x : NULL, residual ? NULL : x, w->data, eps, n, dim,
+                                           c->fp8_only ? NULL : out, c->xq8, 1.0f / c->fp8_act, c->stream),
                     "rmsnorm_fp8"))
             return;
         buf_mark(c, out, false);
         xq8_leave(c, out, c->fp8_act, (size_t)n * (size_t)dim);
+        if (c->fp8_only) lazy_add(c, out, residual ? (const void *)residual : x, w, eps, n, dim);
         return;
     }
     if (residual)
@@ -729,6 +790,7 @@ static void matmul_fp8(cu_backend *c, const tm_weight *const *ws, const tm_weigh
             const size_t elems = (size_t)n * (size_t)w->cols;
             const bool left = c->xq8_src == x && c->xq8_act == w->act_scale && c->xq8_elems == elems;
             c->xq8_src = NULL; /* used once, or overwritten now */
+            if (!left) lazy_read(c, x);
             if (!left && cu_fail(c, tm_cuda_quant_fp8(x, elems, 1.0f / w->act_scale, c->xq8, c->stream), "quant_fp8"))
                 return;
             quantized_for = w->act_scale;
@@ -745,6 +807,8 @@ static void matmul_fp8(cu_backend *c, const tm_weight *const *ws, const tm_weigh
 static void matmul_one(cu_backend *c, const tm_weight *w, const tm_weight *bias, const void *x, int32_t n, void *out,
                        bool out_f32) {
     const float *bd = bias ? bias->data : NULL;
+    lazy_write(c, out);
+    if (w->type != TM_DT_FP8_E4M3 || n <= TM_CUDA_GEMV_MAX_N) lazy_read(c, x); /* fp8 GEMMs: in matmul_fp8 */
     if (n <= TM_CUDA_GEMV_MAX_N) {
         tm_cuda_fp8_scales f8;
         cu_fail(c, tm_cuda_gemv(w->data, (int32_t)w->type, w->rows, w->cols, x, n, bd, out, out_f32, fp8_of(w, NULL, &f8),
@@ -781,6 +845,7 @@ static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs,
         group = jobs[j].w->type == jobs[0].w->type && jobs[j].w->cols == jobs[0].w->cols &&
                 jobs[j].out_f32 == jobs[0].out_f32;
     if (group) {
+        lazy_read(c, x);
         tm_cuda_gemv_job gj[TM_CUDA_GEMV_MAX_JOBS];
         for (int32_t j = 0; j < n_jobs; j++) {
             gj[j] = gemv_job(jobs[j].w, jobs[j].bias, jobs[j].out);
@@ -820,6 +885,7 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
     if (cu_failed(c)) return;
     buf_mark(c, out, false);
     if (n <= TM_CUDA_GEMV_MAX_N) {
+        lazy_read(c, x);
         tm_cuda_fp8_scales f8;
         cu_fail(c, tm_cuda_gemv_swiglu(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x, n, out,
                                        fp8_of(gate, up, &f8), c->stream),
@@ -839,17 +905,21 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
         gu.rows = gate->rows + up->rows;
         matmul_one(c, &gu, NULL, x, n, c->ffn_tmp, false); /* fp8: matmul_fp8 */
         const bool left = fp8 && !c->no_fp8_left && (size_t)n * (size_t)ffn <= c->xq8_bytes;
-        if (cu_failed(c) || cu_fail(c, tm_cuda_swiglu_rows(c->ffn_tmp, n, (int32_t)ffn, out, left ? c->xq8 : NULL,
-                                                           left ? 1.0f / gate->act_scale : 0.0f, c->stream),
-                                    "swiglu_rows"))
+        const bool only = left && c->fp8_only; /* the e4m3 copy alone; out written if something else reads it */
+        if (cu_failed(c) ||
+            cu_fail(c, tm_cuda_swiglu_rows(c->ffn_tmp, n, (int32_t)ffn, only ? NULL : out, left ? c->xq8 : NULL,
+                                           left ? 1.0f / gate->act_scale : 0.0f, c->stream),
+                    "swiglu_rows"))
             return;
         if (left) xq8_leave(c, out, gate->act_scale, (size_t)n * (size_t)ffn);
+        if (only) lazy_add(c, out, c->ffn_tmp, NULL, 0.0f, n, (int32_t)ffn);
         return;
     }
     if ((size_t)n * (size_t)up->rows > c->ffn_elems) {
         cu_fail(c, cudaErrorMemoryAllocation, "ffn buffer too small");
         return;
     }
+    lazy_write(c, c->ffn_tmp);
     if (fp8) { /* x rounded to e4m3 once for both */
         const tm_weight *ws[2] = {gate, up}, *bs[2] = {NULL, NULL};
         void *outs[2] = {out, c->ffn_tmp};
@@ -865,6 +935,8 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
 static void cu_swiglu(tm_backend *be, const void *gate, const void *up, int32_t n, int32_t ffn, void *out) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
+    lazy_read(c, gate);
+    lazy_read(c, up);
     cu_fail(c, tm_cuda_swiglu(gate, up, n, ffn, out, c->stream), "swiglu");
     buf_mark(c, out, false);
 }
@@ -893,6 +965,9 @@ static void cu_rope_kv_write(tm_backend *be, const tm_attn_cfg *a, int32_t layer
     cu_backend *c = cu(be);
     (void)b;
     if (cu_failed(c) || !rope_table(c, a)) return;
+    lazy_read(c, q);
+    lazy_read(c, k);
+    lazy_read(c, v);
     tm_cuda_rope_args r = {
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
@@ -912,6 +987,8 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
         norm_w->cols != w->rows)
         return false;
     if (cu_failed(c)) return true; /* ops do nothing after an error */
+    lazy_read(c, x);
+    lazy_write(c, residual);
     tm_cuda_fp8_scales f8;
     cudaError_t e = tm_cuda_gemv_add_rmsnorm(w->data, (int32_t)w->type, w->rows, w->cols, x, n,
                                              job->bias ? job->bias->data : NULL, NULL, residual, norm_w->data, eps,
@@ -939,7 +1016,7 @@ static bool qkv_rope_fused(cu_backend *c, const tm_matmul_job *jobs, const void 
     if (cu_failed(c) || !rope_table(c, a)) return true;
     tm_weight w = *wq;
     w.rows = rows;
-    matmul_one(c, &w, NULL, x, n, c->ffn_tmp, false); /* fp8: matmul_fp8 */
+    matmul_one(c, &w, NULL, x, n, c->ffn_tmp, false); /* fp8: matmul_fp8; marks ffn_tmp written */
     if (cu_failed(c)) return true;
     const uint16_t *t = c->ffn_tmp; /* (n, rows): q | k | v a token */
     tm_cuda_rope_args r = {
@@ -966,6 +1043,7 @@ static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const 
         if (jobs[j].out_f32 || jobs[j].w->type != jobs[0].w->type || jobs[j].w->cols != jobs[0].w->cols) return false;
     if (cu_failed(c)) return true;
     if (!rope_table(c, a)) return true;
+    lazy_read(c, x);
     tm_cuda_gemv_job gj[3];
     for (int32_t j = 0; j < 3; j++) gj[j] = gemv_job(jobs[j].w, jobs[j].bias, j == 0 ? q : NULL);
     tm_cuda_rope_args r = {
@@ -987,6 +1065,7 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
     (void)b;
     if (cu_failed(c)) return;
     if (c->n_heads != a->n_heads) c->n_heads = a->n_heads; /* sizes the work buffer from the next step on */
+    lazy_read(c, q);
     tm_cuda_attn_args g = {
         .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .block_size = c->kv.block_size,
         .scale = a->attn_scale, .n_tokens = c->n_tokens, .n_seqs = c->n_seqs, .max_blocks = c->stride,
@@ -1058,6 +1137,8 @@ static bool cu_decoder_layer(tm_backend *be, const tm_layer_weights *L, const tm
     if (cu_failed(c)) return true; /* ops do nothing after an error */
     if (c->n_heads != a->n_heads) c->n_heads = a->n_heads; /* sizes the attention work of the op path */
     if (!rope_table(c, a)) return true;
+    lazy_read(c, x);
+    lazy_write(c, x);
     tm_cuda_layer_args g = {
         .dim = (int32_t)L->wq->cols, .ffn_dim = (int32_t)L->w_gate->rows, .n_heads = a->n_heads,
         .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .rope_dim = a->rope_dim,
@@ -1086,6 +1167,7 @@ static void cu_get_rows(tm_backend *be, const void *x, const int32_t *idx, int32
         cu_fail(c, cudaErrorInvalidValue, "get_rows: indices are not the step's logits index");
         return;
     }
+    lazy_read(c, x);
     cu_fail(c, tm_cuda_get_rows(x, d, n_idx, width, out, c->stream), "get_rows");
     buf_mark(c, out, false);
 }
@@ -1103,6 +1185,7 @@ static bool stage(cu_backend *c, size_t bytes) {
 static void cu_to_host(tm_backend *be, const void *x, size_t n, float *dst) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
+    lazy_read(c, x);
     cu_buf *b = buf_find(c, x);
     bool f32 = !b || b->f32;
     size_t bytes = n * (f32 ? 4 : 2);
@@ -1122,6 +1205,7 @@ static void cu_to_host(tm_backend *be, const void *x, size_t n, float *dst) {
 static void cu_from_host(tm_backend *be, const float *src, size_t n, void *x) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
+    lazy_write(c, x);
     cu_buf *b = buf_find(c, x);
     bool f32 = b && b->f32;
     size_t bytes = n * (f32 ? 4 : 2);
@@ -1425,6 +1509,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     c->no_fuse_gemm = ng && ng[0] == '1' && ng[1] == '\0';
     const char *fl = getenv("TM_CUDA_FP8_LEFT"); /* 0: no producer leaves the next product's e4m3 input */
     c->no_fp8_left = fl && fl[0] == '0' && fl[1] == '\0';
+    const char *fo = getenv("TM_CUDA_FP8_ONLY"); /* 0: producers that leave the e4m3 copy write their bf16 output too */
+    c->fp8_only = !(fo && fo[0] == '0' && fo[1] == '\0');
     const char *nf = getenv("TM_CUDA_NO_FUSE");
     c->no_fuse = nf && nf[0] == '1' && nf[1] == '\0';
     const char *sm = getenv("TM_CUDA_NO_SPLIT_MIXED"); /* 1: mixed steps run every token through prefill attention */

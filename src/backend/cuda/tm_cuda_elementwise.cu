@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_rows_kernel_v1(const uint16_t
                                                                   uint8_t *__restrict__ out8, float inv) {
     const size_t row = blockIdx.y;
     const uint16_t *g = gu + row * 2 * (size_t)ffn, *u = g + ffn;
-    uint16_t *o = out + row * (size_t)ffn;
+    uint16_t *o = out ? out + row * (size_t)ffn : NULL;
     uint8_t *o8 = out8 ? out8 + row * (size_t)ffn : NULL;
     if (vec) {
         const int c = (int)(blockIdx.x * kThreads + threadIdx.x);
@@ -106,13 +106,13 @@ __global__ void __launch_bounds__(kThreads) swiglu_rows_kernel_v1(const uint16_t
 #pragma unroll
         for (int e = 0; e < 8; e++) a[e] = swiglu1(a[e], b[e]);
         const uint4 ov = pack_bf16x8(a);
-        reinterpret_cast<uint4 *>(o)[c] = ov;
+        if (o) reinterpret_cast<uint4 *>(o)[c] = ov;
         if (o8) reinterpret_cast<uint2 *>(o8)[c] = tm_fp8x8_of_bf16(ov, inv);
         return;
     }
     for (int j = (int)(blockIdx.x * kThreads + threadIdx.x); j < ffn; j += (int)(gridDim.x * kThreads)) {
         const uint16_t h = to_bf(swiglu1(bf(g[j]), bf(u[j])));
-        o[j] = h;
+        if (o) o[j] = h;
         if (o8) o8[j] = tm_fp8_of(bf(h) * inv);
     }
 }
@@ -293,14 +293,14 @@ extern "C" cudaError_t tm_cuda_swiglu(const uint16_t *gate, const uint16_t *up, 
 
 extern "C" cudaError_t tm_cuda_swiglu_rows(const uint16_t *gu, int32_t n, int32_t ffn, uint16_t *out, uint8_t *out8,
                                            float inv, cudaStream_t stream) {
-    if (n < 0 || ffn < 0 || !gu || !out || (out8 && !(inv > 0.0f))) return cudaErrorInvalidValue;
+    if (n < 0 || ffn < 0 || !gu || (!out && !out8) || (out8 && !(inv > 0.0f))) return cudaErrorInvalidValue;
     if (n == 0 || ffn == 0) return cudaSuccess;
     const bool vec = ffn % 8 == 0 && tm_aligned16(gu) && tm_aligned16(out) && ((uintptr_t)out8 & 7u) == 0;
     const unsigned bx = vec ? (unsigned)((ffn / 8 + kThreads - 1) / kThreads) : grid_for((size_t)ffn, kThreads);
     for (int32_t r = 0; r < n; r += 65535) { /* grid rows: at most 65535 a launch */
         const int32_t rows = n - r < 65535 ? n - r : 65535;
         swiglu_rows_kernel_v1<<<dim3(bx, (unsigned)rows), kThreads, 0, stream>>>(
-            gu + (size_t)r * 2 * (size_t)ffn, ffn, vec, out + (size_t)r * (size_t)ffn,
+            gu + (size_t)r * 2 * (size_t)ffn, ffn, vec, out ? out + (size_t)r * (size_t)ffn : NULL,
             out8 ? out8 + (size_t)r * (size_t)ffn : NULL, inv);
     }
     return cudaGetLastError();

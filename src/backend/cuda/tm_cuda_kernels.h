@@ -30,14 +30,16 @@ cudaError_t tm_cuda_add_rmsnorm(float *residual, const uint16_t *x, const float 
                                 uint16_t *out, cudaStream_t stream);
 /* tm_cuda_add_rmsnorm (residual non-NULL: residual += x, x bf16) or tm_cuda_rmsnorm (residual NULL: of xf f32) that
  * also writes out8 (n, dim) = e4m3(out * inv), what tm_cuda_quant_fp8(out, inv) makes of its bf16 output (the next
- * fp8 product's input); dim % 8 == 0 and dim <= 8192, 16-byte aligned operands (cudaErrorInvalidValue otherwise) */
+ * fp8 product's input); dim % 8 == 0 and dim <= 8192, 16-byte aligned operands (cudaErrorInvalidValue otherwise).
+ * out may be NULL: only out8 (and the residual) are written */
 cudaError_t tm_cuda_rmsnorm_fp8(float *residual, const uint16_t *x, const float *xf, const float *w, float eps,
                                 int32_t n, int32_t dim, uint16_t *out, uint8_t *out8, float inv, cudaStream_t stream);
 /* out (n, ffn) = silu(gate) * up, all bf16; out may alias gate or up */
 cudaError_t tm_cuda_swiglu(const uint16_t *gate, const uint16_t *up, int32_t n, int32_t ffn, uint16_t *out,
                            cudaStream_t stream);
 /* SwiGLU of one fused product: gu (n, 2 ffn) bf16, each row [gate | up] -> out (n, ffn) = silu(gate) * up bf16;
- * out8 (n, ffn), when not NULL, = e4m3(out * inv) as tm_cuda_quant_fp8(out, inv) makes it (inv > 0); no aliasing */
+ * out8 (n, ffn), when not NULL, = e4m3(out * inv) as tm_cuda_quant_fp8(out, inv) makes it (inv > 0); no aliasing;
+ * out may be NULL when out8 is not (only the e4m3 values are written) */
 cudaError_t tm_cuda_swiglu_rows(const uint16_t *gu, int32_t n, int32_t ffn, uint16_t *out, uint8_t *out8, float inv,
                                 cudaStream_t stream);
 /* out (n_idx, width) = x[idx[j], :] ; bf16 ; idx device */

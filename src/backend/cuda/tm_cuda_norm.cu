@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(BS) rmsnorm_kernel_v2(float *res, const uint16
             o.y = pack_bf16x2(v[k][2] * r * wa.z, v[k][3] * r * wa.w);
             o.z = pack_bf16x2(v[k][4] * r * wb.x, v[k][5] * r * wb.y);
             o.w = pack_bf16x2(v[k][6] * r * wb.z, v[k][7] * r * wb.w);
-            reinterpret_cast<uint4 *>(out)[row + c] = o;
+            if (!Q8 || out) reinterpret_cast<uint4 *>(out)[row + c] = o; /* Q8: out may be NULL (e4m3 only) */
             if (Q8) reinterpret_cast<uint2 *>(out8)[row + c] = tm_fp8x8_of_bf16(o, inv);
         }
     }
@@ -160,7 +160,7 @@ cudaError_t launch_norm_q8(float *res, const uint16_t *xb, const float *xf, cons
 template <bool ADD>
 cudaError_t launch_norm(float *res, const uint16_t *xb, const float *xf, const float *w, float eps, int32_t n,
                         int32_t dim, uint16_t *out, cudaStream_t stream, uint8_t *out8 = nullptr, float inv = 0.0f) {
-    if (n < 0 || dim <= 0 || !w || !out || (ADD ? (!res || !xb) : !xf) || (out8 && !(inv > 0.0f)))
+    if (n < 0 || dim <= 0 || !w || (!out && !out8) || (ADD ? (!res || !xb) : !xf) || (out8 && !(inv > 0.0f)))
         return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
     const dim3 grid((unsigned)n);
