@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/tm_cuda_blas.h"
 #include "backend/cuda/tm_cuda_kernels.h"
+#include "backend/cuda/tm_cuda_lazy.h"
 
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
@@ -26,17 +27,6 @@ typedef struct cu_wgroup {
     uint64_t bytes;
     int32_t live;                /* weights not yet released */
 } cu_wgroup;
-
-/* A bf16 activation its producer left unwritten (see cu_backend.lazy). */
-typedef struct cu_lazy {
-    const void *buf;      /* (n, dim) bf16; NULL: a free record */
-    const void *src;      /* what remakes it: a norm's f32 input (its residual after the add), or ffn_tmp holding
-                           * the [gate | up] product; NULL once that was overwritten (reading buf is then an error) */
-    const tm_weight *w;   /* the norm's weight; NULL: a SwiGLU */
-    float eps;
-    int32_t n, dim;
-} cu_lazy;
-#define CU_MAX_LAZY 4
 
 typedef struct cu_backend {
     tm_backend base;
@@ -86,10 +76,11 @@ typedef struct cu_backend {
     const void *xq8_src;
     float xq8_act;
     size_t xq8_elems;
-    /* bf16 outputs a producer that left the e4m3 copy did not write (TM_CUDA_FP8_ONLY, on by default): the fp8
-     * product that follows reads the copy, and anything else that reads the buffer has it written first (lazy_read),
-     * from what is still at hand: the norm's f32 input (after its add), or the SwiGLU's [gate | up] product */
-    cu_lazy lazy[CU_MAX_LAZY];
+    /* bf16 outputs a producer that left the e4m3 copy did not write (TM_CUDA_FP8_ONLY, on by default;
+     * tm_cuda_lazy.h): the fp8 product that follows reads the copy, and anything else that reads the buffer has it
+     * written first (lazy_read), from what is still at hand: the norm's f32 input (after its add), or the SwiGLU's
+     * [gate | up] product */
+    tm_lazy lazy;
     bool fp8_only;
     /* weights placed together (weight_place_group): one allocation each, freed with its last weight */
     cu_wgroup *wgroups;          /* (n_wgroups) */
@@ -168,12 +159,7 @@ static cu_buf *buf_find(cu_backend *c, const void *p) {
     return NULL;
 }
 /* p is being written: a record of p's own unwritten bf16 is void, and records remade from p can no longer be */
-static void lazy_write(cu_backend *c, const void *p) {
-    for (int k = 0; k < CU_MAX_LAZY; k++) {
-        if (c->lazy[k].buf == p) c->lazy[k].buf = NULL;
-        if (c->lazy[k].src == p) c->lazy[k].src = NULL;
-    }
-}
+static void lazy_write(cu_backend *c, const void *p) { tm_lazy_write(&c->lazy, p); }
 
 /* An op wrote buffer p (f32 or bf16): recorded, and xq8 no longer holds p's rounding */
 static void buf_mark(cu_backend *c, const void *p, bool f32) {
@@ -186,32 +172,23 @@ static void buf_mark(cu_backend *c, const void *p, bool f32) {
 /* p is about to be read as bf16: if its producer left it unwritten, write it now (bit for bit what the producer
  * would have written: the same kernels' arithmetic, tb_norm and tb_elementwise) */
 static void lazy_read(cu_backend *c, const void *p) {
-    for (int k = 0; k < CU_MAX_LAZY && p; k++) {
-        cu_lazy *L = &c->lazy[k];
-        if (L->buf != p) continue;
-        L->buf = NULL;
-        if (!L->src) {
-            cu_fail(c, cudaErrorInvalidValue, "read of a bf16 output its producer left unwritten, whose inputs are gone");
-            return;
-        }
-        if (L->w)
-            cu_fail(c, tm_cuda_rmsnorm(L->src, L->w->data, L->eps, L->n, L->dim, (uint16_t *)p, c->stream),
-                    "rmsnorm (deferred bf16 output)");
-        else
-            cu_fail(c, tm_cuda_swiglu_rows(L->src, L->n, L->dim, (uint16_t *)p, NULL, 0.0f, c->stream),
-                    "swiglu (deferred bf16 output)");
-    }
+    tm_lazy_rec L;
+    tm_lazy_state st = tm_lazy_read(&c->lazy, p, &L);
+    if (st == TM_LAZY_LOST)
+        cu_fail(c, cudaErrorInvalidValue, "read of a bf16 output its producer left unwritten, whose inputs are gone");
+    else if (st == TM_LAZY_REMAKE && L.w)
+        cu_fail(c, tm_cuda_rmsnorm(L.src, L.w->data, L.eps, L.n, L.dim, (uint16_t *)p, c->stream),
+                "rmsnorm (deferred bf16 output)");
+    else if (st == TM_LAZY_REMAKE)
+        cu_fail(c, tm_cuda_swiglu_rows(L.src, L.n, L.dim, (uint16_t *)p, NULL, 0.0f, c->stream),
+                "swiglu (deferred bf16 output)");
 }
 
 /* buf (n, dim) was not written; it can be remade from src (w: the norm's weight, NULL: the SwiGLU of src) */
 static void lazy_add(cu_backend *c, const void *buf, const void *src, const tm_weight *w, float eps, int32_t n,
                      int32_t dim) {
-    for (int k = 0; k < CU_MAX_LAZY; k++)
-        if (!c->lazy[k].buf) {
-            c->lazy[k] = (cu_lazy){.buf = buf, .src = src, .w = w, .eps = eps, .n = n, .dim = dim};
-            return;
-        }
-    cu_fail(c, cudaErrorInvalidValue, "more deferred bf16 outputs than records"); /* the forward has at most two */
+    if (!tm_lazy_add(&c->lazy, (tm_lazy_rec){.buf = buf, .src = src, .w = w, .eps = eps, .n = n, .dim = dim}))
+        cu_fail(c, cudaErrorInvalidValue, "more deferred bf16 outputs than records"); /* the forward has at most two */
 }
 
 /* Captured graphs hold raw device addresses (metadata, scratch, KV pool, rope table): whenever one of those is
@@ -618,7 +595,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     c->ctx_bucket = ctxb;
     c->host_batch = b;
     c->xq8_src = NULL;
-    memset(c->lazy, 0, sizeof c->lazy); /* nothing of an earlier pass is read */
+    tm_lazy_reset(&c->lazy); /* nothing of an earlier pass is read */
     plan->n_tokens = nt;
     plan->n_logits = nl;
     plan->replayed = false;
