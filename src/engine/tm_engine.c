@@ -124,7 +124,8 @@ tm_status tm_engine_create(const tm_model *m, const tm_engine_cfg *cfg, tm_engin
     e->st_seq = tm_malloc_array(ms, sizeof(*e->st_seq));
     for (int k = 0; k < 2; k++) e->pass[k].rows = tm_calloc(ms, sizeof(tm_request *));
     e->pipeline = !cfg->no_pipeline && tm_runner_can_pipeline(r);
-    if (!e->st_kv || !e->st_ids || !e->st_n || !e->st_logits || !e->st_src || !e->st_seq || !e->pass[0].rows || !e->pass[1].rows) {
+    if (!e->st_kv || !e->st_ids || !e->st_n || !e->st_logits || !e->st_src || !e->st_seq || !e->pass[0].rows ||
+        !e->pass[1].rows) {
         s = tm_err(err, TM_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -436,7 +437,8 @@ static tm_status collect_pass(tm_engine *e, tm_error *err) {
     e->n_pass--;
     for (int32_t row = 0; row < P->n_rows; row++)
         if (P->rows[row]) P->rows[row]->row_in[slot] = -1;
-    if (s == TM_OK && n_rows != P->n_rows) s = tm_err(err, TM_ERR_INTERNAL, "pass of %d rows gave %d ids", P->n_rows, n_rows);
+    if (s == TM_OK && n_rows != P->n_rows)
+        s = tm_err(err, TM_ERR_INTERNAL, "pass of %d rows gave %d ids", P->n_rows, n_rows);
     double now = tm_time_s();
     for (int32_t row = 0; row < P->n_rows && s == TM_OK; row++) {
         tm_request *q = P->rows[row];
@@ -488,7 +490,7 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         n_want += e->st_logits[i];
     }
     bool on_device = choose_sampling(e, p->seqs, e->st_logits, p->n, 0);
-    if (e->pipeline && on_device && n_want > 0) { /* queued; collected by the next call, after it queues its successor */
+    if (e->pipeline && on_device && n_want > 0) { /* queued; collected by the next call, after it queues the next */
         if ((s = tm_runner_launch(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, p->n, NULL, err)) != TM_OK) return s;
         tm_sched_commit(&e->sched, p);
         record_pass(e, p->seqs, e->st_logits, p->n);

@@ -168,7 +168,8 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     r->b_ctx = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_last = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_btab = tm_malloc_array((size_t)r->max_seqs * (size_t)r->max_blocks, sizeof(int32_t));
-    if (!r->logits || !r->greedy || !r->sample_rows || !r->b_ids || !r->b_src || !r->b_pos || !r->b_seq || !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
+    if (!r->logits || !r->greedy || !r->sample_rows || !r->b_ids || !r->b_src || !r->b_pos || !r->b_seq ||
+        !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
         !r->b_ctx || !r->b_last || !r->b_btab) {
         s = tm_err(err, TM_ERR_NOMEM, "out of memory allocating batch buffers");
         goto fail;
@@ -262,7 +263,8 @@ static tm_status build_batch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t
     *out = (tm_batch){
         .n_tokens = n, .token_ids = r->b_ids, .positions = r->b_pos, .seq_index = r->b_seq, .n_seqs = n_seqs,
         .query_start = r->b_qstart, .context_len = r->b_ctx, .max_blocks = r->max_blocks, .block_table = r->b_btab,
-        .slot_mapping = r->b_slots, .n_logits = nl, .logits_index = r->b_logits_idx, .token_src = src_row ? r->b_src : NULL,
+        .slot_mapping = r->b_slots, .n_logits = nl, .logits_index = r->b_logits_idx,
+        .token_src = src_row ? r->b_src : NULL,
     };
     return TM_OK;
 }
@@ -299,7 +301,8 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
                          const bool *want_logits, int32_t n_seqs, tm_error *err) {
     bool want_argmax = r->greedy_on_device, want_sample = r->sample_on_device;
     r->greedy_on_device = r->sample_on_device = false; /* one step only: the next caller gets logits */
-    if (r->n_pending > 0) return tm_err(err, TM_ERR_INVALID, "a step while %d pipelined passes are pending", r->n_pending);
+    if (r->n_pending > 0)
+        return tm_err(err, TM_ERR_INVALID, "a step while %d pipelined passes are pending", r->n_pending);
     tm_batch b;
     tm_status st = build_batch(r, seqs, new_ids, n_new, want_logits, n_seqs, NULL, &b, err);
     if (st != TM_OK) return st;
@@ -334,7 +337,8 @@ tm_status tm_runner_launch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *
     if (b.n_logits == 0) return tm_err(err, TM_ERR_INVALID, "a pipelined pass without logits rows");
     if (src_row) /* the rows read must exist in the newest pending pass */
         for (int32_t k = 0; k < n_seqs; k++)
-            if (src_row[k] >= r->pend_rows[(r->pend_first + r->n_pending - 1) % 2] || (src_row[k] >= 0 && n_new[k] != 1))
+            if (src_row[k] >= r->pend_rows[(r->pend_first + r->n_pending - 1) % 2] ||
+                (src_row[k] >= 0 && n_new[k] != 1))
                 return tm_err(err, TM_ERR_INVALID, "chained token of sequence %d reads row %d", k, src_row[k]);
     int32_t slot = (r->pend_first + r->n_pending) % 2;
     const double t_pass = tm_time_s();
