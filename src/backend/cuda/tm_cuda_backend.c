@@ -133,8 +133,10 @@ typedef struct cu_backend {
     /* pipelined passes: a ring of events recorded when each pass's ids are copied; the device time between two
      * consecutive passes' copies (their period, idle time included) */
     cudaEvent_t t_pev[4];
-    int64_t t_plaunched, t_pcollected, t_pperiods;
-    double t_pperiod_s;
+    bool t_prep[4];          /* that pass was a replayed decode graph */
+    bool t_replay;           /* the current step replays a graph */
+    int64_t t_plaunched, t_pcollected, t_pperiods, t_rperiods;
+    double t_pperiod_s, t_rperiod_s; /* all periods; those between two replayed decode steps */
 } cu_backend;
 
 /* The backend behind be, with its device made current when one thread drives several backends (the ranks of a
@@ -451,6 +453,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     if (cu_failed(c)) return tm_err(err, c->err_code, "%s", c->err.msg);
     const double t_prev = c->t_launch, t_ids_prev = c->t_ids;
     c->t_launch = c->t_ids = 0.0;
+    c->t_replay = false;
     if (c->timing) c->t_entry = tm_time_s();
     int32_t n = b->n_tokens, ns = b->n_seqs, max_q = 0, max_ctx = 0, n_dec = 0, max_ctx_dec = 0;
     for (int32_t s = 0; s < ns; s++) {
@@ -606,6 +609,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
             if (c->timing) step_timing_launch(c, t_prev, t_ids_prev);
             if (cu_fail(c, cudaGraphLaunch(G->exec, c->stream), "graph launch")) return tm_err(err, c->err_code, "%s", c->err.msg);
             plan->replayed = true;
+            c->t_replay = true;
             return TM_OK;
         }
     }
@@ -1218,8 +1222,9 @@ static void cu_free(tm_backend *be) {
                    c->t_periods ? 1e3 * c->t_prep_s / (double)c->t_periods : 0.0);
         if (c->t_pperiods > 0)
             tm_log(TM_LOG_WARN, "cuda step timing: %lld pipelined passes, %.3f ms a pass on the device (from one pass's "
-                   "ids copied to the next's, idle time included)", (long long)c->t_plaunched,
-                   1e3 * c->t_pperiod_s / (double)c->t_pperiods);
+                   "ids copied to the next's, idle time included); %lld of them between two replayed decode graphs, "
+                   "%.3f ms each", (long long)c->t_plaunched, 1e3 * c->t_pperiod_s / (double)c->t_pperiods,
+                   (long long)c->t_rperiods, c->t_rperiods ? 1e3 * c->t_rperiod_s / (double)c->t_rperiods : 0.0);
         for (int k = 0; k < 2; k++) cudaEventDestroy(c->t_ev[k]);
         for (int k = 0; k < 4; k++) cudaEventDestroy(c->t_pev[k]);
     }
@@ -1311,7 +1316,8 @@ static tm_status ids_copy_start(cu_backend *c, int32_t slot, int32_t n_rows, tm_
                                    cudaMemcpyDeviceToHost, c->stream), "token ids") ||
         cu_fail(c, cudaEventRecord(c->ids_ev[slot], c->stream), "token ids event"))
         return cu_last_error(&c->base, err);
-    if (c->timing && cudaEventRecord(c->t_pev[c->t_plaunched % 4], c->stream) == cudaSuccess) c->t_plaunched++;
+    if (c->timing && cudaEventRecord(c->t_pev[c->t_plaunched % 4], c->stream) == cudaSuccess)
+        c->t_prep[c->t_plaunched++ % 4] = c->t_replay;
     return TM_OK;
 }
 
@@ -1365,6 +1371,10 @@ static tm_status cu_ids_wait(tm_backend *be, int32_t slot, int32_t n_rows, int32
         if (k > 0 && cudaEventElapsedTime(&ms, c->t_pev[(k - 1) % 4], c->t_pev[k % 4]) == cudaSuccess) {
             c->t_pperiod_s += ms * 1e-3;
             c->t_pperiods++;
+            if (c->t_prep[(k - 1) % 4] && c->t_prep[k % 4]) {
+                c->t_rperiod_s += ms * 1e-3;
+                c->t_rperiods++;
+            }
         }
     }
     memcpy(out_host, c->h_ids[slot], (size_t)n_rows * sizeof(int32_t));
