@@ -98,7 +98,6 @@ typedef struct cu_backend {
     int32_t max_tokens;
     int32_t *d_ids_out;          /* (cfg.max_logits) argmax / sampled ids */
     tm_cuda_sample_params *d_sparams; /* (cfg.max_logits) per-row sampling recipes */
-    int32_t *d_src;              /* the step's tm_batch.token_src in the metadata (NULL: none) */
     /* pipelined sampling (argmax_start, sample_start, ids_wait), per slot: pinned ids and recipes, and the events of
      * the ids' copy to the host and of the recipes' upload */
     int32_t *h_ids[2];           /* (cfg.max_logits) */
@@ -154,6 +153,12 @@ static bool cu_fail(cu_backend *c, cudaError_t e, const char *what) {
     return true;
 }
 static bool cu_failed(cu_backend *c) { return c->err_code != TM_OK; }
+
+/* an environment switch set to exactly `value` */
+static bool env_is(const char *name, const char *value) {
+    const char *s = getenv(name);
+    return s && !strcmp(s, value);
+}
 
 static cu_buf *buf_find(cu_backend *c, const void *p) {
     for (int32_t i = 0; i < c->n_bufs; i++)
@@ -571,9 +576,9 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     if (cu_fail(c, cudaMemcpyAsync(c->meta_dev, h, total, cudaMemcpyHostToDevice, c->stream), "batch upload") ||
         cu_fail(c, cudaEventRecord(c->meta_done, c->stream), "batch upload event"))
         return tm_err(err, c->err_code, "%s", c->err.msg);
-    c->d_src = b->token_src ? (int32_t *)(c->meta_dev + o_src) : NULL;
-    if (c->d_src && cu_fail(c, tm_cuda_ids_gather((int32_t *)(c->meta_dev + o_ids), c->d_src, c->d_ids_out, nt, c->stream),
-                            "pipelined token ids"))
+    if (b->token_src && cu_fail(c, tm_cuda_ids_gather((int32_t *)(c->meta_dev + o_ids), (int32_t *)(c->meta_dev + o_src),
+                                                      c->d_ids_out, nt, c->stream),
+                                "pipelined token ids"))
         return tm_err(err, c->err_code, "%s", c->err.msg);
     c->meta_pending = true;
     uint8_t *d = c->meta_dev;
@@ -708,8 +713,7 @@ static bool norm_leaves_fp8(const cu_backend *c, int64_t dim, int32_t n) {
 static void norm_run(cu_backend *c, float *residual, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
     const int32_t dim = (int32_t)w->cols;
     lazy_read(c, x);
-    lazy_write(c, out); /* overwritten: not to be remade */
-    if (residual) lazy_write(c, residual);
+    if (residual) lazy_write(c, residual); /* before the record below, whose source it is */
     if (norm_leaves_fp8(c, dim, n)) { /* fp8_only: the e4m3 copy alone, the bf16 output when something reads it */
         if (cu_fail(c, tm_cuda_rmsnorm_fp8(residual, residual ? x : NULL, residual ? NULL : x, w->data, eps, n, dim,
                                            c->fp8_only ? NULL : out, c->xq8, 1.0f / c->fp8_act, c->stream),
@@ -1289,6 +1293,21 @@ static tm_status cu_argmax(tm_backend *be, const void *logits, int32_t n_rows, i
     return ids_to_host(c, n_rows, out_host, err);
 }
 
+/* rows' recipes into the pinned hp, uploaded (then `uploaded` recorded, when given), and one token per row drawn into
+ * d_ids_out; false on a device error (recorded) */
+static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
+                          tm_cuda_sample_params *hp, cudaEvent_t uploaded) {
+    for (int32_t r = 0; r < n_rows; r++)
+        hp[r] = (tm_cuda_sample_params){.temperature = rows[r].temperature, .top_p = rows[r].top_p,
+                                        .min_p = rows[r].min_p, .top_k = rows[r].top_k, .seed = rows[r].seed,
+                                        .offset = rows[r].offset};
+    return !cu_fail(c, cudaMemcpyAsync(c->d_sparams, hp, (size_t)n_rows * sizeof(*hp), cudaMemcpyHostToDevice, c->stream),
+                    "sampling params") &&
+           !(uploaded && cu_fail(c, cudaEventRecord(uploaded, c->stream), "sampling params event")) &&
+           !cu_fail(c, tm_cuda_sample(logits, n_rows, vocab, c->d_sparams, NULL, c->d_ids_out, NULL, c->stream),
+                    "sample");
+}
+
 static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
                            int32_t *out_host, tm_error *err) {
     cu_backend *c = cu(be);
@@ -1297,13 +1316,7 @@ static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, i
     size_t pbytes = (size_t)n_rows * sizeof(tm_cuda_sample_params);
     if (!stage(c, pbytes) || cu_fail(c, cudaStreamSynchronize(c->stream), "sample")) /* the staging is free */
         return cu_last_error(be, err);
-    tm_cuda_sample_params *hp = (tm_cuda_sample_params *)c->host_stage;
-    for (int32_t r = 0; r < n_rows; r++)
-        hp[r] = (tm_cuda_sample_params){.temperature = rows[r].temperature, .top_p = rows[r].top_p,
-                                        .min_p = rows[r].min_p, .top_k = rows[r].top_k, .seed = rows[r].seed,
-                                        .offset = rows[r].offset};
-    if (cu_fail(c, cudaMemcpyAsync(c->d_sparams, hp, pbytes, cudaMemcpyHostToDevice, c->stream), "sampling params") ||
-        cu_fail(c, tm_cuda_sample(logits, n_rows, vocab, c->d_sparams, NULL, c->d_ids_out, NULL, c->stream), "sample"))
+    if (!sample_launch(c, logits, n_rows, vocab, rows, (tm_cuda_sample_params *)c->host_stage, NULL))
         return cu_last_error(be, err);
     return ids_to_host(c, n_rows, out_host, err); /* the copy follows the upload on the stream: staging reuse is safe */
 }
@@ -1346,16 +1359,7 @@ static tm_status cu_sample_start(tm_backend *be, const void *logits, int32_t n_r
     /* the slot's recipes went up two passes ago; that upload is long done, but the buffer is only rewritten after */
     if (c->sp_used[slot] && cu_fail(c, cudaEventSynchronize(c->sp_ev[slot]), "sampling params"))
         return cu_last_error(be, err);
-    tm_cuda_sample_params *hp = c->h_sp[slot];
-    for (int32_t r = 0; r < n_rows; r++)
-        hp[r] = (tm_cuda_sample_params){.temperature = rows[r].temperature, .top_p = rows[r].top_p,
-                                        .min_p = rows[r].min_p, .top_k = rows[r].top_k, .seed = rows[r].seed,
-                                        .offset = rows[r].offset};
-    if (cu_fail(c, cudaMemcpyAsync(c->d_sparams, hp, (size_t)n_rows * sizeof(*hp), cudaMemcpyHostToDevice, c->stream),
-                "sampling params") ||
-        cu_fail(c, cudaEventRecord(c->sp_ev[slot], c->stream), "sampling params event") ||
-        cu_fail(c, tm_cuda_sample(logits, n_rows, vocab, c->d_sparams, NULL, c->d_ids_out, NULL, c->stream), "sample"))
-        return cu_last_error(be, err);
+    if (!sample_launch(c, logits, n_rows, vocab, rows, c->h_sp[slot], c->sp_ev[slot])) return cu_last_error(be, err);
     c->sp_used[slot] = true;
     return ids_copy_start(c, slot, n_rows, err);
 }
@@ -1473,8 +1477,7 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
                     cudaEventCreate(&c->t_pev[2]) == cudaSuccess && cudaEventCreate(&c->t_pev[3]) == cudaSuccess;
     /* fp8 GEMMs with fast accumulation unless TM_CUDA_FP8_FAST_ACCUM=0 (tm_cuda_blas.h): 6% more 8B throughput,
      * errors at the level of the bf16 output's rounding (tb_fp8) */
-    const char *fa = getenv("TM_CUDA_FP8_FAST_ACCUM");
-    tm_cuda_blas_set_fp8_fast_accum(c->blas, !(fa && !strcmp(fa, "0")));
+    tm_cuda_blas_set_fp8_fast_accum(c->blas, !env_is("TM_CUDA_FP8_FAST_ACCUM", "0"));
     size_t rows = (size_t)(cfg->max_logits > 0 ? cfg->max_logits : cfg->max_tokens);
     c->cfg.max_logits = (int32_t)rows;
     if ((e = cudaMalloc((void **)&c->d_ids_out, rows * sizeof(int32_t))) != cudaSuccess ||
@@ -1492,18 +1495,12 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
             s = tm_err(err, TM_ERR_NOMEM, "pipelined sampling buffers for %zu rows: %s", rows, cudaGetErrorString(e));
             goto fail;
         }
-    const char *ng = getenv("TM_CUDA_NO_FUSE_GEMM"); /* 1: weights placed together still run one product each */
-    c->no_fuse_gemm = ng && ng[0] == '1' && ng[1] == '\0';
-    const char *fl = getenv("TM_CUDA_FP8_LEFT"); /* 0: no producer leaves the next product's e4m3 input */
-    c->no_fp8_left = fl && fl[0] == '0' && fl[1] == '\0';
-    const char *fo = getenv("TM_CUDA_FP8_ONLY"); /* 0: producers that leave the e4m3 copy write their bf16 output too */
-    c->fp8_only = !(fo && fo[0] == '0' && fo[1] == '\0');
-    const char *nf = getenv("TM_CUDA_NO_FUSE");
-    c->no_fuse = nf && nf[0] == '1' && nf[1] == '\0';
-    const char *sm = getenv("TM_CUDA_NO_SPLIT_MIXED"); /* 1: mixed steps run every token through prefill attention */
-    c->split_mixed = !(sm && sm[0] == '1' && sm[1] == '\0');
-    const char *fn = getenv("TM_CUDA_FUSE_NORM");
-    c->fuse_norm = fn && fn[0] == '1' && fn[1] == '\0';
+    c->no_fuse_gemm = env_is("TM_CUDA_NO_FUSE_GEMM", "1"); /* weights placed together still run one product each */
+    c->no_fp8_left = env_is("TM_CUDA_FP8_LEFT", "0");      /* no producer leaves the next product's e4m3 input */
+    c->fp8_only = !env_is("TM_CUDA_FP8_ONLY", "0"); /* "0": producers that leave the e4m3 copy write bf16 too */
+    c->no_fuse = env_is("TM_CUDA_NO_FUSE", "1");
+    c->split_mixed = !env_is("TM_CUDA_NO_SPLIT_MIXED", "1"); /* "1": mixed steps: every token to prefill attention */
+    c->fuse_norm = env_is("TM_CUDA_FUSE_NORM", "1");
     if ((e = cudaMalloc(&c->norm_scratch, TM_CUDA_GEMV_NORM_SCRATCH_BYTES)) != cudaSuccess ||
         (e = cudaMemsetAsync(c->norm_scratch, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES, c->stream)) != cudaSuccess) {
         cudaGetLastError();
@@ -1511,8 +1508,7 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         goto fail;
     }
     /* opt-in ("1"): correct, but slower than the op path on the H200 so far (docs/PERFORMANCE.md, sixth session) */
-    const char *lv = getenv("TM_CUDA_LAYER");
-    c->layer_on = lv && lv[0] == '1' && lv[1] == '\0';
+    c->layer_on = env_is("TM_CUDA_LAYER", "1");
     *out = &c->base;
     return TM_OK;
 fail:
