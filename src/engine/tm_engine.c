@@ -318,6 +318,15 @@ static const char *postprocess(tm_engine *e, tm_request *q, int32_t tok, const t
     return NULL;
 }
 
+/* A sampled token to its request (postprocess), which is finished when that says it is done. */
+static tm_status take_token(tm_engine *e, tm_request *q, int32_t tok, const tm_logprob *chosen, double now,
+                            tm_error *err) {
+    tm_status s = TM_OK;
+    const char *reason = postprocess(e, q, tok, chosen, now, err, &s);
+    if (reason) finish(e, live_index(e, q), reason);
+    return s;
+}
+
 /* no penalties and no logprobs: the token depends on the raw logits and the recipe only */
 static bool sampling_is_plain(const tm_sampling_params *sp) {
     return sp->repeat_penalty == 1.0f && sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f &&
@@ -422,7 +431,8 @@ static tm_status chain_next(tm_engine *e, tm_error *err) {
     for (int32_t i = 0; i < n; i++) /* cannot fail: the blocks were counted */
         if ((s = tm_kv_seq_reserve(&r->pool, e->st_kv[i], 1, err)) != TM_OK) return s;
     if ((s = tm_runner_launch(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, n, e->st_src, err)) != TM_OK) return s;
-    for (int32_t i = 0; i < n; i++) seqs[i]->n_computed++; /* the commit of a one-token plan */
+    const tm_sched_plan chained = {.seqs = seqs, .n_new = e->st_n, .n = n, .n_tokens = n};
+    tm_sched_commit(S, &chained);
     record_pass(e, seqs, e->st_logits, n);
     return TM_OK;
 }
@@ -446,8 +456,7 @@ static tm_status collect_pass(tm_engine *e, tm_error *err) {
         int32_t tok = r->greedy[row];
         if (q->row_in[slot ^ 1] >= 0 && (s = tm_kv_seq_set_ids(&r->pool, &q->seq.kv, &tok, 1, err)) != TM_OK) break;
         tm_logprob chosen = {tok, 0};
-        const char *reason = postprocess(e, q, tok, &chosen, now, err, &s);
-        if (reason) finish(e, live_index(e, q), reason);
+        s = take_token(e, q, tok, &chosen, now, err);
     }
     P->n_rows = 0;
     return s;
@@ -508,9 +517,7 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         if (on_device) { /* drawn on the device (a greedy sampler draws no random numbers) */
             int32_t tok = r->greedy[row++];
             chosen.id = tok;
-            const char *reason = postprocess(e, q, tok, &chosen, now, err, &s);
-            if (reason) finish(e, live_index(e, q), reason);
-            if (s != TM_OK) return s;
+            if ((s = take_token(e, q, tok, &chosen, now, err)) != TM_OK) return s;
             continue;
         }
         float *logits = r->logits + (size_t)row++ * (size_t)e->model->hp.n_vocab;
@@ -524,9 +531,7 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         }
         int32_t tok = tm_sampler_sample(q->sampler, logits, q->tokens + q->seq.n_prompt,
                                         (size_t)(q->seq.n_tokens - q->seq.n_prompt), &chosen, q->top);
-        const char *reason = postprocess(e, q, tok, &chosen, now, err, &s);
-        if (reason) finish(e, live_index(e, q), reason);
-        if (s != TM_OK) return s;
+        if ((s = take_token(e, q, tok, &chosen, now, err)) != TM_OK) return s;
     }
     return TM_OK;
 }
