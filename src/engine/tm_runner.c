@@ -269,12 +269,13 @@ static tm_status build_batch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t
     return TM_OK;
 }
 
-/* The forward pass of b; logits to r->logits unless the ids are drawn on the backend (argmax or sample). slot < 0:
- * the ids are waited for (r->greedy); slot 0/1: only queued, for tm_runner_collect. */
+/* The forward pass of b (its time added to pass_s); logits to r->logits unless the ids are drawn on the backend
+ * (argmax or sample). slot < 0: the ids are waited for (r->greedy); slot 0/1: only queued, for tm_runner_collect. */
 static tm_status run_pass(tm_runner *r, const tm_batch *b, bool dev_argmax, bool dev_sample, int32_t slot,
                           tm_error *err) {
     const tm_backend_ops *op = r->be->ops;
     int32_t nl = b->n_logits, vocab = r->model->hp.n_vocab;
+    const double t_pass = tm_time_s();
     tm_status st;
     if (r->cfg.tp > 1) {
         tm_tp_rank ranks[TM_TP_MAX_RANKS];
@@ -288,12 +289,27 @@ static tm_status run_pass(tm_runner *r, const tm_batch *b, bool dev_argmax, bool
     } else {
         st = tm_model_forward(r->model, r->be, &r->ws, b, dev_argmax || dev_sample ? NULL : r->logits, err);
     }
-    if (st != TM_OK) return st;
-    if (slot >= 0)
-        return dev_argmax ? op->argmax_start(r->be, r->ws.logits, nl, vocab, slot, err)
-                          : op->sample_start(r->be, r->ws.logits, nl, vocab, r->sample_rows, slot, err);
-    if (dev_argmax) return op->argmax(r->be, r->ws.logits, nl, vocab, r->greedy, err);
-    if (dev_sample) return op->sample(r->be, r->ws.logits, nl, vocab, r->sample_rows, r->greedy, err);
+    if (st == TM_OK && slot >= 0)
+        st = dev_argmax ? op->argmax_start(r->be, r->ws.logits, nl, vocab, slot, err)
+                        : op->sample_start(r->be, r->ws.logits, nl, vocab, r->sample_rows, slot, err);
+    else if (st == TM_OK && dev_argmax)
+        st = op->argmax(r->be, r->ws.logits, nl, vocab, r->greedy, err);
+    else if (st == TM_OK && dev_sample)
+        st = op->sample(r->be, r->ws.logits, nl, vocab, r->sample_rows, r->greedy, err);
+    r->pass_s += tm_time_s() - t_pass;
+    return st;
+}
+
+/* The pass wrote the entries of the new tokens: record their ids (full blocks become shareable prefix-cache blocks);
+ * a chained token's (src_row[k] >= 0) id comes when the pass that samples it is collected */
+static tm_status enter_tokens(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *const *new_ids, const int32_t *n_new,
+                              int32_t n_seqs, const int32_t *src_row, tm_error *err) {
+    for (int32_t k = 0; k < n_seqs; k++) {
+        bool chained = src_row && src_row[k] >= 0;
+        tm_status st = chained ? tm_kv_seq_advance(&r->pool, seqs[k], n_new[k], err)
+                               : tm_kv_seq_append_tokens(&r->pool, seqs[k], new_ids[k], n_new[k], err);
+        if (st != TM_OK) return st;
+    }
     return TM_OK;
 }
 
@@ -308,14 +324,8 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
     if (st != TM_OK) return st;
     bool dev_argmax = want_argmax && r->be->ops->argmax && b.n_logits > 0;
     bool dev_sample = !dev_argmax && want_sample && r->be->ops->sample && b.n_logits > 0;
-    const double t_pass = tm_time_s();
-    st = run_pass(r, &b, dev_argmax, dev_sample, -1, err);
-    r->pass_s += tm_time_s() - t_pass;
-    if (st != TM_OK) return st;
-    /* the entries are written: record their tokens (full blocks become shareable prefix-cache blocks) */
-    for (int32_t k = 0; k < n_seqs; k++)
-        if ((st = tm_kv_seq_append_tokens(&r->pool, seqs[k], new_ids[k], n_new[k], err)) != TM_OK) return st;
-    return TM_OK;
+    if ((st = run_pass(r, &b, dev_argmax, dev_sample, -1, err)) != TM_OK) return st;
+    return enter_tokens(r, seqs, new_ids, n_new, n_seqs, NULL, err);
 }
 
 bool tm_runner_can_pipeline(const tm_runner *r) {
@@ -341,19 +351,10 @@ tm_status tm_runner_launch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *
                 (src_row[k] >= 0 && n_new[k] != 1))
                 return tm_err(err, TM_ERR_INVALID, "chained token of sequence %d reads row %d", k, src_row[k]);
     int32_t slot = (r->pend_first + r->n_pending) % 2;
-    const double t_pass = tm_time_s();
-    st = run_pass(r, &b, want_argmax, !want_argmax, slot, err);
-    r->pass_s += tm_time_s() - t_pass;
-    if (st != TM_OK) return st;
+    if ((st = run_pass(r, &b, want_argmax, !want_argmax, slot, err)) != TM_OK) return st;
     r->pend_rows[slot] = b.n_logits;
     r->n_pending++;
-    /* the entries are being written: chained ones get their ids when the pass that samples them is collected */
-    for (int32_t k = 0; k < n_seqs; k++) {
-        st = src_row && src_row[k] >= 0 ? tm_kv_seq_advance(&r->pool, seqs[k], n_new[k], err)
-                                         : tm_kv_seq_append_tokens(&r->pool, seqs[k], new_ids[k], n_new[k], err);
-        if (st != TM_OK) return st;
-    }
-    return TM_OK;
+    return enter_tokens(r, seqs, new_ids, n_new, n_seqs, src_row, err);
 }
 
 tm_status tm_runner_collect(tm_runner *r, int32_t *n_rows, tm_error *err) {
