@@ -540,43 +540,34 @@ static bool groupable(const tm_weight *w, int32_t n) {
     return true;
 }
 
+/* a slot back to its unplaced weight: a deferred dummy keeps its recipe, anything else has no data yet */
+static void unplaced(tm_weight *slot, const tm_weight *orig) {
+    *slot = *orig;
+    if (!orig->dummy) slot->data = NULL;
+}
+
 tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_error *err) {
     *out = NULL;
     if (!be->ops->weight_place) return tm_err(err, TM_ERR_INVALID, "backend %s has no memory of its own", be->ops->name);
     tm_model *p = tm_calloc(1, sizeof *p);
     tm_weight **slots = tm_malloc_array(3 + 12 * (size_t)m->hp.n_layers, sizeof *slots);
     int8_t *groups = tm_malloc_array(3 + 12 * (size_t)m->hp.n_layers, sizeof *groups);
-    if (!p || !slots || !groups) {
-        free(p);
-        free(slots);
-        free(groups);
-        return tm_err(err, TM_ERR_NOMEM, "out of memory");
-    }
+    tm_weight *orig = NULL;
+    if (!p || !slots || !groups) goto nomem;
     *p = *m; /* borrows tokenizer, names, rope table; owns only its layer array */
     p->gguf = NULL;
     p->dummy_mem = NULL;
     p->layers = tm_malloc_array((size_t)m->hp.n_layers, sizeof(tm_layer));
-    if (!p->layers) {
-        free(p);
-        free(slots);
-        free(groups);
-        return tm_err(err, TM_ERR_NOMEM, "out of memory");
-    }
+    if (!p->layers) goto nomem;
     memcpy(p->layers, m->layers, (size_t)m->hp.n_layers * sizeof(tm_layer));
     bool tied = m->output.data == m->tok_embd.data && m->output.dummy_seed == m->tok_embd.dummy_seed;
     size_t n = weight_slots(p, slots, groups);
     /* clear first, so a failure part-way releases only what was placed */
-    tm_weight *orig = tm_malloc_array(n, sizeof *orig);
-    if (!orig) {
-        free(slots);
-        free(groups);
-        free(p->layers);
-        free(p);
-        return tm_err(err, TM_ERR_NOMEM, "out of memory");
-    }
+    orig = tm_malloc_array(n, sizeof *orig);
+    if (!orig) goto nomem;
     for (size_t i = 0; i < n; i++) {
         orig[i] = *slots[i];
-        if (!slots[i]->dummy) slots[i]->data = NULL;
+        unplaced(slots[i], &orig[i]);
     }
     tm_status s = TM_OK;
     for (size_t i = 0; i < n && s == TM_OK; i++) {
@@ -591,10 +582,7 @@ tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_e
                 i += (size_t)group - 1;
                 continue;
             }
-            for (int32_t g = 0; g < group; g++) { /* back to unplaced, as above */
-                *slots[i + (size_t)g] = orig[i + (size_t)g];
-                if (!orig[i + (size_t)g].dummy) slots[i + (size_t)g]->data = NULL;
-            }
+            for (int32_t g = 0; g < group; g++) unplaced(slots[i + (size_t)g], &orig[i + (size_t)g]);
         }
         *slots[i] = orig[i];
         s = be->ops->weight_place(be, slots[i], err);
@@ -610,6 +598,13 @@ tm_status tm_model_place(const tm_model *m, tm_backend *be, tm_model **out, tm_e
     }
     *out = p;
     return TM_OK;
+nomem:
+    if (p) free(p->layers); /* NULL until it was allocated (tm_calloc, or a failed allocation) */
+    free(p);
+    free(slots);
+    free(groups);
+    free(orig);
+    return tm_err(err, TM_ERR_NOMEM, "out of memory");
 }
 
 bool tm_model_has_deferred(const tm_model *m) {
