@@ -138,23 +138,30 @@ __global__ void __launch_bounds__(BS) rmsnorm_kernel_v2(float *res, const uint16
     }
 }
 
-/* the v2 instantiations with the fp8 copy: the fp8 models' widths (up to 1024 chunks: dim 8192) */
-template <bool ADD>
-cudaError_t launch_norm_q8(float *res, const uint16_t *xb, const float *xf, const float *w, float eps, int32_t n,
+/* v2's block shape by row width, one choice for both variants: the plain norm of the f32 input after an add gives,
+ * bit for bit, the output the fused add+norm with the fp8 copy would have written (the backend's deferred bf16
+ * outputs rely on it). Q8 (the fp8 copy) stops at 1024 chunks (dim 8192, the fp8 models' widths). */
+template <bool ADD, bool Q8>
+cudaError_t launch_norm_v2(float *res, const uint16_t *xb, const float *xf, const float *w, float eps, int32_t n,
                            int32_t dim, uint16_t *out, uint8_t *out8, float inv, cudaStream_t stream) {
     const dim3 grid((unsigned)n);
     const int nch = dim / 8;
     if (nch <= 128)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 128, 1, true>, grid, dim3(128), 0, stream, res, xb, xf, w, eps, dim, out,
+        return tm_launch(rmsnorm_kernel_v2<ADD, 128, 1, Q8>, grid, dim3(128), 0, stream, res, xb, xf, w, eps, dim, out,
                          out8, inv);
     if (nch <= 256)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 1, true>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
+        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 1, Q8>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
                          out8, inv);
     if (nch <= 512)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 2, true>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
+        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 2, Q8>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
                          out8, inv);
-    return tm_launch(rmsnorm_kernel_v2<ADD, 512, 2, true>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out,
-                     out8, inv);
+    if (Q8 || nch <= 1024)
+        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 2, Q8>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out,
+                         out8, inv);
+    if constexpr (!Q8)
+        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 4>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out,
+                         out8, inv);
+    return cudaErrorInvalidValue;
 }
 
 template <bool ADD>
@@ -163,31 +170,15 @@ cudaError_t launch_norm(float *res, const uint16_t *xb, const float *xf, const f
     if (n < 0 || dim <= 0 || !w || (!out && !out8) || (ADD ? (!res || !xb) : !xf) || (out8 && !(inv > 0.0f)))
         return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
-    const dim3 grid((unsigned)n);
     const int nch = dim / 8;
     const bool vec = dim % 8 == 0 && tm_aligned16(w) && tm_aligned16(out) &&
                      (ADD ? tm_aligned16(res) && tm_aligned16(xb) : tm_aligned16(xf)) && nch <= 2048 && !tm_env_is_1("TM_CUDA_RMSNORM_V");
     if (out8) { /* the fp8 copy exists on the vector path only */
         if (!vec || nch > 1024 || ((uintptr_t)out8 & 7u)) return cudaErrorInvalidValue;
-        return launch_norm_q8<ADD>(res, xb, xf, w, eps, n, dim, out, out8, inv, stream);
+        return launch_norm_v2<ADD, true>(res, xb, xf, w, eps, n, dim, out, out8, inv, stream);
     }
-    if (!vec)
-        rmsnorm_kernel_v1<ADD><<<grid, 256, 0, stream>>>(res, xb, xf, w, eps, dim, out);
-    else if (nch <= 128)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 128, 1>, grid, dim3(128), 0, stream, res, xb, xf, w, eps, dim, out,
-                         (uint8_t *)nullptr, 0.0f);
-    else if (nch <= 256)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 1>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
-                         (uint8_t *)nullptr, 0.0f);
-    else if (nch <= 512)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 256, 2>, grid, dim3(256), 0, stream, res, xb, xf, w, eps, dim, out,
-                         (uint8_t *)nullptr, 0.0f);
-    else if (nch <= 1024)
-        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 2>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out,
-                         (uint8_t *)nullptr, 0.0f);
-    else
-        return tm_launch(rmsnorm_kernel_v2<ADD, 512, 4>, grid, dim3(512), 0, stream, res, xb, xf, w, eps, dim, out,
-                         (uint8_t *)nullptr, 0.0f);
+    if (vec) return launch_norm_v2<ADD, false>(res, xb, xf, w, eps, n, dim, out, nullptr, 0.0f, stream);
+    rmsnorm_kernel_v1<ADD><<<dim3((unsigned)n), 256, 0, stream>>>(res, xb, xf, w, eps, dim, out);
     return cudaGetLastError();
 }
 
