@@ -279,7 +279,6 @@ void tm_engine_abort_all(tm_engine *e) {
         tm_runner_collect(e->runner, &n_rows, &ignore);
     }
     e->pass[0].n_rows = e->pass[1].n_rows = 0;
-    e->n_pass = 0;
 }
 
 /* A sampled token: append, stream its text, decide whether the request is done (returns the reason). */
@@ -368,7 +367,7 @@ static bool choose_sampling(tm_engine *e, tm_sched_seq *const *seqs, const bool 
     return dev_greedy || dev_sample;
 }
 
-/* A pipelined step was queued into runner slot `slot`: its logits rows' requests, in row order. */
+/* A pipelined step was just queued (the runner's newest slot): its logits rows' requests, in row order. */
 static void record_pass(tm_engine *e, tm_sched_seq *const *seqs, const bool *want, int32_t n) {
     const tm_runner *r = e->runner;
     int32_t slot = (r->pend_first + r->n_pending - 1) % 2; /* the runner's newest */
@@ -380,7 +379,6 @@ static void record_pass(tm_engine *e, tm_sched_seq *const *seqs, const bool *wan
             q->row_in[slot] = P->n_rows;
             P->rows[P->n_rows++] = q;
         }
-    e->n_pass++;
 }
 
 /* The request cannot go on after its next token, whatever that token is (the checks of postprocess that do not
@@ -398,7 +396,7 @@ static bool ends_after_next(const tm_engine *e, const tm_request *q) {
 static tm_status chain_next(tm_engine *e, tm_error *err) {
     tm_runner *r = e->runner;
     tm_sched *S = &e->sched;
-    if (e->n_pass != 1) return TM_OK;
+    if (r->n_pending != 1) return TM_OK;
     if (S->n_waiting > 0 && S->n_running < S->cfg.max_seqs && S->cfg.policy == TM_SCHED_CONTINUOUS) return TM_OK;
     int32_t n = 0, live = 0, blocks = 0;
     const tm_engine_pass *P = &e->pass[r->pend_first];
@@ -444,7 +442,6 @@ static tm_status collect_pass(tm_engine *e, tm_error *err) {
     int32_t slot = r->pend_first, n_rows = 0; /* the runner's oldest */
     tm_engine_pass *P = &e->pass[slot];
     tm_status s = tm_runner_collect(r, &n_rows, err);
-    e->n_pass--;
     for (int32_t row = 0; row < P->n_rows; row++)
         if (P->rows[row]) P->rows[row]->row_in[slot] = -1;
     if (s == TM_OK && n_rows != P->n_rows)
@@ -463,7 +460,7 @@ static tm_status collect_pass(tm_engine *e, tm_error *err) {
 }
 
 tm_status tm_engine_step(tm_engine *e, tm_error *err) {
-    if (e->n_pass > 0) { /* pipelined: queue the next step if it is certain, then take in the previous one */
+    if (e->runner->n_pending > 0) { /* pipelined: queue the next step if it is certain, then take in the previous one */
         tm_status s = chain_next(e, err);
         if (s != TM_OK) return s;
         return collect_pass(e, err);

@@ -79,8 +79,8 @@ typedef struct tm_engine {
      * tm_engine_step queues the step after it, reading those tokens on the device (tm_batch.token_src), and only
      * then collects them. Sequences that turn out to have stopped get one token computed and dropped. */
     bool pipeline;
-    tm_engine_pass pass[2];     /* in flight, indexed by the runner's slot (oldest: runner->pend_first) */
-    int32_t n_pass;
+    tm_engine_pass pass[2];     /* in flight (runner->n_pending of them), indexed by the runner's slot (oldest:
+                                 * runner->pend_first) */
 } tm_engine;
 
 tm_status tm_engine_create(const tm_model *m, const tm_engine_cfg *cfg, tm_engine **out, tm_error *err);
@@ -99,7 +99,7 @@ void tm_engine_abort_all(tm_engine *e);
 /* One step: schedule -> forward -> sample -> postprocess. Finished requests free their blocks. When pipelining, a
  * call queues the next step (if it is certain) and then collects and postprocesses the previous one. */
 tm_status tm_engine_step(tm_engine *e, tm_error *err);
-static inline bool tm_engine_has_work(const tm_engine *e) { return e->n_live > 0 || e->n_pass > 0; }
+static inline bool tm_engine_has_work(const tm_engine *e) { return e->n_live > 0 || e->runner->n_pending > 0; }
 
 /* Convenience: one request run to completion (the CLI's `run`). */
 tm_status tm_engine_generate(tm_engine *e, const int32_t *prompt, size_t n_prompt, const tm_gen_params *gp,
