@@ -63,7 +63,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
         .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_dtype = c->kv_dtype,
                    .n_threads = c->n_threads, .n_ctx = c->input_len + omax + 1,
                    .max_batch_tokens = c->max_batched_tokens > 0 ? c->max_batched_tokens : 512,
-                   .block_size = c->block_size > 0 ? c->block_size : 16,
+                   .block_size = c->block_size,
                    .n_seqs = max_seqs, .act_bits = c->act_bits, .no_prefix_cache = c->no_prefix_cache},
         .sched = {.max_seqs = max_seqs, .policy = c->static_batching ? TM_SCHED_STATIC : TM_SCHED_CONTINUOUS},
         .no_pipeline = c->no_pipeline,
@@ -121,7 +121,8 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
                "\"prefix_hit_tokens\": %llu, \"preemptions\": %llu, ",
                m->name, c->sequential ? "true" : "false", c->static_batching ? "static" : "continuous", c->num_prompts, c->input_len, omax,
                c->shared_prefix, e->runner->cfg.n_threads, max_seqs, tm_dtype_name(tm_kv_dtype_resolve(c->kv_dtype, dev)),
-               e->runner->pool.n_blocks, e->runner->pool.block_size, e->pipeline ? "true" : "false", wall, pass, (long long)steps, (double)N / wall,
+               e->runner->pool.n_blocks, e->runner->pool.block_size, e->pipeline ? "true" : "false", wall, pass,
+               (long long)steps, (double)N / wall,
                (double)out_tokens / wall, (double)total_tokens / wall, (unsigned long long)out_tokens,
                (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);
     else
@@ -246,7 +247,7 @@ tm_status tm_bench_latency_batch(const tm_bench_tp_cfg *c, double bw_gb_s, tm_er
     tm_engine_cfg ec = {
         .runner = {.device = dev, .cuda_device = ordinal, .no_graphs = c->no_graphs, .tp = c->tp, .kv_dtype = c->kv_dtype,
                    .n_threads = c->n_threads, .n_ctx = I + O + 1,
-                   .max_batch_tokens = (int32_t)(pp_budget < 4096 ? pp_budget : 4096), .block_size = c->block_size > 0 ? c->block_size : 16, .n_seqs = B,
+                   .max_batch_tokens = (int32_t)(pp_budget < 4096 ? pp_budget : 4096), .block_size = c->block_size, .n_seqs = B,
                    .act_bits = c->act_bits, .no_prefix_cache = true},
         .sched = {.max_seqs = B},
         .no_pipeline = c->no_pipeline,
