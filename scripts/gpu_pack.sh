@@ -8,7 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTM_TESTS=OFF >/dev/null
-cmake --build build-gpu -j "$(nproc)" 2>&1 | grep -E "error|warning" || true
+if ! cmake --build build-gpu -j "$(nproc)" >build-gpu/build.log 2>&1; then
+  grep -E "error|Error" build-gpu/build.log | head -20
+  echo "gpu_pack: the build failed (build-gpu/build.log)" >&2
+  exit 1
+fi
+grep -E "warning" build-gpu/build.log || true
 rm -rf .gpu .gpu2 .gpu3 .gpuz
 mkdir -p .gpu/bin .gpu/lib .gpu2
 cp build-gpu/tokenmill build-gpu/tb_* .gpu/bin/
