@@ -290,7 +290,8 @@ static void set_version(int v) {
 }
 
 static void version_name(char *buf, size_t n, const char *shape, int v) {
-    const char *f = g_fp8 ? "_fp8" : "";
+    const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY");
+    const char *f = g_fp8 ? "_fp8" : lz && strcmp(lz, "0") == 0 ? "_lazy0" : "";
     if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, f);
     else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, f);
     else snprintf(buf, n, "%s%s_v%d", shape, f, v);
@@ -409,6 +410,12 @@ int main(void) {
     const int v5[] = {5, V5_BN64, V_DEFAULT};
     run_checks(v5, 3, true);
     run_timing(5);
+    /* the running max moved on every growth (TM_CUDA_ATTN_PREFILL_LAZY=0) instead of past 2^8 */
+    setenv("TM_CUDA_ATTN_PREFILL_LAZY", "0", 1);
+    run_checks(v5, 1, true);
+    run_timing(5);
+    unsetenv("TM_CUDA_ATTN_PREFILL_LAZY");
+    if (getenv("TB_PREFILL_ONLY") && strcmp(getenv("TB_PREFILL_ONLY"), "5") == 0) return tb_finish("tb_attn_prefill");
     run_timing(V5_BN64);
 
     /* the simple fallback (v1) and the mma.sync version (v2) */

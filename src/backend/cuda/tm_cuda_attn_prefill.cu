@@ -50,7 +50,14 @@
  *
  * v5 (default) -- v3 plus FlashAttention-3's intra-warpgroup overlap, 128-key tiles for head_dim 128, and the two
  *   warpgroups offset by giving every K/V copy to one of them (see the comment above the kernel): 455 TFLOP/s
- *   against v3's 364 in the same run (8B geometry, 4096 tokens; 467 against 371 at batch 4). */
+ *   against v3's 364 in the same run (8B geometry, 4096 tokens; 467 against 371 at batch 4).
+ *
+ * v5 keeps a row's running max until it grows by more than 2^8 (prefill_geom.lazy, TM_CUDA_ATTN_PREFILL_LAZY=0 moves
+ * it on every growth): O and l share the stale max, so O / l is the same softmax, P stays below 256, and a warp whose
+ * rows all keep their max skips the O rescale (64 multiplies a thread a round): +2-3% (twelfth session). The same in
+ * v3 (whose rescale sits inside the per-row loop) made it 7-11% slower, whatever the threshold, and was taken out.
+ * Measured and kept on branches only (docs/PERFORMANCE.md): K/V copied by tensor maps (v6: 257-303 TFLOP/s, one
+ * box per 16-token block) and a producer warpgroup beside v5's consumers (v7: 379). */
 
 namespace {
 
@@ -168,6 +175,7 @@ struct prefill_geom {
     int32_t n_hc;  /* head chunks per kv head: ceil(group / gh) */
     int32_t tq;    /* tokens per tile: BM / gh */
     int32_t bs_log2; /* block_size = 1 << bs_log2 */
+    float lazy;      /* v5: how far (log2 units) a row's max may grow before O is rescaled */
 };
 
 /* The epilogue of v2, v3 and v5, after every product: O / l in bf16 staged through the Q tile (swz layout; each warp its
@@ -1022,9 +1030,13 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
             for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(mrow[h], mx * sl2);
+            /* the running max moves only when it grows by more than g.lazy (log2 units): P may then reach 2^lazy,
+             * O and l share the stale max, so O / l is unchanged, and most rounds skip the O rescale below */
+            const float mc = fmaxf(mrow[h], mx * sl2);
+            const bool upd = mc > mrow[h] + g.lazy; /* -inf + lazy = -inf: the first visible key always moves it */
+            const float mn = upd ? mc : mrow[h];
             const float mu = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: p = 0, alpha = 0 */
-            alpha[h] = ex2(mrow[h] - mu);
+            alpha[h] = upd ? ex2(mrow[h] - mu) : 1.0f;
             mrow[h] = mn;
             float sum = 0.0f;
 #pragma unroll
@@ -1067,12 +1079,15 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
         wgmma_wait0();
         fence_regs(o);
         fence_regs_u(pa); /* P_{j-1} stays untouched until its product is done */
+        /* O *= alpha only where some row of the warp has a new maximum (alpha is exactly 1 elsewhere: ex2(0)) */
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            o[4 * d + 0] *= alpha[0];
-            o[4 * d + 1] *= alpha[0];
-            o[4 * d + 2] *= alpha[1];
-            o[4 * d + 3] *= alpha[1];
+            for (int d = 0; d < HD / 8; d++) {
+                o[4 * d + 0] *= alpha[0];
+                o[4 * d + 1] *= alpha[0];
+                o[4 * d + 2] *= alpha[1];
+                o[4 * d + 3] *= alpha[1];
+            }
         }
         pack_p();
     }
@@ -1111,6 +1126,11 @@ int64_t prefill_grid(const tm_cuda_attn_args *a, int32_t bm, prefill_geom *g) {
     g->n_hc = (g->group + g->gh - 1) / g->gh;
     g->tq = bm / g->gh;
     g->bs_log2 = 0;
+    /* TM_CUDA_ATTN_PREFILL_LAZY: how far a row's max may grow before O is rescaled (log2 units, default 8; P then
+     * stays below 2^lazy <= 2^16, far from bf16 or f32 overflow); 0 rescales on every growth */
+    const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY");
+    g->lazy = lz ? (float)atof(lz) : 8.0f;
+    if (!(g->lazy >= 0.0f && g->lazy <= 16.0f)) g->lazy = 8.0f;
     while ((1 << g->bs_log2) < a->block_size) g->bs_log2++;
     int64_t slots = ((int64_t)a->n_tokens + g->tq - 1) / g->tq + a->n_seqs;
     if (slots > a->n_tokens) slots = a->n_tokens;
