@@ -290,8 +290,8 @@ static void set_version(int v) {
 }
 
 static void version_name(char *buf, size_t n, const char *shape, int v) {
-    const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY");
-    const char *f = g_fp8 ? "_fp8" : lz && strcmp(lz, "0") == 0 ? "_lazy0" : "";
+    const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY"), *rg = getenv("TM_CUDA_V5_ROWG");
+    const char *f = g_fp8 ? "_fp8" : lz && strcmp(lz, "0") == 0 ? "_lazy0" : rg && strcmp(rg, "0") == 0 ? "_rowg0" : "";
     if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, f);
     else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, f);
     else snprintf(buf, n, "%s%s_v%d", shape, f, v);
@@ -415,6 +415,11 @@ int main(void) {
     run_checks(v5, 1, true);
     run_timing(5);
     unsetenv("TM_CUDA_ATTN_PREFILL_LAZY");
+    /* warpgroup 1's copies with the rows of a thread spread over the tile's blocks (one block id a row) */
+    setenv("TM_CUDA_V5_ROWG", "0", 1);
+    run_checks(v5, 1, true);
+    run_timing(5);
+    unsetenv("TM_CUDA_V5_ROWG");
     if (getenv("TB_PREFILL_ONLY") && strcmp(getenv("TB_PREFILL_ONLY"), "5") == 0) return tb_finish("tb_attn_prefill");
     run_timing(V5_BN64);
 

@@ -52,10 +52,11 @@
  *   warpgroups offset by giving every K/V copy to one of them (see the comment above the kernel): 455 TFLOP/s
  *   against v3's 364 in the same run (8B geometry, 4096 tokens; 467 against 371 at batch 4).
  *
- * v5 keeps a row's running max until it grows by more than 2^8 (prefill_geom.lazy, TM_CUDA_ATTN_PREFILL_LAZY=0 moves
- * it on every growth): O and l share the stale max, so O / l is the same softmax, P stays below 256, and a warp whose
- * rows all keep their max skips the O rescale (64 multiplies a thread a round): +2-3% (twelfth session). The same in
- * v3 (whose rescale sits inside the per-row loop) made it 7-11% slower, whatever the threshold, and was taken out.
+ * Twelfth session: v5's copying threads each take consecutive keys of one block (one block-table load a tile
+ * instead of one a row): +10%. v5 keeps a row's running max until it grows by more than 2^8 (prefill_geom.lazy;
+ * TM_CUDA_ATTN_PREFILL_LAZY=0 moves it on every growth): O and l share the stale max, so O / l is the same softmax,
+ * P stays below 256, and a warp whose rows all keep their max skips the O rescale (64 multiplies a thread a round):
+ * +2%. The same in v3 (whose rescale sits inside the per-row loop) made it 7-11% slower and was taken out.
  * Measured and kept on branches only (docs/PERFORMANCE.md): K/V copied by tensor maps (v6: 257-303 TFLOP/s, one
  * box per 16-token block) and a producer warpgroup beside v5's consumers (v7: 379). */
 
@@ -176,6 +177,8 @@ struct prefill_geom {
     int32_t tq;    /* tokens per tile: BM / gh */
     int32_t bs_log2; /* block_size = 1 << bs_log2 */
     float lazy;      /* v5: how far (log2 units) a row's max may grow before O is rescaled */
+    int32_t rowg;    /* v5: a copying thread takes consecutive rows of one block (block_size >= its row count;
+                      * TM_CUDA_V5_ROWG=0: rows spread over the tile, one block-table load each) */
 };
 
 /* The epilogue of v2, v3 and v5, after every product: O / l in bf16 staged through the Q tile (swz layout; each warp its
@@ -863,7 +866,9 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  * wgmma.wait_group 1 while the P V product still runs, does the softmax of S_j (mask, row max, exp2, row sums)
  * under it, then waits for the product, rescales O by the new max and packs P_j.
  *   - Warpgroup 1 makes every K/V copy (16 rows a thread, block-table gather with cp.async) before it issues its
- *     products; warpgroup 0 issues its products right after the barrier. That offsets the two: warpgroup 0's
+ *     products (a thread's rows are consecutive keys of one block, so one block id a tile instead of one a row,
+ *     when block_size allows: prefill_geom.rowg, TM_CUDA_V5_ROWG=0 spreads them over the tile as before; 8B 4096
+ *     tokens 446 -> 487-493 TFLOP/s, twelfth session); warpgroup 0 issues its products right after the barrier. That offsets the two: warpgroup 0's
  *     softmax runs under warpgroup 1's products and the other way round, instead of both softmaxes contending for
  *     the exp2 unit while the tensor cores wait (the ping-pong of FlashAttention-3 without its named barriers;
  *     a hand-over by named barriers instead of the round's __syncthreads measured slower). With all threads
@@ -950,6 +955,16 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
                         ok ? (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD : 0;
                     cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
                     cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
+                }
+            } else if (g.rowg) { /* this thread's KV_ROWS rows are consecutive keys of one block: one id a tile */
+                const uint32_t key0 = (uint32_t)(k0 + crow * KV_ROWS);
+                const uint32_t id = (uint32_t)__ldg(bt + (key0 >> bsl));
+                const uint16_t *src = kc + (size_t)id * blk_stride + (key0 & (uint32_t)bmask) * (uint32_t)HD;
+#pragma unroll
+                for (int p = 0; p < KV_ROWS; p++) {
+                    const int row = crow * KV_ROWS + p;
+                    cp_async16_all(sK + st + sw128<BN>(row, cchunk), src + p * HD);
+                    cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + p * HD + v_minus_k);
                 }
             } else { /* every key below kv_end: no predicates, 32-bit key arithmetic, one wide multiply a row */
 #pragma unroll
@@ -1126,6 +1141,7 @@ int64_t prefill_grid(const tm_cuda_attn_args *a, int32_t bm, prefill_geom *g) {
     g->n_hc = (g->group + g->gh - 1) / g->gh;
     g->tq = bm / g->gh;
     g->bs_log2 = 0;
+    g->rowg = 0;
     /* TM_CUDA_ATTN_PREFILL_LAZY: how far a row's max may grow before O is rescaled (log2 units, default 8; P then
      * stays below 2^lazy <= 2^16, far from bf16 or f32 overflow); 0 rescales on every growth */
     const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY");
@@ -1182,6 +1198,8 @@ cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     if (grid > INT32_MAX) return cudaErrorInvalidValue;
     if (grid == 0) return cudaSuccess;
     const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024; /* hd 128, BN 128: 230400 B */
+    constexpr int KV_ROWS = BN / (128 / (HD / 8)); /* rows a copying thread of warpgroup 1 takes in a tile */
+    g.rowg = a->block_size >= KV_ROWS && !tm_env_is_0("TM_CUDA_V5_ROWG");
     auto kern = attn_prefill_kernel_v5<HD, BN, STAGES>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
