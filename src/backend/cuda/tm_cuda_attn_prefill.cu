@@ -868,10 +868,11 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  *   - Warpgroup 1 makes every K/V copy (16 rows a thread, block-table gather with cp.async) before it issues its
  *     products (a thread's rows are consecutive keys of one block, so one block id a tile instead of one a row,
  *     when block_size allows: prefill_geom.rowg, TM_CUDA_V5_ROWG=0 spreads them over the tile as before; 8B 4096
- *     tokens 446 -> 487-493 TFLOP/s, twelfth session); warpgroup 0 issues its products right after the barrier. That offsets the two: warpgroup 0's
- *     softmax runs under warpgroup 1's products and the other way round, instead of both softmaxes contending for
- *     the exp2 unit while the tensor cores wait (the ping-pong of FlashAttention-3 without its named barriers;
- *     a hand-over by named barriers instead of the round's __syncthreads measured slower). With all threads
+ *     tokens 446 -> 487-493 TFLOP/s, twelfth session); warpgroup 0 issues its products right after the barrier.
+ *     That offsets the two: warpgroup 0's softmax runs under warpgroup 1's products and the other way round,
+ *     instead of both softmaxes contending for the exp2 unit while the tensor cores wait (the ping-pong of
+ *     FlashAttention-3 without its named barriers; a hand-over by named barriers instead of the round's
+ *     __syncthreads measured slower, and so did a producer warpgroup, v7 on a branch). With all threads
  *     copying, v5 measured 395-407 TFLOP/s; with warpgroup 1 alone, 449-455 (8B geometry, 4096 tokens).
  *   - BN keys per tile: 128 for head_dim 128, 64 for 64. With 256 threads ptxas may give each thread up to 255
  *     registers: O (64), S (64) and P (32) stay live together. 384 threads (a producer warpgroup, as in
