@@ -421,10 +421,7 @@ static tm_status chain_next(tm_engine *e, tm_error *err) {
         e->st_n[i] = 1;
         e->st_logits[i] = true;
     }
-    if (!choose_sampling(e, seqs, e->st_logits, n, 1)) {
-        r->greedy_on_device = r->sample_on_device = false;
-        return TM_OK;
-    }
+    if (!choose_sampling(e, seqs, e->st_logits, n, 1)) return TM_OK; /* it left both runner flags off */
     tm_status s;
     for (int32_t i = 0; i < n; i++) /* cannot fail: the blocks were counted */
         if ((s = tm_kv_seq_reserve(&r->pool, e->st_kv[i], 1, err)) != TM_OK) return s;
