@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 /* Four kernels behind one launcher: v5 by default for head_dim 64 / 128 over a bf16 cache, v3 over an fp8 cache
  * (any other head_dim, a block_size that is no power of two or a pointer that is not 16-byte aligned takes v1;
  * v2, v3 and v5 cover the same cases); TM_CUDA_ATTN_PREFILL_V=1/2/3/5 forces that version (fp8: v1 or v3),
@@ -833,6 +835,13 @@ __global__ void __launch_bounds__(256, MINB) attn_prefill_kernel_v3(const tm_cud
 
 /* ---- wgmma helpers of v5: a second wait depth, register fences for P, products with a zeroing predicate ---- */
 
+/* A store of values the softmax ends with, placed before a wgmma wait: ptxas keeps the wait after a shared-memory
+ * store, so the softmax stays under the product in flight (without it ptxas hoists the wait to the softmax's
+ * first instructions and the two run one after the other). The stored word is never read. */
+__device__ __forceinline__ void pin_after(float2 &slot, float a, float b) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_u32(&slot)), "f"(a), "f"(b) : "memory");
+}
+
 __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void fence_regs_u(uint32_t (&r)[N][4]) {
 #pragma unroll
@@ -909,6 +918,7 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
     const int32_t base = a.context_len[s] - ql;
     const int32_t t1 = ql - ti * g.tq, t0 = max(t1 - g.tq, 0);
     __shared__ int32_t s_epi5[2];
+    __shared__ float2 s_pin;
     if (tid == 0) {
         s_epi5[0] = q0 + t0;
         s_epi5[1] = t1 - t0;
@@ -1025,9 +1035,9 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
         }
         wgmma_commit();
     };
-    /* mask (tiles crossing a diagonal or kv_end), new row max, alpha, P = exp2 in place, row sums */
-    auto softmax = [&](int32_t kt) {
-        if (kt >= n_full) {
+    /* mask (MASK: tiles crossing a diagonal or kv_end), new row max, alpha, P = exp2 in place, row sums */
+    auto softmax = [&](int32_t kt, auto mask_c) {
+        if constexpr (decltype(mask_c)::value) {
             const int32_t kb = kt * BN + (lane & 3) * 2;
 #pragma unroll
             for (int n = 0; n < BN / 8; n++) {
@@ -1052,7 +1062,9 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
             const bool upd = mc > mrow[h] + g.lazy; /* -inf + lazy = -inf: the first visible key always moves it */
             const float mn = upd ? mc : mrow[h];
             const float mu = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: p = 0, alpha = 0 */
-            alpha[h] = upd ? ex2(mrow[h] - mu) : 1.0f;
+            /* ex2(0) = 1 exactly; a select on the argument, not on ex2: `upd ? ex2(..) : 1` compiles to a
+             * divergent branch around the ex2, and ptxas then waits for the P V product before the softmax */
+            alpha[h] = ex2(upd ? mrow[h] - mu : 0.0f);
             mrow[h] = mn;
             float sum = 0.0f;
 #pragma unroll
@@ -1074,7 +1086,11 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
         }
     };
 
-    for (int32_t j = 0; j < n_kt; j++) {
+    /* One round. MASK (the tiles that cross a diagonal or kv_end, visited first) and FIRST (no P V product to
+     * issue yet) are compile-time, so no branch sits between the products' issue and their waits: at the merge
+     * of a possibly divergent branch ptxas waits for every product in flight, which put the softmax after the
+     * P V product instead of under it. */
+    auto round = [&](int32_t j, auto mask_c, auto first_c) {
         cp_async_wait<STAGES - 3>(); /* this thread's copies of tile j (and Q) have landed */
         fence_proxy_async();
         __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
@@ -1084,14 +1100,15 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
         fence_regs_u(pa);
         wgmma_fence();
         issue_s(sK + (uint32_t)(j % STAGES) * TILE);
-        if (j > 0) {
+        if constexpr (!decltype(first_c)::value) {
             issue_pv(sV + (uint32_t)((j - 1) % STAGES) * TILE);
             wgmma_wait1(); /* S_j is ready; O += P_{j-1} V_{j-1} may still run */
         } else {
             wgmma_wait0();
         }
         fence_regs(sc);
-        softmax(n_kt - 1 - j);
+        softmax(n_kt - 1 - j, mask_c);
+        pin_after(s_pin, lrow[0], lrow[1]);
         wgmma_wait0();
         fence_regs(o);
         fence_regs_u(pa); /* P_{j-1} stays untouched until its product is done */
@@ -1106,7 +1123,14 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
             }
         }
         pack_p();
-    }
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
+    const int32_t n_mask = n_kt - n_full; /* rounds 0 .. n_mask - 1 visit the tiles kt >= n_full */
+    round(0, yes{}, yes{});               /* masked even when n_mask is 0: a full tile loses nothing to the mask */
+    int32_t j = 1;
+    for (; j < n_mask; j++) round(j, yes{}, no{});
+    for (; j < n_kt; j++) round(j, no{}, no{});
     /* the last tile's O += P V */
     fence_regs(o);
     fence_regs_u(pa);
