@@ -32,6 +32,7 @@ typedef struct tb_prob {
     float *kf, *vf;       /* (n_blocks, n_kv_heads, block_size, hd) exact bf16 values (NaN where unowned) */
     uint16_t *out_h;      /* (n_tokens, n_heads * hd) */
     tm_cuda_attn_args a;  /* device pointers */
+    uint16_t *rows_dev;   /* g_rows: (n_tokens, (n_heads + 2 n_kv_heads) hd) q | k | v rows (k_rows, v_rows) */
     double flops, bytes;
 } tb_prob;
 
@@ -39,6 +40,9 @@ static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 /* true: problems are made with an fp8 e4m3 cache (the bf16 values rounded; kf, vf hold the rounded values) */
 static bool g_fp8;
+/* true: problems whose sequences are all fresh (q_len == ctx) also get the keys as rows of the step's tokens (as
+ * the fused q|k|v product lays them out), and their cache is poisoned: the kernel must read the rows */
+static bool g_rows;
 
 /* like tb_fill_bf16 with unit-variance uniform values: the large timed shapes need ~10^8 of them */
 static void fill_bf16_u(uint16_t *h, float *ref, size_t n, float scale) {
@@ -175,6 +179,35 @@ static void prob_make(tb_prob *p, const tb_shape *sh) {
         a->k_cache = tb_upload(kh, cache_n * sizeof(uint16_t));
         a->v_cache = tb_upload(vh, cache_n * sizeof(uint16_t));
     }
+    bool fresh = g_rows;
+    for (int32_t s = 0; s < ns; s++) fresh = fresh && sh->seqs[s].q_len == sh->seqs[s].ctx && sh->seqs[s].share_with < 0;
+    if (fresh) {
+        const int32_t ld = (sh->n_heads + 2 * nkv) * hd;
+        const size_t rn = (size_t)p->n_tokens * (size_t)ld;
+        uint16_t *rh = malloc(rn * sizeof(uint16_t));
+        for (size_t i = 0; i < rn; i++) rh[i] = 0x7fc0; /* NaN: q's columns and anything not a key */
+        for (int32_t s = 0; s < ns; s++) {
+            const int32_t *row = p->block_table + (size_t)s * (size_t)p->max_blocks;
+            for (int32_t c = 0; c < sh->seqs[s].ctx; c++)
+                for (int32_t h = 0; h < nkv; h++) {
+                    const size_t src = (size_t)row[c / bs] * per_block + ((size_t)h * (size_t)bs + (size_t)(c % bs)) * (size_t)hd;
+                    uint16_t *dst = rh + (size_t)(p->query_start[s] + c) * (size_t)ld + (size_t)sh->n_heads * (size_t)hd +
+                                    (size_t)h * (size_t)hd;
+                    for (int32_t x = 0; x < hd; x++) { /* kf, vf hold exact bf16 (or e4m3) values */
+                        dst[x] = tb_f32_to_bf16(p->kf[src + (size_t)x]);
+                        dst[(size_t)nkv * (size_t)hd + (size_t)x] = tb_f32_to_bf16(p->vf[src + (size_t)x]);
+                    }
+                }
+        }
+        p->rows_dev = tb_upload(rh, rn * sizeof(uint16_t));
+        free(rh);
+        a->k_rows = p->rows_dev + (size_t)sh->n_heads * (size_t)hd;
+        a->v_rows = a->k_rows + (size_t)nkv * (size_t)hd;
+        a->kv_row_stride = ld;
+        const size_t cache_bytes = cache_n * (g_fp8 ? 1 : sizeof(uint16_t));
+        tb_poison((void *)a->k_cache, cache_bytes);
+        tb_poison((void *)a->v_cache, cache_bytes);
+    }
     a->out = tb_dev(qn * sizeof(uint16_t));
     a->work_bytes = tm_cuda_attn_prefill_work_bytes(p->n_tokens, sh->n_heads, hd);
     a->work = a->work_bytes ? tb_dev(a->work_bytes) : NULL;
@@ -194,6 +227,7 @@ static void prob_free(tb_prob *p) {
     TB_CHECK(cudaFree((void *)p->a.v_cache));
     TB_CHECK(cudaFree(p->a.out));
     if (p->a.work) TB_CHECK(cudaFree(p->a.work));
+    if (p->rows_dev) TB_CHECK(cudaFree(p->rows_dev));
     free(p->seq_index);
     free(p->query_start);
     free(p->context_len);
@@ -292,7 +326,12 @@ static void set_version(int v) {
 
 static void version_name(char *buf, size_t n, const char *shape, int v) {
     const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY"), *rg = getenv("TM_CUDA_V5_ROWG");
-    const char *f = g_fp8 ? "_fp8" : lz && strcmp(lz, "0") == 0 ? "_lazy0" : rg && strcmp(rg, "0") == 0 ? "_rowg0" : "";
+    const char *f = g_rows && g_fp8             ? "_rows_fp8"
+                    : g_rows                   ? "_rows"
+                    : g_fp8                    ? "_fp8"
+                    : lz && strcmp(lz, "0") == 0 ? "_lazy0"
+                    : rg && strcmp(rg, "0") == 0 ? "_rowg0"
+                                                 : "";
     if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, f);
     else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, f);
     else snprintf(buf, n, "%s%s_v%d", shape, f, v);
@@ -343,6 +382,10 @@ static const tb_shape check_shapes[] = {
     {"decode_only_gqa4_hd128", 32, 8, 128, 16, 6, {S1(1, 1), S1(1, 17), S1(1, 64), S1(1, 65), S1(1, 300), S1(1, 1023)}},
     {"mqa136_hd64_bs16", 136, 1, 64, 16, 3, {S1(5, 5), S1(1, 20), S1(3, 40)}},
     {"gqa2_hd96_bs16_v1path", 8, 4, 96, 16, 3, {S1(70, 70), S1(1, 90), S1(33, 200)}},
+    /* every sequence fresh (g_rows gives them their keys as token rows) */
+    {"fresh_gqa4_hd128_bs16", 32, 8, 128, 16, 4, {S1(300, 300), S1(64, 64), S1(1, 1), S1(129, 129)}},
+    {"fresh_gqa3_hd64_bs16", 9, 3, 64, 16, 3, {S1(77, 77), S1(200, 200), S1(5, 5)}},
+    {"fresh_mha_hd128_bs8", 8, 8, 128, 8, 2, {S1(200, 200), S1(33, 33)}},
 };
 
 /* timed shapes (v2, v3, v5 with either key tile; the first also with v1): Llama-3-8B and Llama-3.2-1B geometry */
@@ -421,6 +464,16 @@ int main(void) {
     run_checks(v5, 1, true);
     run_timing(5);
     unsetenv("TM_CUDA_V5_ROWG");
+    /* the step's keys as token rows (fresh sequences; the cache poisoned), over a bf16 and an fp8 cache: v5 reads
+     * the rows; other shapes take the cache as before */
+    g_rows = true;
+    const int vd[] = {V_DEFAULT};
+    run_checks(vd, 1, true);
+    run_timing(V_DEFAULT);
+    g_fp8 = true;
+    run_checks(vd, 1, true);
+    run_timing(V_DEFAULT);
+    g_fp8 = g_rows = false;
     if (getenv("TB_PREFILL_ONLY") && strcmp(getenv("TB_PREFILL_ONLY"), "5") == 0) return tb_finish("tb_attn_prefill");
     run_timing(V5_BN64);
 

@@ -796,7 +796,7 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
                            {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL, 0, 0},
                            {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL, 0, 0}},
                           t, cols, x_d, n,
-                          {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d, false, NULL, 0},
+                          {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d, false, NULL, 0, NULL, NULL},
                           ncache * 2, mode == 2};
             if (mode == 2)
                 graph_replay(rope_launch, &r, s, 3);
@@ -829,7 +829,7 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             for (int j = 0; j < 3; j++) gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0};
             TB_CHECK(tm_cuda_gemv_group(gj, 3, t, cols, x_d, n, false, s));
             tm_cuda_rope_args ra = {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, o2_d[0], o2_d[1], o2_d[2],
-                                    kc2_d, vc2_d, false, NULL, 0};
+                                    kc2_d, vc2_d, false, NULL, 0, NULL, NULL};
             TB_CHECK(tm_cuda_rope_kv_write(&ra, s));
             TB_CHECK(cudaStreamSynchronize(s));
             for (int j = 0; j < 3; j++) tb_download(o2h[j], o2_d[j], (size_t)n * (size_t)rows[j] * 2);
@@ -935,7 +935,7 @@ static int fused_refusals(void) {
     TB_CHECK(cudaMemset(sl, 0xFF, 64)); /* slot -1: the valid call writes no cache entry */
     tm_cuda_gemv_job jobs[3] = {{w, 4 * 64, NULL, o, 0, 0}, {w, 2 * 64, NULL, NULL, 0, 0}, {w, 2 * 64, NULL, NULL, 0, 0}};
     tm_cuda_rope_args ra = {1, 4, 2, 64, 64, 16, false, nw, pos, sl, NULL, NULL, NULL, (uint16_t *)res,
-                            (uint16_t *)res, false, NULL, 0};
+                            (uint16_t *)res, false, NULL, 0, NULL, NULL};
     bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaSuccess;
     ra.neox = true;
     bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaErrorNotSupported;
@@ -1354,7 +1354,7 @@ static void time_fused(int fused_kind, int32_t t, const int64_t *rows, int64_t c
             cache_bytes = (size_t)nblk * bs * (size_t)rows[1] * 2;
             a.rope = (tm_cuda_rope_args){n, (int32_t)(rows[0] / hd), (int32_t)(rows[1] / hd), hd, hd, bs, false, inv_d,
                                          pos_d, slot_d, NULL, NULL, NULL, tb_dev(cache_bytes), tb_dev(cache_bytes),
-                                         false, NULL, 0};
+                                         false, NULL, 0, NULL, NULL};
             TB_CHECK(cudaMemset(a.rope.k_cache, 0, cache_bytes));
             TB_CHECK(cudaMemset(a.rope.v_cache, 0, cache_bytes));
         }

@@ -77,7 +77,7 @@ static void check_cfg(const rope_cfg *c, int version) {
     tb_poison(d_kc, ncache * 2);
     tb_poison(d_vc, ncache * 2);
     tm_cuda_rope_args a = {T, H, KV, hd, rd, c->block_size, c->neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc,
-                           false, NULL, 0};
+                           false, NULL, 0, NULL, NULL};
     set_version(version);
     TB_RUN(tm_cuda_rope_kv_write(&a, 0));
     set_version(2);
@@ -183,6 +183,50 @@ static void check_cfg(const rope_cfg *c, int version) {
     for (size_t i = 0; i < ncache; i++) badf += (kc2[i] != kc[i]) + (vc2[i] != vc[i]);
     snprintf(name, sizeof name, "v%d %s fused q|k|v rows", version, c->name);
     tb_result("rope_kv_write", name, (double)badf, 0.0, 0, 0, 0, 'm');
+
+    /* k_out, v_out: the fused rows themselves (in place) get what each token's cache slot holds (bf16, or the e4m3
+     * byte widened), bit for bit; a padding token's rows stay as they were */
+    uint16_t *t2 = malloc((size_t)T * W * 2), *kcx = malloc(ncache * 2), *vcx = malloc(ncache * 2);
+    for (int f8 = 0; f8 < 2; f8++) {
+        TB_CHECK(cudaMemcpy(d_t, t, (size_t)T * W * 2, cudaMemcpyHostToDevice));
+        tb_poison(d_q, nq * 2);
+        tb_poison(d_kc, ncache * 2);
+        tb_poison(d_vc, ncache * 2);
+        tm_cuda_rope_args ao = af;
+        ao.kv_fp8 = f8 != 0;
+        ao.k_out = d_t + H * hd;
+        ao.v_out = d_t + (H + KV) * hd;
+        set_version(version);
+        TB_RUN(tm_cuda_rope_kv_write(&ao, 0));
+        set_version(2);
+        tb_download(t2, d_t, (size_t)T * W * 2);
+        tb_download(kcx, d_kc, ncache * (f8 ? 1 : 2));
+        tb_download(vcx, d_vc, ncache * (f8 ? 1 : 2));
+        size_t bado = 0;
+        for (int i = 0; i < T; i++)
+            for (int h = 0; h < KV; h++) {
+                const size_t ro = (size_t)i * W + (size_t)H * hd + (size_t)h * hd, vo = ro + (size_t)KV * hd;
+                const size_t co = slot[i] < 0 ? 0
+                                              : (((size_t)(slot[i] / c->block_size) * KV + h) * c->block_size +
+                                                 (size_t)(slot[i] % c->block_size)) * hd;
+                for (int d = 0; d < hd; d++) {
+                    uint16_t ek = t[ro + d], ev = t[vo + d];
+                    if (slot[i] >= 0 && f8) {
+                        ek = tb_f32_to_bf16(tm_fp8_to_f32(((const uint8_t *)kcx)[co + d]));
+                        ev = tb_f32_to_bf16(tm_fp8_to_f32(((const uint8_t *)vcx)[co + d]));
+                    } else if (slot[i] >= 0) {
+                        ek = kcx[co + d];
+                        ev = vcx[co + d];
+                    }
+                    bado += (t2[ro + d] != ek) + (t2[vo + d] != ev);
+                }
+            }
+        snprintf(name, sizeof name, "v%d %s k/v rows out%s", version, c->name, f8 ? " fp8" : "");
+        tb_result("rope_kv_write", name, (double)bado, 0.0, 0, 0, 0, 'm');
+    }
+    free(t2);
+    free(kcx);
+    free(vcx);
     cudaFree(d_t);
     free(t);
     free(q2);
@@ -234,7 +278,7 @@ static void time_cfg(const char *label, bool neox, int T, int H, int KV, int hd,
     float *d_inv = tb_upload(inv, hd / 2 * sizeof(float));
     int32_t *d_pos = tb_upload(pos, T * sizeof(int32_t));
     int64_t *d_slot = tb_upload(slot, T * sizeof(int64_t));
-    tm_cuda_rope_args a = {T, H, KV, hd, hd, bs, neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc, false, NULL, 0};
+    tm_cuda_rope_args a = {T, H, KV, hd, hd, bs, neox, d_inv, d_pos, d_slot, d_q, d_k, d_v, d_kc, d_vc, false, NULL, 0, NULL, NULL};
     set_version(version);
     double us = tb_time_us(run_rope, &a, 3, T >= 1024 ? 50 : 200);
     set_version(2);

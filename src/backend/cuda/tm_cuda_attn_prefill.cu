@@ -894,7 +894,7 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  * left: its V was last read by the P V product of round j - STAGES + 1, which every warp has waited for before
  * the barrier that opens round j - STAGES + 2. So STAGES - 2 tiles are in flight behind the one in use.
  * grid / tile mapping as v3; dynamic smem (BM + 2 * STAGES * BN) * HD * 2 + 1024. */
-template <int HD, int BN, int STAGES>
+template <int HD, int BN, int STAGES, bool ROWS>
 __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_attn_args a, const prefill_geom g) {
     constexpr int NT = 256, BM = 128;
     constexpr int CPR = HD / 8, RPP = NT / CPR, Q_ROWS = BM / RPP;
@@ -948,8 +948,12 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
     const bool loader = wg == 1;
     const int32_t bsl = g.bs_log2, bmask = (1 << g.bs_log2) - 1;
     const size_t blk_stride = ((size_t)a.n_kv_heads << bsl) * HD;
-    const size_t kv_head_off = ((size_t)kvh << bsl) * HD + (size_t)cchunk * 8;
-    const uint16_t *const kc = a.k_cache + kv_head_off, *const vc = a.v_cache + kv_head_off;
+    /* ROWS: keys from a.k_rows / a.v_rows (every sequence fresh: key c is token q0 + c), ld elements a row */
+    const uint32_t ld_kv = ROWS ? (uint32_t)a.kv_row_stride : (uint32_t)HD;
+    const size_t kv_head_off = ROWS ? (size_t)q0 * ld_kv + (size_t)kvh * HD + (size_t)cchunk * 8
+                                    : ((size_t)kvh << bsl) * HD + (size_t)cchunk * 8;
+    const uint16_t *const kc = (ROWS ? a.k_rows : a.k_cache) + kv_head_off;
+    const uint16_t *const vc = (ROWS ? a.v_rows : a.v_cache) + kv_head_off;
     /* tile j (visited order: from the diagonal down) covers keys (n_kt-1-j)*BN ..; one commit group per call */
     const ptrdiff_t v_minus_k = vc - kc; /* V rows sit at the same offsets from vc as K rows from kc */
     auto issue = [&](int32_t j) {
@@ -962,10 +966,19 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_a
                     const int row = crow + p * LRPP;
                     const int32_t key = k0 + row;
                     const bool ok = key < kv_end;
-                    const size_t off =
-                        ok ? (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD : 0;
+                    const size_t off = !ok  ? 0
+                                       : ROWS ? (size_t)key * ld_kv
+                                              : (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD;
                     cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
                     cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
+                }
+            } else if (ROWS) { /* this thread's KV_ROWS rows: consecutive tokens */
+                const uint16_t *src = kc + (size_t)(uint32_t)(k0 + crow * KV_ROWS) * ld_kv;
+#pragma unroll
+                for (int p = 0; p < KV_ROWS; p++) {
+                    const int row = crow * KV_ROWS + p;
+                    cp_async16_all(sK + st + sw128<BN>(row, cchunk), src + (size_t)p * ld_kv);
+                    cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + (size_t)p * ld_kv + v_minus_k);
                 }
             } else if (g.rowg) { /* this thread's KV_ROWS rows are consecutive keys of one block: one id a tile */
                 const uint32_t key0 = (uint32_t)(k0 + crow * KV_ROWS);
@@ -1215,7 +1228,7 @@ cudaError_t launch_v3(const tm_cuda_attn_args *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <int HD, int BN>
+template <int HD, int BN, bool ROWS = false>
 cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     constexpr int BM = 128, STAGES = BN == 128 && HD == 128 ? 3 : 4;
     prefill_geom g;
@@ -1225,7 +1238,7 @@ cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024; /* hd 128, BN 128: 230400 B */
     constexpr int KV_ROWS = BN / (128 / (HD / 8)); /* rows a copying thread of warpgroup 1 takes in a tile */
     g.rowg = a->block_size >= KV_ROWS && !tm_env_is_0("TM_CUDA_V5_ROWG");
-    auto kern = attn_prefill_kernel_v5<HD, BN, STAGES>;
+    auto kern = attn_prefill_kernel_v5<HD, BN, STAGES, ROWS>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     kern<<<(unsigned)grid, 256, smem, stream>>>(*a, g);
@@ -1255,6 +1268,11 @@ extern "C" cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStre
                       tm_aligned16(a->out) && (a->block_size & (a->block_size - 1)) == 0 && a->block_size <= (1 << 20);
     if (fast && (a->head_dim == 128 || a->head_dim == 64)) {
         const bool hd128 = a->head_dim == 128;
+        /* the step's own keys as bf16 rows (no cached prefix): v5 reads them, whatever the cache's type
+         * (TM_CUDA_KV_ROWS=0: the cache) */
+        if (a->k_rows && a->v_rows && tm_aligned16(a->k_rows) && tm_aligned16(a->v_rows) && a->kv_row_stride % 8 == 0 &&
+            a->kv_row_stride >= a->n_kv_heads * a->head_dim && !tm_env_is_0("TM_CUDA_KV_ROWS"))
+            return hd128 ? launch_v5<128, 128, true>(a, stream) : launch_v5<64, 64, true>(a, stream);
         if (a->kv_fp8) return hd128 ? launch_v3<128>(a, stream) : launch_v3<64>(a, stream); /* fp8: v3 only */
         if (ver == 5) { /* key tile: TM_CUDA_ATTN_PREFILL_BN=64/128, else 128 for head_dim 128, 64 for 64 */
             const char *bn = getenv("TM_CUDA_ATTN_PREFILL_BN");

@@ -59,6 +59,14 @@ typedef struct cu_backend {
     int32_t n_dec, max_ctx_dec;
     int32_t *d_qs_tail, *d_seq_tail;
     bool split_mixed;
+    /* the step's sequences from fresh_from on (all prefill sequences, after the n_dec decode ones) have no cached
+     * prefix (n_seqs: none), so with an fp8 cache their prefill attention may read the step's own keys from the
+     * fused q|k|v product's rows (rope writes what the cache holds back into them; tm_cuda_attn_args.k_rows) and
+     * the sequences before them the cache: rows_layer is the layer whose rows are there (-1: none), consumed by
+     * its attention; TM_CUDA_KV_ROWS=0 turns it off */
+    bool kv_rows_off;
+    int32_t fresh_from, rows_layer, rows_ld;
+    const uint16_t *rows_k, *rows_v;
     int64_t *d_slots;
     const tm_batch *host_batch;
     /* scratch */
@@ -472,6 +480,10 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     }
     bool mixed = c->split_mixed && n_dec > 0 && n_dec < ns && b->query_start[n_dec] == n_dec;
     if (!mixed) n_dec = 0;
+    int32_t fresh_from = max_q > 1 ? ns : -1; /* -1: never */
+    while (fresh_from > n_dec &&
+           b->context_len[fresh_from - 1] == b->query_start[fresh_from] - b->query_start[fresh_from - 1])
+        fresh_from--;
     int32_t cap_ctx = b->max_blocks * c->kv.block_size;
     /* decode-only steps that want every row's logits run as CUDA graphs, padded to a bucket */
     bool graph = !c->cfg.no_graphs && !c->graphs_off && max_q == 1 && b->n_logits == n && n == ns;
@@ -594,6 +606,8 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     c->d_seq_tail = (int32_t *)(d + o_sqt);
     c->n_dec = n_dec;
     c->max_ctx_dec = max_ctx_dec;
+    c->fresh_from = fresh_from >= 0 && fresh_from < ns ? fresh_from : -1;
+    c->rows_layer = -1;
     c->n_tokens = nt;
     c->n_seqs = nsp;
     c->n_logits = nl;
@@ -1003,15 +1017,25 @@ static bool qkv_rope_fused(cu_backend *c, const tm_matmul_job *jobs, const void 
     w.rows = rows;
     matmul_one(c, &w, NULL, x, n, c->ffn_tmp, false); /* fp8: matmul_fp8; marks ffn_tmp written */
     if (cu_failed(c)) return true;
-    const uint16_t *t = c->ffn_tmp; /* (n, rows): q | k | v a token */
+    uint16_t *t = c->ffn_tmp; /* (n, rows): q | k | v a token */
+    /* an fp8 cache and no cached prefix: the attention that follows reads k and v from these rows (in bf16, as
+     * the cache holds them) instead of widening the cache */
+    const bool kv_rows = c->kv_fp8 && c->fresh_from >= 0 && !c->kv_rows_off;
     tm_cuda_rope_args r = {
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
         .positions = c->d_pos, .slot_mapping = c->d_slots, .q = q, .k = t + wq->rows, .v = t + wq->rows + wk->rows,
         .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1), .kv_fp8 = c->kv_fp8, .q_src = t,
-        .src_stride = (int32_t)rows,
+        .src_stride = (int32_t)rows, .k_out = kv_rows ? t + wq->rows : NULL,
+        .v_out = kv_rows ? t + wq->rows + wk->rows : NULL,
     };
-    cu_fail(c, tm_cuda_rope_kv_write(&r, c->stream), "rope_kv_write");
+    if (cu_fail(c, tm_cuda_rope_kv_write(&r, c->stream), "rope_kv_write")) return true;
+    if (kv_rows) {
+        c->rows_layer = layer;
+        c->rows_k = r.k_out;
+        c->rows_v = r.v_out;
+        c->rows_ld = (int32_t)rows;
+    }
     buf_mark(c, q, false);
     return true;
 }
@@ -1044,6 +1068,33 @@ static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const 
     return true;
 }
 
+/* The prefill attention of the batch's sequences lo.. (p: their arguments, q and out at sequence lo's first token).
+ * With this layer's keys as rows (rows), the sequences from c->fresh_from on read them and those before it the
+ * cache, in two launches. */
+static void prefill_part(cu_backend *c, tm_cuda_attn_args *p, int32_t lo, bool rows, const char *what) {
+    const int32_t *qs = c->host_batch->query_start, f = c->fresh_from;
+    if (!rows || f < lo) {
+        cu_fail(c, tm_cuda_attn_prefill(p, c->stream), what);
+        return;
+    }
+    if (f > lo) { /* sequences with a cached prefix: the cache */
+        tm_cuda_attn_args h = *p;
+        h.n_seqs = f - lo;
+        h.n_tokens = qs[f] - qs[lo];
+        if (cu_fail(c, tm_cuda_attn_prefill(&h, c->stream), what)) return;
+    }
+    const size_t skip = (size_t)(f - lo);
+    p->query_start += skip; /* still counted from token qs[lo], where q, out and the rows start */
+    p->context_len += skip;
+    p->block_table += skip * (size_t)c->stride;
+    p->n_seqs -= (int32_t)skip;
+    p->n_tokens = qs[c->host_batch->n_seqs] - qs[f];
+    p->k_rows = c->rows_k + (size_t)qs[lo] * (size_t)c->rows_ld;
+    p->v_rows = c->rows_v + (size_t)qs[lo] * (size_t)c->rows_ld;
+    p->kv_row_stride = c->rows_ld;
+    cu_fail(c, tm_cuda_attn_prefill(p, c->stream), what);
+}
+
 static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, const tm_batch *b, const void *q,
                          void *out) {
     cu_backend *c = cu(be);
@@ -1060,6 +1111,8 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
         .work_bytes = c->attn_work_bytes,
     };
     bool decode = c->max_q == 1 && c->n_tokens == c->n_seqs;
+    const bool rows = c->rows_layer == layer && !decode; /* this layer's keys as rows (qkv_rope_fused) */
+    c->rows_layer = -1;
     if (c->n_dec > 0 && !decode) { /* mixed step: decode kernel on the leading one-token sequences */
         tm_cuda_attn_args d = g;
         d.n_tokens = d.n_seqs = c->n_dec;
@@ -1081,7 +1134,7 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
         p.block_table = c->d_btab + (size_t)c->n_dec * (size_t)c->stride;
         p.q = (const uint16_t *)q + (size_t)c->n_dec * row;
         p.out = (uint16_t *)out + (size_t)c->n_dec * row;
-        cu_fail(c, tm_cuda_attn_prefill(&p, c->stream), "attention (prefill part)");
+        prefill_part(c, &p, c->n_dec, rows, "attention (prefill part)");
         buf_mark(c, out, false);
         return;
     }
@@ -1102,7 +1155,10 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
         g.work = c->attn_work;
         g.work_bytes = have;
     }
-    cu_fail(c, decode ? tm_cuda_attn_decode(&g, c->stream) : tm_cuda_attn_prefill(&g, c->stream), "attention");
+    if (decode)
+        cu_fail(c, tm_cuda_attn_decode(&g, c->stream), "attention");
+    else
+        prefill_part(c, &g, 0, rows, "attention");
     buf_mark(c, out, false);
 }
 
@@ -1500,6 +1556,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     c->fp8_only = !env_is("TM_CUDA_FP8_ONLY", "0"); /* "0": producers that leave the e4m3 copy write bf16 too */
     c->no_fuse = env_is("TM_CUDA_NO_FUSE", "1");
     c->split_mixed = !env_is("TM_CUDA_NO_SPLIT_MIXED", "1"); /* "1": mixed steps: every token to prefill attention */
+    c->kv_rows_off = env_is("TM_CUDA_KV_ROWS", "0");
+    c->rows_layer = -1;
     c->fuse_norm = env_is("TM_CUDA_FUSE_NORM", "1");
     if ((e = cudaMalloc(&c->norm_scratch, TM_CUDA_GEMV_NORM_SCRATCH_BYTES)) != cudaSuccess ||
         (e = cudaMemsetAsync(c->norm_scratch, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES, c->stream)) != cudaSuccess) {

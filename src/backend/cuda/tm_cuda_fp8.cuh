@@ -95,6 +95,18 @@ __device__ __forceinline__ void tm_kv_store8(uint16_t *cache, size_t e, uint4 u,
         *reinterpret_cast<uint4 *>(cache + e) = u;
 }
 
+/* the bf16 values a cache holds for the item u: u itself, or (fp8) u rounded to e4m3 and widened back (exact) */
+__device__ __forceinline__ uint4 tm_kv_held8(uint4 u, bool fp8) {
+    if (!fp8) return u;
+    const uint2 b = tm_fp8x8_of_bf16(u);
+    return make_uint4(tm_fp8x2_to_bf16x2((uint16_t)(b.x & 0xffffu)), tm_fp8x2_to_bf16x2((uint16_t)(b.x >> 16)),
+                      tm_fp8x2_to_bf16x2((uint16_t)(b.y & 0xffffu)), tm_fp8x2_to_bf16x2((uint16_t)(b.y >> 16)));
+}
+__device__ __forceinline__ uint16_t tm_kv_held1(uint16_t bf16_bits, bool fp8) {
+    if (!fp8) return bf16_bits;
+    return (uint16_t)(tm_fp8x2_to_bf16x2(tm_fp8_of(__uint_as_float((uint32_t)bf16_bits << 16))) & 0xffffu);
+}
+
 /* store one bf16 value (bits) at element e of a bf16 or e4m3 cache */
 __device__ __forceinline__ void tm_kv_store1(uint16_t *cache, size_t e, uint16_t bf16_bits, bool fp8) {
     if (fp8)

@@ -69,6 +69,9 @@ typedef struct tm_cuda_rope_args {
     const uint16_t *q_src;        /* NULL, or q's input rows (src_stride apart): q then gets every dim from it */
     int32_t src_stride;           /* elements from one token's row of q_src, k and v to the next; 0: their widths
                                    * (one fused q|k|v product: q_src, k = q_src + q width, v = k + kv width) */
+    uint16_t *k_out, *v_out;      /* NULL, or rows laid out as k and v (may be k and v themselves) that get the
+                                   * values the cache holds (k rotated; fp8: widened back), for a prefill
+                                   * attention that reads them (tm_cuda_attn_args.k_rows / v_rows) */
 } tm_cuda_rope_args;
 cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStream_t stream);
 
@@ -197,6 +200,12 @@ typedef struct tm_cuda_attn_args {
     const uint16_t *k_cache;      /* this layer's (n_blocks, n_kv_heads, block_size, head_dim) bf16, or e4m3 */
     const uint16_t *v_cache;      /* bytes when kv_fp8 (the pointer is then read as bytes) */
     bool kv_fp8;                  /* the cache holds fp8 e4m3 elements (tm_cuda_fp8.cuh) */
+    /* NULL, or (prefill) the keys and values of every sequence as bf16 rows of the step's tokens, when no
+     * sequence has a cached prefix (context_len == query length): token i's kv head h at
+     * k_rows + i * kv_row_stride + h * head_dim. They hold exactly what the cache holds for those keys (an fp8
+     * cache's values widened), so the prefill kernel may read them instead of the cache (v5 over an fp8 cache) */
+    const uint16_t *k_rows, *v_rows;
+    int32_t kv_row_stride;
     uint16_t *out;                /* (n_tokens, n_heads * head_dim) bf16 */
     void *work;                   /* scratch, work_bytes from the launcher's _work_bytes function */
     size_t work_bytes;

@@ -22,7 +22,9 @@
  * items (nothing to do for q); v is copied in 16-byte items. Needs head_dim % 8 == 0, rope_dim % 8 == 0
  * (% 16 for neox) and 16-byte aligned q, k, v and caches.
  * v1 (simple): one thread per pair / element, any shape. TM_CUDA_ROPE_V=1 forces it.
- * kv_fp8: the cache holds e4m3 bytes; the bf16 value the bf16 cache would hold is rounded once more, to e4m3. */
+ * kv_fp8: the cache holds e4m3 bytes; the bf16 value the bf16 cache would hold is rounded once more, to e4m3.
+ * k_out, v_out: rows laid out as k and v (k and v themselves in place) get the values the cache holds (rotated k;
+ * fp8: widened back), for a prefill attention that reads the step's own keys from them (tm_cuda_attn_args.k_rows). */
 
 namespace {
 
@@ -66,8 +68,9 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v1(tm_cuda_rope_args 
     const size_t qw = (size_t)a.n_heads * (size_t)hd, kw = (size_t)a.n_kv_heads * (size_t)hd;
     uint16_t *q = a.q + (size_t)tok * qw;
     const uint16_t *qi = a.q_src ? a.q_src + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : qw) : q;
-    const uint16_t *k = a.k + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : kw);
-    const uint16_t *v = a.v + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : kw);
+    const size_t kv_ld = a.src_stride ? (size_t)a.src_stride : kw;
+    const uint16_t *k = a.k + (size_t)tok * kv_ld, *v = a.v + (size_t)tok * kv_ld;
+    uint16_t *ko = a.k_out ? a.k_out + (size_t)tok * kv_ld : nullptr, *vo = a.v_out ? a.v_out + (size_t)tok * kv_ld : nullptr;
     /* q pairs, in place or from q_src */
     for (int e = (int)threadIdx.x; e < a.n_heads * half; e += kThreads) {
         const int h = e / half, j = e % half;
@@ -93,27 +96,40 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v1(tm_cuda_rope_args 
         const uint16_t *p = k + (size_t)h * hd;
         const size_t o = cache_base(slot, h, a.n_kv_heads, a.block_size, hd);
         const float x0 = bf(p[ia]), x1 = bf(p[ib]), c = cs[j].x, s = cs[j].y;
-        tm_kv_store1(a.k_cache, o + ia, to_bf(x0 * c - x1 * s), a.kv_fp8);
-        tm_kv_store1(a.k_cache, o + ib, to_bf(x0 * s + x1 * c), a.kv_fp8);
+        const uint16_t ya = to_bf(x0 * c - x1 * s), yb = to_bf(x0 * s + x1 * c);
+        tm_kv_store1(a.k_cache, o + ia, ya, a.kv_fp8);
+        tm_kv_store1(a.k_cache, o + ib, yb, a.kv_fp8);
+        if (ko) {
+            ko[(size_t)h * hd + ia] = tm_kv_held1(ya, a.kv_fp8);
+            ko[(size_t)h * hd + ib] = tm_kv_held1(yb, a.kv_fp8);
+        }
     }
     /* k pass-through dims -> cache */
     for (int e = (int)threadIdx.x; e < a.n_kv_heads * rest; e += kThreads) {
         const int h = e / rest, d = a.rope_dim + e % rest;
         tm_kv_store1(a.k_cache, cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d, k[(size_t)h * hd + d], a.kv_fp8);
+        if (ko) ko[(size_t)h * hd + d] = tm_kv_held1(k[(size_t)h * hd + d], a.kv_fp8);
     }
     /* v -> cache */
     for (int e = (int)threadIdx.x; e < a.n_kv_heads * hd; e += kThreads) {
         const int h = e / hd, d = e % hd;
         tm_kv_store1(a.v_cache, cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + d, v[(size_t)h * hd + d], a.kv_fp8);
+        if (vo) vo[(size_t)h * hd + d] = tm_kv_held1(v[(size_t)h * hd + d], a.kv_fp8);
     }
 }
 
 /* ---- v2: 16-byte items ---- */
 
+/* item u at element e of dst (bf16, or e4m3 bytes when fp8), and what dst holds at row + e when row is set */
+__device__ __forceinline__ void store8(uint16_t *dst, size_t e, uint4 u, bool fp8, uint16_t *row) {
+    tm_kv_store8(dst, e, u, fp8);
+    if (row) *reinterpret_cast<uint4 *>(row + e) = tm_kv_held8(u, fp8);
+}
+
 /* rotate the 8-element item at src + d0 (llama: 4 adjacent pairs starting at pair d0 / 2) into dst + d0 (dst: bf16,
- * or e4m3 bytes when fp8) */
+ * or e4m3 bytes when fp8; row: NULL or where the held values go, which may be src itself) */
 __device__ __forceinline__ void rot_llama(const uint16_t *src, uint16_t *dst, int d0, const float2 *cs,
-                                          bool fp8 = false) {
+                                          bool fp8 = false, uint16_t *row = nullptr) {
     float x[8], y[8];
     unpack_bf16x8(*reinterpret_cast<const uint4 *>(src + d0), x);
 #pragma unroll
@@ -122,12 +138,12 @@ __device__ __forceinline__ void rot_llama(const uint16_t *src, uint16_t *dst, in
         y[2 * p] = x[2 * p] * t.x - x[2 * p + 1] * t.y;
         y[2 * p + 1] = x[2 * p] * t.y + x[2 * p + 1] * t.x;
     }
-    tm_kv_store8(dst, (size_t)d0, pack_bf16x8(y), fp8);
+    store8(dst, (size_t)d0, pack_bf16x8(y), fp8, row);
 }
 
 /* rotate pairs j0..j0+7 (neox: x[j] with x[j + half]) of src into dst */
 __device__ __forceinline__ void rot_neox(const uint16_t *src, uint16_t *dst, int j0, int half, const float2 *cs,
-                                         bool fp8 = false) {
+                                         bool fp8 = false, uint16_t *row = nullptr) {
     float x0[8], x1[8], y0[8], y1[8];
     unpack_bf16x8(*reinterpret_cast<const uint4 *>(src + j0), x0);
     unpack_bf16x8(*reinterpret_cast<const uint4 *>(src + half + j0), x1);
@@ -137,8 +153,8 @@ __device__ __forceinline__ void rot_neox(const uint16_t *src, uint16_t *dst, int
         y0[p] = x0[p] * t.x - x1[p] * t.y;
         y1[p] = x0[p] * t.y + x1[p] * t.x;
     }
-    tm_kv_store8(dst, (size_t)j0, pack_bf16x8(y0), fp8);
-    tm_kv_store8(dst, (size_t)(half + j0), pack_bf16x8(y1), fp8);
+    store8(dst, (size_t)j0, pack_bf16x8(y0), fp8, row);
+    store8(dst, (size_t)(half + j0), pack_bf16x8(y1), fp8, row);
 }
 
 __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v2(tm_cuda_rope_args a) {
@@ -152,8 +168,9 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v2(tm_cuda_rope_args 
     const size_t qw = (size_t)a.n_heads * (size_t)hd, kw = (size_t)a.n_kv_heads * (size_t)hd;
     uint16_t *q = a.q + (size_t)tok * qw;
     const uint16_t *qi = a.q_src ? a.q_src + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : qw) : q;
-    const uint16_t *k = a.k + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : kw);
-    const uint16_t *v = a.v + (size_t)tok * (a.src_stride ? (size_t)a.src_stride : kw);
+    const size_t kv_ld = a.src_stride ? (size_t)a.src_stride : kw;
+    const uint16_t *k = a.k + (size_t)tok * kv_ld, *v = a.v + (size_t)tok * kv_ld;
+    uint16_t *ko = a.k_out ? a.k_out + (size_t)tok * kv_ld : nullptr, *vo = a.v_out ? a.v_out + (size_t)tok * kv_ld : nullptr;
     const int64_t slot = a.slot_mapping[tok];
     const int q_per = a.q_src ? per_head : n_rot;                    /* q items: rotations (+ pass-through) */
     const int n_q = a.n_heads * q_per;
@@ -175,20 +192,22 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel_v2(tm_cuda_rope_args 
         } else if (e < n_q + n_k) {
             const int f = e - n_q, h = f / per_head, u = f % per_head;
             const uint16_t *p = k + (size_t)h * hd;
+            uint16_t *row = ko ? ko + (size_t)h * hd : nullptr;
             const size_t cb = cache_base(slot, h, a.n_kv_heads, a.block_size, hd);
             uint16_t *o = a.kv_fp8 ? (uint16_t *)((uint8_t *)a.k_cache + cb) : a.k_cache + cb;
             if (u >= n_rot) {
                 const int d0 = a.rope_dim + 8 * (u - n_rot);
-                tm_kv_store8(o, (size_t)d0, *reinterpret_cast<const uint4 *>(p + d0), a.kv_fp8);
+                store8(o, (size_t)d0, *reinterpret_cast<const uint4 *>(p + d0), a.kv_fp8, row);
             } else if (a.neox) {
-                rot_neox(p, o, 8 * u, half, cs, a.kv_fp8);
+                rot_neox(p, o, 8 * u, half, cs, a.kv_fp8, row);
             } else {
-                rot_llama(p, o, 8 * u, cs, a.kv_fp8);
+                rot_llama(p, o, 8 * u, cs, a.kv_fp8, row);
             }
         } else {
             const int f = e - n_q - n_k, h = f / hd8, d0 = 8 * (f % hd8);
-            tm_kv_store8(a.v_cache, cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + (size_t)d0,
-                         *reinterpret_cast<const uint4 *>(v + (size_t)h * hd + d0), a.kv_fp8);
+            const uint4 u = *reinterpret_cast<const uint4 *>(v + (size_t)h * hd + d0);
+            tm_kv_store8(a.v_cache, cache_base(slot, h, a.n_kv_heads, a.block_size, hd) + (size_t)d0, u, a.kv_fp8);
+            if (vo) *reinterpret_cast<uint4 *>(vo + (size_t)h * hd + d0) = tm_kv_held8(u, a.kv_fp8);
         }
     }
 }
@@ -207,7 +226,8 @@ extern "C" cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStr
     if (a->src_stride < 0) return cudaErrorInvalidValue;
     const bool vec = a->head_dim % 8 == 0 && a->rope_dim % (a->neox ? 16 : 8) == 0 && tm_aligned16(a->q) &&
                      tm_aligned16(a->k) && tm_aligned16(a->v) && tm_aligned16(a->k_cache) && tm_aligned16(a->v_cache) &&
-                     (!a->q_src || tm_aligned16(a->q_src)) && a->src_stride % 8 == 0;
+                     (!a->q_src || tm_aligned16(a->q_src)) && a->src_stride % 8 == 0 &&
+                     (!a->k_out || tm_aligned16(a->k_out)) && (!a->v_out || tm_aligned16(a->v_out));
     if (vec && !v1)
         return tm_launch(rope_kv_kernel_v2, dim3((unsigned)a->n_tokens), dim3(kThreads), smem, stream, *a);
     else
