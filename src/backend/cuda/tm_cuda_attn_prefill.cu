@@ -893,9 +893,12 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  * Ring: STAGES slots of (K, V); tile j is copied during round j - STAGES + 2, into the slot that tile j - STAGES
  * left: its V was last read by the P V product of round j - STAGES + 1, which every warp has waited for before
  * the barrier that opens round j - STAGES + 2. So STAGES - 2 tiles are in flight behind the one in use.
- * grid / tile mapping as v3; dynamic smem (BM + 2 * STAGES * BN) * HD * 2 + 1024. */
+ * grid / tile mapping as v3; dynamic smem (BM + 2 * STAGES * BN) * HD * 2 + 1024.
+ * head_dim 64 with 64-key tiles: two CTAs an SM (81 KB of shared memory each) when the kernel fits in 128 registers,
+ * which the launch bounds hold it to (at 131-147 registers, one CTA an SM: 296 against 395 TFLOP/s on the 1B shape).
+ * ROWS: K and V from tm_cuda_attn_args.k_rows / v_rows (every sequence fresh) instead of the paged cache. */
 template <int HD, int BN, int STAGES, bool ROWS>
-__global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5(const tm_cuda_attn_args a, const prefill_geom g) {
+__global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefill_kernel_v5(const tm_cuda_attn_args a, const prefill_geom g) {
     constexpr int NT = 256, BM = 128;
     constexpr int CPR = HD / 8, RPP = NT / CPR, Q_ROWS = BM / RPP;
     constexpr int LT = NT / 2, LRPP = LT / CPR, KV_ROWS = BN / LRPP; /* K/V copies: warpgroup 1's threads */
