@@ -49,6 +49,10 @@ typedef struct tm_batch {
                                   * where it is -1 (token_ids[i] is then a placeholder inside the vocabulary) */
 } tm_batch;
 
+/* The first sequence, not before lo, from which every sequence to the end of the batch is fresh (no cached prefix:
+ * context_len equals its query length); n_seqs when the last one is not (or lo >= n_seqs). */
+int32_t tm_batch_fresh_from(const tm_batch *b, int32_t lo);
+
 /* Attention geometry and RoPE parameters, fixed per model. */
 typedef struct tm_attn_cfg {
     int32_t n_heads, n_kv_heads, head_dim;

@@ -1,6 +1,13 @@
 /* tm_backend.c -- backend entry points that exist in every build (the CUDA ones answer "not built" without CUDA). */
 #include "backend/backend.h"
 
+int32_t tm_batch_fresh_from(const tm_batch *b, int32_t lo) {
+    int32_t f = b->n_seqs;
+    if (lo < 0) lo = 0;
+    while (f > lo && b->context_len[f - 1] == b->query_start[f] - b->query_start[f - 1]) f--;
+    return f;
+}
+
 #ifndef TM_HAVE_CUDA
 tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_error *err) {
     (void)cfg;

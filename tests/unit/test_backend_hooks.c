@@ -823,9 +823,35 @@ static void test_engine_pipelined(void **st) {
     tm_model_free(m);
 }
 
+/* tm_batch_fresh_from: where the trailing run of fresh sequences (no cached prefix) starts, not before lo */
+static void test_batch_fresh_from(void **state) {
+    (void)state;
+    /* decode token, a chunk continued from an earlier step, then three fresh prompts (the last one cut short) */
+    const int32_t qs[] = {0, 1, 9, 13, 20, 23}, ctx[] = {40, 17, 4, 7, 3};
+    tm_batch b = {.n_seqs = 5, .query_start = qs, .context_len = ctx};
+    assert_int_equal(tm_batch_fresh_from(&b, 0), 2);
+    assert_int_equal(tm_batch_fresh_from(&b, 1), 2);
+    assert_int_equal(tm_batch_fresh_from(&b, 3), 3); /* not before lo */
+    assert_int_equal(tm_batch_fresh_from(&b, 5), 5); /* nothing at or after lo */
+    assert_int_equal(tm_batch_fresh_from(&b, -2), 2);
+    /* a prefixed sequence after fresh ones: only what follows it counts */
+    const int32_t ctx2[] = {1, 8, 4, 9, 3};
+    b.context_len = ctx2;
+    assert_int_equal(tm_batch_fresh_from(&b, 0), 4);
+    /* the last sequence has a prefix: none */
+    const int32_t ctx3[] = {1, 8, 4, 7, 5};
+    b.context_len = ctx3;
+    assert_int_equal(tm_batch_fresh_from(&b, 0), 5);
+    /* every sequence fresh */
+    const int32_t ctx4[] = {1, 8, 4, 7, 3};
+    b.context_len = ctx4;
+    assert_int_equal(tm_batch_fresh_from(&b, 0), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_parse),
+        cmocka_unit_test(test_batch_fresh_from),
         cmocka_unit_test(test_placed_model_forward_is_identical),
         cmocka_unit_test(test_grouped_placement),
         cmocka_unit_test(test_whole_layers),

@@ -480,10 +480,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     }
     bool mixed = c->split_mixed && n_dec > 0 && n_dec < ns && b->query_start[n_dec] == n_dec;
     if (!mixed) n_dec = 0;
-    int32_t fresh_from = max_q > 1 ? ns : -1; /* -1: never */
-    while (fresh_from > n_dec &&
-           b->context_len[fresh_from - 1] == b->query_start[fresh_from] - b->query_start[fresh_from - 1])
-        fresh_from--;
+    const int32_t fresh_from = max_q > 1 ? tm_batch_fresh_from(b, n_dec) : ns;
     int32_t cap_ctx = b->max_blocks * c->kv.block_size;
     /* decode-only steps that want every row's logits run as CUDA graphs, padded to a bucket */
     bool graph = !c->cfg.no_graphs && !c->graphs_off && max_q == 1 && b->n_logits == n && n == ns;
@@ -606,7 +603,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     c->d_seq_tail = (int32_t *)(d + o_sqt);
     c->n_dec = n_dec;
     c->max_ctx_dec = max_ctx_dec;
-    c->fresh_from = fresh_from >= 0 && fresh_from < ns ? fresh_from : -1;
+    c->fresh_from = fresh_from < ns ? fresh_from : -1;
     c->rows_layer = -1;
     c->n_tokens = nt;
     c->n_seqs = nsp;
