@@ -1,4 +1,5 @@
-/* tm_backend.c -- backend entry points that exist in every build (the CUDA ones answer "not built" without CUDA). */
+/* tm_backend.c -- backend entry points and batch helpers that exist in every build (the CUDA entry points answer
+ * "not built" without CUDA). */
 #include "backend/backend.h"
 
 int32_t tm_batch_fresh_from(const tm_batch *b, int32_t lo) {

@@ -1,5 +1,6 @@
 /* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, v3, default v5) against a double reference, and timings. */
-/* TB_PREFILL_ONLY=5: only v5 (its checks and timings, with each switch) and stop. */
+/* TB_PREFILL_ONLY=5: only v5 (its checks and timings, with each switch, and over the step's keys as token rows: fresh
+ * sequences, bf16 and fp8 caches) and stop. */
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "tb_common.h"
 #include "core/tm_fp8.h"

@@ -59,11 +59,11 @@ typedef struct cu_backend {
     int32_t n_dec, max_ctx_dec;
     int32_t *d_qs_tail, *d_seq_tail;
     bool split_mixed;
-    /* the step's sequences from fresh_from on (all prefill sequences, after the n_dec decode ones) have no cached
-     * prefix (n_seqs: none), so with an fp8 cache their prefill attention may read the step's own keys from the
-     * fused q|k|v product's rows (rope writes what the cache holds back into them; tm_cuda_attn_args.k_rows) and
-     * the sequences before them the cache: rows_layer is the layer whose rows are there (-1: none), consumed by
-     * its attention; TM_CUDA_KV_ROWS=0 turns it off */
+    /* the step's sequences from fresh_from on (-1: none; never one of the n_dec decode sequences) have no cached
+     * prefix (tm_batch_fresh_from), so with an fp8 cache their prefill attention may read the step's own keys
+     * from the fused q|k|v product's rows (rope writes what the cache holds into them; tm_cuda_attn_args.k_rows)
+     * and the sequences before them the cache: rows_layer is the layer whose rows are there (-1: none), consumed
+     * by its attention; TM_CUDA_KV_ROWS=0 turns it off */
     bool kv_rows_off;
     int32_t fresh_from, rows_layer, rows_ld;
     const uint16_t *rows_k, *rows_v;
