@@ -306,6 +306,28 @@ static void correctness_case(dcase *c) {
         char name[96];
         snprintf(name, sizeof name, "%s%s %s", c->name, c->fp8 ? " fp8" : "", vr->label);
         tb_result("attn_decode", name, compare(c, ref, seqs, c->n_seqs), 1e-2, 0.0, 0.0, 0.0, 'm');
+        /* the e4m3 copy (out8): the same bf16 output, and each byte the e4m3 rounding of that bf16 value times
+         * out8_inv, as tm_cuda_quant_fp8 makes it */
+        const size_t nq = (size_t)c->n_seqs * c->n_heads * c->hd;
+        uint16_t *o1 = malloc(nq * 2), *o2 = malloc(nq * 2);
+        uint8_t *o8 = malloc(nq), *o8_d = tb_dev(nq);
+        tb_download(o1, c->out_d, nq * 2);
+        tb_poison(c->out_d, nq * 2);
+        tb_poison(o8_d, nq);
+        a.out8 = o8_d;
+        a.out8_inv = 1.0f / 3.0f;
+        TB_RUN(tm_cuda_attn_decode(&a, 0));
+        tb_download(o2, c->out_d, nq * 2);
+        tb_download(o8, o8_d, nq);
+        size_t bad = 0;
+        for (size_t i = 0; i < nq; i++)
+            bad += o1[i] != o2[i] || o8[i] != tm_fp8_from_f32(tb_bf16_to_f32(o2[i]) * a.out8_inv);
+        snprintf(name, sizeof name, "%s%s %s out8", c->name, c->fp8 ? " fp8" : "", vr->label);
+        tb_result("attn_decode", name, (double)bad, 0.0, 0.0, 0.0, 0.0, 'm');
+        TB_CHECK(cudaFree(o8_d));
+        free(o1);
+        free(o2);
+        free(o8);
     }
     set_env(NULL, NULL);
     free(ref);

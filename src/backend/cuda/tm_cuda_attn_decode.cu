@@ -86,6 +86,8 @@ struct dec_params {
     const uint16_t *q;          /* (n_seqs, n_heads * head_dim) bf16 */
     const uint16_t *kc, *vc;    /* (n_blocks, n_kv, block_size, head_dim) bf16, or fp8 e4m3 bytes when fp8 */
     uint16_t *out;              /* (n_seqs, n_heads * head_dim) bf16 */
+    uint8_t *out8;              /* NULL, or out's elements times out8_inv in e4m3 (tm_cuda_attn_args.out8) */
+    float out8_inv;
     float *part_o;              /* (n_seqs * n_heads, n_splits, head_dim) normalized partial outputs */
     float *part_lse;            /* (n_seqs * n_heads, n_splits) max + log2(sum), log2 domain */
     const int32_t *ctx_len;     /* (n_seqs) */
@@ -102,6 +104,14 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+
+/* output element i: bf16 into out, and into out8 (when set) that bf16 value times out8_inv rounded to e4m3, as
+ * tm_cuda_quant_fp8 rounds it */
+__device__ __forceinline__ void put_out(const dec_params &p, size_t i, float o) {
+    const uint16_t b = f32_to_bf16_bits(o);
+    p.out[i] = b;
+    if (p.out8) p.out8[i] = tm_fp8_of(bf16_bits_to_f32(b) * p.out8_inv);
+}
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
@@ -223,7 +233,7 @@ __device__ void dec_finish(const dec_params &p, const float *red_m, const float 
             lse = M + log2f(L);
         }
         if (direct) {
-            p.out[pair * (size_t)hd + (size_t)d] = f32_to_bf16_bits(o);
+            put_out(p, pair * (size_t)hd + (size_t)d, o);
         } else {
             const size_t ps = pair * (size_t)p.n_splits + (size_t)split;
             p.part_o[ps * (size_t)hd + (size_t)d] = o;
@@ -296,7 +306,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v1(dec_params 
             }
             o = O / L;
         }
-        p.out[((size_t)seq * (size_t)p.n_heads + (size_t)h) * (size_t)hd + (size_t)d] = f32_to_bf16_bits(o);
+        put_out(p, ((size_t)seq * (size_t)p.n_heads + (size_t)h) * (size_t)hd + (size_t)d, o);
     }
 }
 
@@ -718,7 +728,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_merge_kernel_v1(dec_p
     for (int d = lane; d < hd; d += 32) {
         float o = 0.0f;
         for (int k = 0; k < nv; k++) o += fast_exp2(lse[k] - M) * po[(size_t)k * (size_t)hd + (size_t)d];
-        p.out[(size_t)pair * (size_t)hd + (size_t)d] = f32_to_bf16_bits(o * inv);
+        put_out(p, (size_t)pair * (size_t)hd + (size_t)d, o * inv);
     }
 }
 
@@ -811,6 +821,8 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     p.kc = a->k_cache;
     p.vc = a->v_cache;
     p.out = a->out;
+    p.out8 = a->out8;
+    p.out8_inv = a->out8_inv;
     p.part_o = NULL;
     p.part_lse = NULL;
     p.ctx_len = a->context_len;

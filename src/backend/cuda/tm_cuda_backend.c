@@ -65,6 +65,7 @@ typedef struct cu_backend {
      * and the sequences before them the cache: rows_layer is the layer whose rows are there (-1: none), consumed
      * by its attention; TM_CUDA_KV_ROWS=0 turns it off */
     bool kv_rows_off;
+    bool attn_out8_off;          /* TM_CUDA_ATTN_OUT8=0: decode attention leaves no e4m3 copy of its output */
     int32_t fresh_from, rows_layer, rows_ld;
     const uint16_t *rows_k, *rows_v;
     int64_t *d_slots;
@@ -713,9 +714,9 @@ static void xq8_leave(cu_backend *c, const void *src, float act, size_t elems) {
     c->xq8_elems = elems;
 }
 
-/* A norm at a GEMM-sized batch of an fp8 model (one activation scale) also leaves its output rounded to e4m3 in
- * xq8, for the fp8 products that take it next (matmul_fp8 then skips its own rounding) */
-static bool norm_leaves_fp8(const cu_backend *c, int64_t dim, int32_t n) {
+/* A norm (or the decode attention) at a GEMM-sized batch of an fp8 model (one activation scale) also leaves its
+ * output rounded to e4m3 in xq8, for the fp8 products that take it next (matmul_fp8 then skips its own rounding) */
+static bool leaves_fp8(const cu_backend *c, int64_t dim, int32_t n) {
     return !c->no_fuse_gemm && !c->no_fp8_left && n > TM_CUDA_GEMV_MAX_N && c->fp8_act > 0.0f && c->xq8 &&
            dim % 8 == 0 && dim <= 8192 &&
            (size_t)n * (size_t)dim <= c->xq8_bytes;
@@ -725,7 +726,7 @@ static void norm_run(cu_backend *c, float *residual, const void *x, const tm_wei
     const int32_t dim = (int32_t)w->cols;
     lazy_read(c, x);
     if (residual) lazy_write(c, residual); /* before the record below, whose source it is */
-    if (norm_leaves_fp8(c, dim, n)) { /* fp8_only: the e4m3 copy alone, the bf16 output when something reads it */
+    if (leaves_fp8(c, dim, n)) { /* fp8_only: the e4m3 copy alone, the bf16 output when something reads it */
         if (cu_fail(c, tm_cuda_rmsnorm_fp8(residual, residual ? x : NULL, residual ? NULL : x, w->data, eps, n, dim,
                                            c->fp8_only ? NULL : out, c->xq8, 1.0f / c->fp8_act, c->stream),
                     "rmsnorm_fp8"))
@@ -1152,11 +1153,18 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
         g.work = c->attn_work;
         g.work_bytes = have;
     }
+    const int64_t dim = (int64_t)a->n_heads * a->head_dim;
+    const bool left = decode && !c->attn_out8_off && leaves_fp8(c, dim, c->n_tokens);
+    if (left) { /* the o product's e4m3 input too */
+        g.out8 = c->xq8;
+        g.out8_inv = 1.0f / c->fp8_act;
+    }
     if (decode)
         cu_fail(c, tm_cuda_attn_decode(&g, c->stream), "attention");
     else
         prefill_part(c, &g, 0, rows, "attention");
     buf_mark(c, out, false);
+    if (left) xq8_leave(c, out, c->fp8_act, (size_t)c->n_tokens * (size_t)dim);
 }
 
 /* The whole layer as one kernel for a one-token step (batch-1 decode): bf16 weights without biases, llama RoPE, a
@@ -1554,6 +1562,7 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     c->no_fuse = env_is("TM_CUDA_NO_FUSE", "1");
     c->split_mixed = !env_is("TM_CUDA_NO_SPLIT_MIXED", "1"); /* "1": mixed steps: every token to prefill attention */
     c->kv_rows_off = env_is("TM_CUDA_KV_ROWS", "0");
+    c->attn_out8_off = env_is("TM_CUDA_ATTN_OUT8", "0");
     c->rows_layer = -1;
     c->fuse_norm = env_is("TM_CUDA_FUSE_NORM", "1");
     if ((e = cudaMalloc(&c->norm_scratch, TM_CUDA_GEMV_NORM_SCRATCH_BYTES)) != cudaSuccess ||

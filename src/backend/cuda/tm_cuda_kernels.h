@@ -207,6 +207,9 @@ typedef struct tm_cuda_attn_args {
     const uint16_t *k_rows, *v_rows;
     int32_t kv_row_stride;
     uint16_t *out;                /* (n_tokens, n_heads * head_dim) bf16 */
+    uint8_t *out8;                /* NULL, or (decode only) also e4m3(out * out8_inv) of every element, what
+                                   * tm_cuda_quant_fp8(out, out8_inv) makes (the fp8 o product's input) */
+    float out8_inv;
     void *work;                   /* scratch, work_bytes from the launcher's _work_bytes function */
     size_t work_bytes;
 } tm_cuda_attn_args;
