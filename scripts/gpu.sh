@@ -134,6 +134,19 @@ EOF
   }
 fi
 
+# the text of $OUT/PREFIX_cpu.json against $OUT/PREFIX_cuda.json (one `run --json` each): greedy_cpu_gpu PREFIX
+greedy_cpu_gpu() {
+  python3 - "$OUT" "$1" <<'EOF'
+import json, sys
+try:
+    a, b = (json.load(open(f"{sys.argv[1]}/{sys.argv[2]}_{d}.json"))["text"] for d in ("cpu", "cuda"))
+except Exception as e:
+    print(f"no result ({e})"); sys.exit()
+n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print("same greedy text" if a == b else f"texts part after {n} of {len(a)} characters")
+EOF
+}
+
 if want fp8; then
   # fp8 weights (W8A8, per-tensor scales: dummy:<shape>:fp8): batch-1 decode against its floor (the fp8 weight
   # bytes), the GPU against the CPU backend on the same host-made weights, and the 8B throughput with an fp8 cache
@@ -151,34 +164,14 @@ if want fp8; then
       -p "eight bit weights and activations, rounded once per product, with the cache in eight bits too" \
       2>"$OUT/fp8_greedy_$dev.err" | tail -n 1 >"$OUT/fp8_greedy_$dev.json"
   done
-  r=$(python3 - "$OUT" <<'EOF'
-import json, sys
-try:
-    a, b = (json.load(open(f"{sys.argv[1]}/fp8_greedy_{d}.json"))["text"] for d in ("cpu", "cuda"))
-except Exception as e:
-    print(f"no result ({e})"); sys.exit()
-n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-print("same greedy text" if a == b else f"texts part after {n} of {len(a)} characters")
-EOF
-)
-  row "greedy smollm2 fp8: GPU vs CPU" "$r"
+  row "greedy smollm2 fp8: GPU vs CPU" "$(greedy_cpu_gpu fp8_greedy)"
   # the same with the fp8 KV cache: the prompt's prefill attention reads its own keys from the q|k|v rows (v5)
   for dev in cpu cuda; do
     TM_DUMMY_HOST=1 timeout 120 $TM run -m dummy:smollm2-135m:fp8 --device $dev --kv-cache-dtype fp8 -n 48 --temp 0 \
       --ignore-eos --json -p "eight bit weights and activations, rounded once per product, with the cache in eight bits too" \
       2>"$OUT/fp8kv_greedy_$dev.err" | tail -n 1 >"$OUT/fp8kv_greedy_$dev.json"
   done
-  r=$(python3 - "$OUT" <<'EOF'
-import json, sys
-try:
-    a, b = (json.load(open(f"{sys.argv[1]}/fp8kv_greedy_{d}.json"))["text"] for d in ("cpu", "cuda"))
-except Exception as e:
-    print(f"no result ({e})"); sys.exit()
-n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-print("same greedy text" if a == b else f"texts part after {n} of {len(a)} characters")
-EOF
-)
-  row "greedy smollm2 fp8, fp8 KV: GPU vs CPU" "$r"
+  row "greedy smollm2 fp8, fp8 KV: GPU vs CPU" "$(greedy_cpu_gpu fp8kv_greedy)"
   # neither pipelined steps nor the unwritten bf16 outputs may change a token: 64 random prompts through the engine
   python3 -c "import random; r=random.Random(7); print('\n'.join(' '.join(str(r.randrange(256, 128000)) for _ in range(r.randrange(16, 300))) for _ in range(64)))" >"$OUT/pipe_ids.txt"
   for v in "1" "1 --no-pipeline" "0"; do
