@@ -975,23 +975,21 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
                     cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
                     cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
                 }
-            } else if (ROWS) { /* this thread's KV_ROWS rows: consecutive tokens */
-                const uint16_t *src = kc + (size_t)(uint32_t)(k0 + crow * KV_ROWS) * ld_kv;
-#pragma unroll
-                for (int p = 0; p < KV_ROWS; p++) {
-                    const int row = crow * KV_ROWS + p;
-                    cp_async16_all(sK + st + sw128<BN>(row, cchunk), src + (size_t)p * ld_kv);
-                    cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + (size_t)p * ld_kv + v_minus_k);
-                }
-            } else if (g.rowg) { /* this thread's KV_ROWS rows are consecutive keys of one block: one id a tile */
+            } else if (ROWS || g.rowg) { /* this thread's KV_ROWS rows are consecutive keys of one block (ROWS:
+                                          * consecutive tokens): one block id a tile */
                 const uint32_t key0 = (uint32_t)(k0 + crow * KV_ROWS);
-                const uint32_t id = (uint32_t)__ldg(bt + (key0 >> bsl));
-                const uint16_t *src = kc + (size_t)id * blk_stride + (key0 & (uint32_t)bmask) * (uint32_t)HD;
+                const uint16_t *src = ROWS ? kc + (size_t)key0 * ld_kv
+                                           : kc + (size_t)(uint32_t)__ldg(bt + (key0 >> bsl)) * blk_stride +
+                                                 (key0 & (uint32_t)bmask) * (uint32_t)HD;
+                auto row_off = [&](int p) { /* element offset of the thread's p-th row from src */
+                    if constexpr (ROWS) return (size_t)p * ld_kv;
+                    else return p * HD;
+                };
 #pragma unroll
                 for (int p = 0; p < KV_ROWS; p++) {
                     const int row = crow * KV_ROWS + p;
-                    cp_async16_all(sK + st + sw128<BN>(row, cchunk), src + p * HD);
-                    cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + p * HD + v_minus_k);
+                    cp_async16_all(sK + st + sw128<BN>(row, cchunk), src + row_off(p));
+                    cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + row_off(p) + v_minus_k);
                 }
             } else { /* every key below kv_end: no predicates, 32-bit key arithmetic, one wide multiply a row */
 #pragma unroll
