@@ -351,6 +351,54 @@ static void time_gemv(int64_t rows, int64_t cols, const char *shape) {
     free(xh);
 }
 
+/* one fp8 product (fast accumulation) with the heuristic's candidate of rank i: its time and its largest
+ * difference from candidate 0's output (both bf16; the candidates differ only in summation order) */
+static void sweep_algo(tm_cuda_blas *blas, int i, int64_t n, int64_t m, int64_t k) {
+    if (!tb_budget_ok()) return;
+    tb_case("algo %d n=%lld m=%lld k=%lld", i, (long long)n, (long long)m, (long long)k);
+    const size_t nx = (size_t)(n * k), nw = (size_t)(m * k), no = (size_t)(n * m);
+    uint8_t *w8 = make_fp8(m, k), *x8 = make_fp8(n, k);
+    void *w8_d = tb_upload(w8, nw), *x8_d = tb_upload(x8, nx), *o_d = tb_dev(no * 2), *r_d = tb_dev(no * 2);
+    tm_error err;
+    tm_cuda_blas_set_fp8_fast_accum(blas, true);
+    tm_cuda_blas_set_algo_index(blas, 0);
+    tm_status s0 = tm_cuda_blas_gemm_fp8(blas, x8_d, w8_d, 1e-4f, r_d, false, n, m, k, 0, &err);
+    tm_cuda_blas_set_algo_index(blas, i);
+    tm_status s1 = s0 == TM_OK ? tm_cuda_blas_gemm_fp8(blas, x8_d, w8_d, 1e-4f, o_d, false, n, m, k, 0, &err) : s0;
+    if (s1 == TM_OK) {
+        TB_CHECK(cudaDeviceSynchronize());
+        uint16_t *ro = tb_xmalloc(no * 2), *oo = tb_xmalloc(no * 2);
+        tb_download(ro, r_d, no * 2);
+        tb_download(oo, o_d, no * 2);
+        double dmax = 0, rmax = 0;
+        for (size_t e = 0; e < no; e++) {
+            const double r = tb_bf16_to_f32(ro[e]), d = fabs((double)tb_bf16_to_f32(oo[e]) - r);
+            dmax = d > dmax || d != d ? d : dmax;
+            rmax = fabs(r) > rmax ? fabs(r) : rmax;
+        }
+        mm_arg a8 = {blas, true, x8_d, w8_d, x8_d, NULL, o_d, n, m, k};
+        const double us = tb_time_us(run_mm, &a8, 3, 15), flops = 2.0 * (double)n * (double)m * (double)k;
+        char name[96];
+        snprintf(name, sizeof name, "algo%d n=%lld m=%lld k=%lld", i, (long long)n, (long long)m, (long long)k);
+        tb_result("gemm_fp8_algo", name, dmax / (rmax > 0 ? rmax : 1), 1e-2, us, (double)(nx + nw + 2 * no), flops, 'c');
+        printf("# key algo %2d n=%-5lld m=%-5lld k=%-5lld %8.1f us %5.0f TF\n", i, (long long)n, (long long)m,
+               (long long)k, us, flops / us / 1e6);
+        free(ro);
+        free(oo);
+    } else {
+        printf("# key algo %2d n=%-5lld m=%-5lld k=%-5lld none (%s)\n", i, (long long)n, (long long)m, (long long)k,
+               err.msg);
+    }
+    tm_cuda_blas_set_algo_index(blas, 0);
+    tm_cuda_blas_set_fp8_fast_accum(blas, false);
+    cudaFree(w8_d);
+    cudaFree(x8_d);
+    cudaFree(o_d);
+    cudaFree(r_d);
+    free(w8);
+    free(x8);
+}
+
 int main(int argc, char **argv) {
     (void)argv;
     tb_guard_init(25.0);
@@ -386,6 +434,15 @@ int main(int argc, char **argv) {
             time_gemm(blas, ns[i], 4096, 4096, "8b-o");
             time_gemm(blas, ns[i], 14336, 4096, "8b-gate");
             time_gemm(blas, ns[i], 4096, 14336, "8b-down");
+        }
+        /* TB_FP8_ALGOS=N: the fp8 (fast accumulation) products of the throughput run's shapes with each of the
+         * heuristic's first N candidates, checked against the first */
+        const int n_alg = getenv("TB_FP8_ALGOS") ? atoi(getenv("TB_FP8_ALGOS")) : 0;
+        for (int i = 0; i < n_alg && i < TM_CUDA_BLAS_MAX_ALGOS; i++) {
+            const int64_t sn[] = {512, 8192};
+            const int64_t sm[][2] = {{6144, 4096}, {28672, 4096}, {4096, 4096}, {4096, 14336}};
+            for (size_t a = 0; a < 2; a++)
+                for (size_t q = 0; q < 4; q++) sweep_algo(blas, i, sn[a], sm[q][0], sm[q][1]);
         }
         time_gemv(6144, 4096, "8b-qkv");
         time_gemv(14336, 4096, "8b-gate");

@@ -1539,6 +1539,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     /* fp8 GEMMs with fast accumulation unless TM_CUDA_FP8_FAST_ACCUM=0 (tm_cuda_blas.h): 6% more 8B throughput,
      * errors at the level of the bf16 output's rounding (tb_fp8) */
     tm_cuda_blas_set_fp8_fast_accum(c->blas, !env_is("TM_CUDA_FP8_FAST_ACCUM", "0"));
+    /* TM_CUDA_BLAS_ALGO=i: every GEMM takes cuBLASLt's candidate of rank i instead of its first (for measurements) */
+    if (getenv("TM_CUDA_BLAS_ALGO")) tm_cuda_blas_set_algo_index(c->blas, atoi(getenv("TM_CUDA_BLAS_ALGO")));
     size_t rows = (size_t)(cfg->max_logits > 0 ? cfg->max_logits : cfg->max_tokens);
     c->cfg.max_logits = (int32_t)rows;
     if ((e = cudaMalloc((void **)&c->d_ids_out, rows * sizeof(int32_t))) != cudaSuccess ||

@@ -59,12 +59,13 @@ static tm_status lt_load(lt_api *a, tm_error *err) {
     return TM_OK;
 }
 
-/* One cached plan per (n, m, k, input type, out type, bias, SM target): descriptors and the heuristic's first
- * algorithm. */
+/* One cached plan per (n, m, k, input type, out type, bias, SM target, candidate): descriptors and the
+ * heuristic's algorithm of that rank (0: its first choice). */
 typedef struct blas_plan {
     int64_t n, m, k;
     bool fp8, fast, out_f32, bias; /* fp8: e4m3 x and w (else bf16); fast: fp8 fast accumulation */
     int32_t sms;                   /* CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, 0: unset */
+    int32_t algo_i;                /* rank of the heuristic's candidate used */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -79,11 +80,16 @@ struct tm_cuda_blas {
     int32_t n_plans, cap_plans;
     bool fp8_fast;       /* fp8 GEMMs with fast accumulation (tm_cuda_blas_set_fp8_fast_accum) */
     int32_t sm_target;   /* SMs the GEMMs planned from now on target, 0: the device's (tm_cuda_blas_set_sm_target) */
+    int32_t algo_i;      /* the heuristic's candidate GEMMs planned from now on take (tm_cuda_blas_set_algo_index) */
 };
 
 void tm_cuda_blas_set_fp8_fast_accum(tm_cuda_blas *b, bool on) { b->fp8_fast = on; }
 
 void tm_cuda_blas_set_sm_target(tm_cuda_blas *b, int32_t sms) { b->sm_target = sms > 0 ? sms : 0; }
+
+void tm_cuda_blas_set_algo_index(tm_cuda_blas *b, int32_t i) {
+    b->algo_i = i < 0 ? 0 : i < TM_CUDA_BLAS_MAX_ALGOS ? i : TM_CUDA_BLAS_MAX_ALGOS - 1;
+}
 
 tm_status tm_cuda_blas_create(size_t workspace_bytes, tm_cuda_blas **out, tm_error *err) {
     *out = NULL;
@@ -166,17 +172,19 @@ static tm_status plan_make(tm_cuda_blas *b, blas_plan *p, tm_error *err) {
     cublasLtMatmulPreference_t pref = NULL;
     LT(lt->pref_create(&pref));
     cs = lt->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b->ws_bytes, sizeof b->ws_bytes);
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[TM_CUDA_BLAS_MAX_ALGOS];
     int found = 0;
-    if (cs == CUBLAS_STATUS_SUCCESS) cs = lt->heuristic(b->h, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+    if (cs == CUBLAS_STATUS_SUCCESS)
+        cs = lt->heuristic(b->h, p->op, p->la, p->lb, p->lc, p->lc, pref, p->algo_i + 1, res, &found);
     lt->pref_destroy(pref);
     if (cs != CUBLAS_STATUS_SUCCESS) goto fail;
-    if (!found) {
+    if (found <= p->algo_i) {
         plan_destroy(lt, p);
-        return tm_err(err, TM_ERR_DEVICE, "cuBLASLt has no %s algorithm for %lld x %lld x %lld", p->fp8 ? "fp8" : "bf16",
-                      (long long)p->n, (long long)p->m, (long long)p->k);
+        return tm_err(err, found ? TM_ERR_UNSUPPORTED : TM_ERR_DEVICE,
+                      "cuBLASLt has %d %s algorithm(s) for %lld x %lld x %lld (candidate %d asked)", found,
+                      p->fp8 ? "fp8" : "bf16", (long long)p->n, (long long)p->m, (long long)p->k, (int)p->algo_i);
     }
-    p->algo = res.algo;
+    p->algo = res[p->algo_i].algo;
     return TM_OK;
 fail:
     plan_destroy(&b->lt, p);
@@ -193,7 +201,7 @@ static tm_status gemm_run(tm_cuda_blas *b, const void *x, const void *w, bool fp
     for (int32_t i = 0; i < b->n_plans && !p; i++) {
         blas_plan *q = &b->plans[i];
         if (q->n == n && q->m == m && q->k == k && q->fp8 == fp8 && q->fast == fast && q->out_f32 == out_f32 &&
-            q->bias == want_bias && q->sms == b->sm_target)
+            q->bias == want_bias && q->sms == b->sm_target && q->algo_i == b->algo_i)
             p = q;
     }
     if (!p) {
@@ -205,7 +213,7 @@ static tm_status gemm_run(tm_cuda_blas *b, const void *x, const void *w, bool fp
             b->cap_plans = cap;
         }
         blas_plan fresh = {.n = n, .m = m, .k = k, .fp8 = fp8, .fast = fast, .out_f32 = out_f32, .bias = want_bias,
-                           .sms = b->sm_target};
+                           .sms = b->sm_target, .algo_i = b->algo_i};
         tm_status s = plan_make(b, &fresh, err);
         if (s != TM_OK) return s;
         b->plans[b->n_plans++] = fresh;

@@ -31,4 +31,10 @@ void tm_cuda_blas_set_fp8_fast_accum(tm_cuda_blas *b, bool on);
  * 0 (at creation): the device's count, the attribute left unset. Plans made before keep their target. */
 void tm_cuda_blas_set_sm_target(tm_cuda_blas *b, int32_t sms);
 
+/* GEMMs planned from now on take the heuristic's candidate of rank i (0, at creation: its first choice; clamped to
+ * 0 .. TM_CUDA_BLAS_MAX_ALGOS - 1). A shape with no candidate of that rank fails with TM_ERR_UNSUPPORTED. For
+ * sweeps (tb_fp8's TB_FP8_ALGOS) and TM_CUDA_BLAS_ALGO; plans made before keep theirs. */
+#define TM_CUDA_BLAS_MAX_ALGOS 16
+void tm_cuda_blas_set_algo_index(tm_cuda_blas *b, int32_t i);
+
 #endif /* TM_CUDA_BLAS_H */
