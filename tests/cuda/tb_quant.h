@@ -10,26 +10,26 @@
 static const int32_t k_types[] = {TM_DT_F32, TM_DT_F16, TM_DT_BF16, TM_DT_Q8_0,
                                   TM_DT_Q4_0, TM_DT_Q4_1, TM_DT_Q4_K, TM_DT_Q6_K};
 #define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
-static bool is_quant(int32_t t) { return t != TM_DT_F32 && t != TM_DT_F16 && t != TM_DT_BF16; }
-static int qk_of(int32_t t) { return (int)tm_dtype_get((uint32_t)t)->block; }
-static size_t row_bytes_of(int32_t t, int64_t cols) { return (size_t)tm_dtype_row_bytes((uint32_t)t, (uint64_t)cols); }
-static const char *type_name(int32_t t) { return tm_dtype_name((uint32_t)t); }
+static inline bool is_quant(int32_t t) { return t != TM_DT_F32 && t != TM_DT_F16 && t != TM_DT_BF16; }
+static inline int qk_of(int32_t t) { return (int)tm_dtype_get((uint32_t)t)->block; }
+static inline size_t row_bytes_of(int32_t t, int64_t cols) { return (size_t)tm_dtype_row_bytes((uint32_t)t, (uint64_t)cols); }
+static inline const char *type_name(int32_t t) { return tm_dtype_name((uint32_t)t); }
 
-static void put_f16(uint8_t *p, float v) {
+static inline void put_f16(uint8_t *p, float v) {
     uint16_t h = tm_f32_to_f16(v);
     memcpy(p, &h, 2);
 }
 
 /* a cheap approximately normal number (sum of four 16-bit uniforms, mean 0, variance 1): the large group cases
  * make tens of millions of weights */
-static float fast_normal(void) {
+static inline float fast_normal(void) {
     const uint64_t r = tb_rand_u64();
     const float s = (float)(r & 0xffff) + (float)((r >> 16) & 0xffff) + (float)((r >> 32) & 0xffff) + (float)(r >> 48);
     return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
 }
 
 /* rows x cols weights of type t in GGUF layout; random_bytes: raw random blocks with valid fp16 scales */
-static uint8_t *make_weights(int32_t t, int64_t rows, int64_t cols, bool random_bytes) {
+static inline uint8_t *make_weights(int32_t t, int64_t rows, int64_t cols, bool random_bytes) {
     const size_t rb = row_bytes_of(t, cols);
     uint8_t *w = tb_xmalloc(rb * (size_t)rows);
     float *tmp = tb_xmalloc((size_t)cols * sizeof(float));

@@ -119,6 +119,9 @@ typedef struct cu_backend {
      * (TM_CUDA_FUSE_NORM=1): its last-block tail measured slower than the separate norm kernel on the H200 */
     bool no_fuse, fuse_norm;
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
+    /* quantized weights at 9..tm_cuda_qgemm_max_n rows: tm_cuda_qgemm (TM_CUDA_QGEMM=0: dequantize + cuBLASLt) */
+    bool no_qgemm;
+    void *qg_work;               /* (tm_cuda_qgemm_work_bytes) zeroed at creation; every launch leaves it so */
     /* whole-layer kernel for one-token steps (tm_cuda_layer_decode; opt-in: TM_CUDA_LAYER=1) */
     bool layer_on;
     void *layer_work;            /* (tm_cuda_layer_work_bytes) made and zeroed at kv_init when layer_on; every
@@ -817,6 +820,16 @@ static void matmul_one(cu_backend *c, const tm_weight *w, const tm_weight *bias,
         matmul_fp8(c, &w, &bias, &out, &out_f32, 1, x, n);
         return;
     }
+    if (n <= tm_cuda_qgemm_max_n((int32_t)w->type) && !c->no_qgemm) {
+        /* GGUF-quantized: decoded in registers by a tensor-core kernel (the types and shapes it does not take are
+         * dequantized below) */
+        const cudaError_t e = tm_cuda_qgemm(w->data, (int32_t)w->type, w->rows, w->cols, x, n, bd, out, out_f32,
+                                            c->qg_work, c->stream);
+        if (e != cudaErrorNotSupported) {
+            cu_fail(c, e, "qgemm");
+            return;
+        }
+    }
     const uint16_t *wb = w->data;
     if (w->type != TM_DT_BF16) {
         if ((size_t)(w->rows * w->cols) > c->deq_elems) {
@@ -1314,6 +1327,7 @@ static void cu_free(tm_backend *be) {
         if (c->sp_ev[k]) cudaEventDestroy(c->sp_ev[k]);
     }
     cudaFree(c->norm_scratch);
+    cudaFree(c->qg_work);
     cudaFree(c->layer_work);
     for (int32_t g = 0; g < c->n_wgroups; g++) cudaFree(c->wgroups[g].base); /* weights never released */
     free(c->wgroups);
@@ -1571,6 +1585,13 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         (e = cudaMemsetAsync(c->norm_scratch, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES, c->stream)) != cudaSuccess) {
         cudaGetLastError();
         s = tm_err(err, TM_ERR_DEVICE, "cuda fused-norm scratch: %s", cudaGetErrorString(e));
+        goto fail;
+    }
+    c->no_qgemm = env_is("TM_CUDA_QGEMM", "0");
+    if ((e = cudaMalloc(&c->qg_work, tm_cuda_qgemm_work_bytes())) != cudaSuccess ||
+        (e = cudaMemsetAsync(c->qg_work, 0, tm_cuda_qgemm_work_bytes(), c->stream)) != cudaSuccess) {
+        cudaGetLastError();
+        s = tm_err(err, TM_ERR_NOMEM, "cuda quantized-GEMM work buffer: %s", cudaGetErrorString(e));
         goto fail;
     }
     /* opt-in ("1"): correct, but slower than the op path on the H200 so far (docs/PERFORMANCE.md, sixth session) */
