@@ -13,30 +13,33 @@
  * several times slower than batch 8). Here each weight is read once, decoded in registers and fed to mma.sync as
  * it is: nothing is written back.
  *
- * v1: a CTA of 8 warps takes 128 weight rows (warp w: rows 16w .. 16w + 15) against every token (n <= 64, eight
- * n-tiles of 8) over one split of the columns (split-K, below).
- *   - The columns go by chunks of KC = 4 units (T::RUNS * 8 elements a unit: 64 or 128 columns): in a chunk,
- *     lane (g = lane / 4, c = lane % 4) decodes unit c of the chunk for rows 16w + g and 16w + g + 8 (T::load,
- *     T::vals: bf16 values exactly as tm_cuda_dequant_bf16 rounds them) and holds them as mma A fragments.
+ * v1: a CTA of 8 warps takes 128 weight rows (warp w: rows 16w .. 16w + 15) against every token (n <= 64, up to
+ * eight n-tiles of 8) over one split of the columns (split-K, below). The warps never wait for each other in
+ * the main loop.
+ *   - The columns go by chunks of 4 units (T::RUNS * 8 elements a unit: 64 or 128 columns): in a chunk, lane
+ *     (g = lane / 4, c = lane % 4) decodes unit c of the chunk for rows 16w + g and 16w + g + 8 (T::load,
+ *     T::vals: bf16 values exactly as tm_cuda_dequant_bf16 rounds them) and holds them as mma A fragments; the
+ *     next chunk's units are loaded into registers before the current chunk's products.
  *   - The k order inside a product is permuted (a dot product does not depend on the order of its terms): in the
  *     k16 step (run k, half h) lane c supplies the elements 4h .. 4h + 3 of run k of its unit, as the A
  *     fragment's columns 2c, 2c + 1 (elements 4h, 4h + 1) and 2c + 8, 2c + 9 (4h + 2, 4h + 3). The B fragment
- *     (x, token 8j + g) takes x at the same columns: one 16-byte shared-memory load per (run, n-tile) serves both
- *     halves.
- *   - x chunks (n tokens x KC columns, 16-byte pieces XOR-swizzled by token & 7) go through a 3-stage cp.async
- *     ring; the next chunk's weight units are loaded into registers before the current chunk's products.
- *   - Split-K: with fewer row blocks than twice the SMs the columns are cut into S splits (grid.y). Each CTA writes
- *     its f32 tile to the work buffer and counts itself on its row block's counter; the last one sums the S tiles
- *     in split order (the result does not depend on which CTA finishes last), adds the bias, writes out and resets
- *     the counter for the next launch (graph replays included).
- * Shapes: rows % 16 == 0, cols % KC == 0, weights ALIGN-aligned, x 16-byte aligned; else cudaErrorNotSupported and
+ *     (x, token 8j + g) takes x at the same columns: one 16-byte load per (run, n-tile) serves both halves. x is
+ *     read from global memory with plain (L1-cached) loads: the CTA's 8 warps read the same x, and a
+ *     shared-memory ring of x chunks with a barrier a chunk (the first version) measured 1.5-2x slower.
+ *   - Split-K: with fewer row blocks than the SMs hold at once (two CTAs an SM) the columns are cut into S splits
+ *     (grid.y, one wave). Each CTA writes its f32 tile to the work buffer and counts itself on its row block's
+ *     counter; the last one sums the S tiles in split order (the result does not depend on which CTA finishes
+ *     last), adds the bias, writes out and resets the counter for the next launch (graph replays included).
+ * Measured (tb_qgemm, H200, 8B shapes; docs/PERFORMANCE.md): 400-1150 GB/s of weights, 1.1-2.7x faster than
+ * dequantize + GEMM at n = 16, break-even between 16 and 64 by type (tm_cuda_qgemm_max_n). Latency-bound: 16 warps
+ * an SM (128 registers a thread), DRAM 18% busy; more warps an SM (fewer accumulators for small n) is the next step.
+ * Shapes: rows % 16 == 0, cols a multiple of 4 units, weights ALIGN-aligned, x 16-byte aligned; else cudaErrorNotSupported and
  * the caller dequantizes. */
 
 namespace {
 
 constexpr int QG_WARPS = 8, QG_THREADS = QG_WARPS * 32, QG_BM = QG_WARPS * 16, QG_MAXN = TM_CUDA_QGEMM_MAX_N;
 constexpr int QG_MAX_SPLIT_CTAS = 512; /* row blocks x splits when split (bounds the work buffer) */
-
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
