@@ -219,7 +219,7 @@ cudaError_t launch_v1(qg_args &a, int64_t n_rb, int32_t sms, cudaStream_t stream
 
 extern "C" int32_t tm_cuda_qgemm_max_n(int32_t type) {
     /* where it beats dequantize + cuBLASLt on the 8B shapes (tb_qgemm, H200, the four products of a layer summed):
-     * q4_K 2.0x at n = 32, 1.12x at 64; q8_0 / q4_0 / q4_1 1.09-1.22x at 32, 0.79-0.87x at 64; q6_K 1.16x at 16,
+     * q4_K 1.92x at n = 32, 1.12x at 64; q8_0 / q4_0 / q4_1 1.09-1.22x at 32, 0.79-0.87x at 64; q6_K 1.16x at 16,
      * 0.95x at 32 */
     switch (type) {
     case TM_DT_Q4_K: return 64;
