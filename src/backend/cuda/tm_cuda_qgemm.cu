@@ -15,7 +15,10 @@
  *
  * v1: a CTA of 8 warps takes 128 weight rows (warp w: rows 16w .. 16w + 15) against every token (n <= 64, up to
  * eight n-tiles of 8) over one split of the columns (split-K, below). The warps never wait for each other in
- * the main loop.
+ * the main loop. Instantiated for 2, 4 and 8 n-tiles of accumulators (n <= 16, 32, 64): fewer registers for
+ * small n, three CTAs an SM where they fit (2 n-tiles, 16-element units), and up to 4 n-tiles x for the next run
+ * in flight during a run's products (n = 16: the four products of an 8B q4_K layer 190 -> 156 us, q6_K 261 ->
+ * 200).
  *   - The columns go by chunks of 4 units (T::RUNS * 8 elements a unit: 64 or 128 columns): in a chunk, lane
  *     (g = lane / 4, c = lane % 4) decodes unit c of the chunk for rows 16w + g and 16w + g + 8 (T::load,
  *     T::vals: bf16 values exactly as tm_cuda_dequant_bf16 rounds them) and holds them as mma A fragments; the
@@ -30,9 +33,9 @@
  *     (grid.y, one wave). Each CTA writes its f32 tile to the work buffer and counts itself on its row block's
  *     counter; the last one sums the S tiles in split order (the result does not depend on which CTA finishes
  *     last), adds the bias, writes out and resets the counter for the next launch (graph replays included).
- * Measured (tb_qgemm, H200, 8B shapes; docs/PERFORMANCE.md): 400-1150 GB/s of weights, 1.1-2.7x faster than
- * dequantize + GEMM at n = 16, break-even between 16 and 64 by type (tm_cuda_qgemm_max_n). Latency-bound: 16 warps
- * an SM (128 registers a thread), DRAM 18% busy; more warps an SM (fewer accumulators for small n) is the next step.
+ * Measured (tb_qgemm, H200, 8B shapes; docs/PERFORMANCE.md): 1.5-2.9x faster than dequantize + GEMM at n = 16
+ * (450-1300 GB/s of weights), break-even between 32 and 64 by type (tm_cuda_qgemm_max_n). Still latency-bound
+ * (ncu of the first 8-n-tile version: 16 warps an SM, DRAM 18% busy).
  * Shapes: rows % 16 == 0, cols a multiple of 4 units, weights ALIGN-aligned, x 16-byte aligned; else cudaErrorNotSupported and
  * the caller dequantizes. */
 
@@ -66,8 +69,13 @@ struct qg_args {
     bool out_f32;
 };
 
-template <class T>
-__global__ void __launch_bounds__(QG_THREADS, 2) qgemm_kernel_v1(const qg_args a) {
+/* CTAs an SM: 3 with up to two n-tiles of accumulators and the 16-element units (their raw blocks are small), else
+ * 2 (the 128 registers a thread the products and the raw units of the K-quants need without spilling) */
+template <class T, int NT> constexpr int qg_minb() { return NT <= 2 && T::RUNS == 2 ? 3 : 2; }
+
+/* NT: n-tiles of accumulators (n <= 8 NT) */
+template <class T, int NT>
+__global__ void __launch_bounds__(QG_THREADS, qg_minb<T, NT>()) qgemm_kernel_v1(const qg_args a) {
     constexpr int UE = T::RUNS * 8, KC = 4 * UE;
 
     tm_pdl_enter();
@@ -87,9 +95,9 @@ __global__ void __launch_bounds__(QG_THREADS, 2) qgemm_kernel_v1(const qg_args a
         return *reinterpret_cast<const uint4 *>(a.x + (size_t)min(8 * j + g, a.n - 1) * (size_t)a.cols + col);
     };
 
-    float acc[QG_MAXN / 8][4];
+    float acc[NT][4];
 #pragma unroll
-    for (int j = 0; j < QG_MAXN / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
     typename T::Raw raw0{}, raw1{}, nraw0{}, nraw1{};
     if (live && ch0 < ch1) {
@@ -103,9 +111,22 @@ __global__ void __launch_bounds__(QG_THREADS, 2) qgemm_kernel_v1(const qg_args a
                 T::load(w0, u + 4, nraw0);
                 T::load(w1, u + 4, nraw1);
             }
+            /* up to four n-tiles: x of run k + 1 in flight during run k's products; eight: four at a time */
+            constexpr int NB = NT <= 4 ? NT : 0;
+            uint4 b[NB > 0 ? NB : 1], bn[NB > 0 ? NB : 1];
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+                if (j < nt) bn[j] = x_at(j, T::xoff(u, 0));
 #pragma unroll
             for (int k = 0; k < T::RUNS; k++) {
                 const int col = T::xoff(u, k); /* the run's first column */
+#pragma unroll
+                for (int j = 0; j < NB; j++) b[j] = bn[j];
+                if (k + 1 < T::RUNS) {
+#pragma unroll
+                    for (int j = 0; j < NB; j++)
+                        if (j < nt) bn[j] = x_at(j, T::xoff(u, k + 1));
+                }
                 float v0[8], v1[8];
                 T::vals(raw0, k, v0);
                 T::vals(raw1, k, v1);
@@ -118,16 +139,23 @@ __global__ void __launch_bounds__(QG_THREADS, 2) qgemm_kernel_v1(const qg_args a
                     af[h][3] = pack_bf16x2(v1[4 * h + 2], v1[4 * h + 3]);
                 }
 #pragma unroll
-                for (int j0 = 0; j0 < QG_MAXN / 8; j0 += 4) { /* x of four n-tiles in flight at a time */
-                    uint4 b[4];
+                for (int j = 0; j < NB; j++) {
+                    if (j < nt) {
+                        mma_bf16(acc[j], af[0], b[j].x, b[j].y);
+                        mma_bf16(acc[j], af[1], b[j].z, b[j].w);
+                    }
+                }
+#pragma unroll
+                for (int j0 = NB; j0 < NT; j0 += 4) { /* n-tiles past the first four */
+                    uint4 b2[4];
 #pragma unroll
                     for (int j = 0; j < 4; j++)
-                        if (j0 + j < nt) b[j] = x_at(j0 + j, col);
+                        if (j0 + j < nt) b2[j] = x_at(j0 + j, col);
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
                         if (j0 + j < nt) {
-                            mma_bf16(acc[j0 + j], af[0], b[j].x, b[j].y);
-                            mma_bf16(acc[j0 + j], af[1], b[j].z, b[j].w);
+                            mma_bf16(acc[j0 + j], af[0], b2[j].x, b2[j].y);
+                            mma_bf16(acc[j0 + j], af[1], b2[j].z, b2[j].w);
                         }
                     }
                 }
@@ -146,7 +174,7 @@ __global__ void __launch_bounds__(QG_THREADS, 2) qgemm_kernel_v1(const qg_args a
     if (a.splits == 1) {
         if (!live) return;
 #pragma unroll
-        for (int j = 0; j < QG_MAXN / 8; j++) {
+        for (int j = 0; j < NT; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int tok = 8 * j + 2 * c + (e & 1);
@@ -160,7 +188,7 @@ __global__ void __launch_bounds__(QG_THREADS, 2) qgemm_kernel_v1(const qg_args a
     float *tile = a.part + ((size_t)rb * (size_t)a.splits + (size_t)split) * (size_t)(QG_MAXN * QG_BM);
     if (live) {
 #pragma unroll
-        for (int j = 0; j < QG_MAXN / 8; j++) {
+        for (int j = 0; j < NT; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int tok = 8 * j + 2 * c + (e & 1);
@@ -178,7 +206,7 @@ __global__ void __launch_bounds__(QG_THREADS, 2) qgemm_kernel_v1(const qg_args a
     if (live) {
         const float *t0 = a.part + (size_t)rb * (size_t)a.splits * (size_t)(QG_MAXN * QG_BM);
 #pragma unroll
-        for (int j = 0; j < QG_MAXN / 8; j++) {
+        for (int j = 0; j < NT; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int tok = 8 * j + 2 * c + (e & 1);
@@ -196,14 +224,14 @@ __global__ void __launch_bounds__(QG_THREADS, 2) qgemm_kernel_v1(const qg_args a
 
 template <class T> constexpr int qg_kc() { return 4 * T::RUNS * 8; }
 
-template <class T>
+template <class T, int NT>
 cudaError_t launch_v1(qg_args &a, int64_t n_rb, int32_t sms, cudaStream_t stream) {
     constexpr int KC = qg_kc<T>();
     if (a.cols % KC) return cudaErrorNotSupported;
     const int32_t n_chunks = a.cols / KC;
     /* splits: as many CTAs as fit the SMs at once (two an SM: a second, partial wave would double the time),
      * at most QG_MAX_SPLIT_CTAS in all, each split at least 4 chunks */
-    const int64_t target = 2 * (int64_t)sms;
+    const int64_t target = qg_minb<T, NT>() * (int64_t)sms;
     int32_t splits = 1;
     if (n_rb < target && a.part && a.cnt) {
         splits = (int32_t)(target / n_rb);
@@ -212,21 +240,20 @@ cudaError_t launch_v1(qg_args &a, int64_t n_rb, int32_t sms, cudaStream_t stream
     }
     a.chunks_per_split = (n_chunks + splits - 1) / splits;
     a.splits = (n_chunks + a.chunks_per_split - 1) / a.chunks_per_split; /* no empty split */
-    return tm_launch(qgemm_kernel_v1<T>, dim3((unsigned)n_rb, (unsigned)a.splits), dim3(QG_THREADS), 0, stream, a);
+    return tm_launch(qgemm_kernel_v1<T, NT>, dim3((unsigned)n_rb, (unsigned)a.splits), dim3(QG_THREADS), 0, stream, a);
 }
 
 } /* namespace */
 
 extern "C" int32_t tm_cuda_qgemm_max_n(int32_t type) {
     /* where it beats dequantize + cuBLASLt on the 8B shapes (tb_qgemm, H200, the four products of a layer summed):
-     * q4_K 1.92x at n = 32, 1.12x at 64; q8_0 / q4_0 / q4_1 1.09-1.22x at 32, 0.79-0.87x at 64; q6_K 1.16x at 16,
-     * 0.95x at 32 */
+     * q4_K 1.97x at n = 32, 1.10x at 64; q8_0 / q4_0 / q4_1 / q6_K 1.28-1.34x at 32, 0.65-0.87x at 64 */
     switch (type) {
     case TM_DT_Q4_K: return 64;
     case TM_DT_Q8_0:
     case TM_DT_Q4_0:
-    case TM_DT_Q4_1: return 32;
-    case TM_DT_Q6_K: return 16;
+    case TM_DT_Q4_1:
+    case TM_DT_Q6_K: return 32;
     default: return 0;
     }
 }
@@ -264,12 +291,17 @@ extern "C" cudaError_t tm_cuda_qgemm(const void *w, int32_t type, int64_t rows, 
     }
     const int64_t n_rb = (rows + QG_BM - 1) / QG_BM;
     if (n_rb > INT32_MAX) return cudaErrorInvalidValue;
+    /* accumulators for the n-tiles in use: n <= 16, 32 or 64 */
     switch (type) {
-    case TM_DT_Q8_0: return launch_v1<tmq::t_q8_0>(a, n_rb, sms, stream);
-    case TM_DT_Q4_0: return launch_v1<tmq::t_q4_0>(a, n_rb, sms, stream);
-    case TM_DT_Q4_1: return launch_v1<tmq::t_q4_1>(a, n_rb, sms, stream);
-    case TM_DT_Q4_K: return launch_v1<tmq::t_q4_K>(a, n_rb, sms, stream);
-    case TM_DT_Q6_K: return launch_v1<tmq::t_q6_K>(a, n_rb, sms, stream);
+#define QG_LAUNCH(T)                                                                                                \
+    return n <= 16 ? launch_v1<T, 2>(a, n_rb, sms, stream)                                                          \
+                   : n <= 32 ? launch_v1<T, 4>(a, n_rb, sms, stream) : launch_v1<T, 8>(a, n_rb, sms, stream)
+    case TM_DT_Q8_0: QG_LAUNCH(tmq::t_q8_0);
+    case TM_DT_Q4_0: QG_LAUNCH(tmq::t_q4_0);
+    case TM_DT_Q4_1: QG_LAUNCH(tmq::t_q4_1);
+    case TM_DT_Q4_K: QG_LAUNCH(tmq::t_q4_K);
+    case TM_DT_Q6_K: QG_LAUNCH(tmq::t_q6_K);
+#undef QG_LAUNCH
     default: return cudaErrorNotSupported;
     }
 }
