@@ -125,6 +125,21 @@ print(("same greedy text in all " if ok else "DIFFERENT greedy text or missing: 
 EOF
 )
   row "greedy 1B under TM_CUDA_PDL=0/gemv/1" "$r"
+  # GGUF-quantized weights decoded by 16 sequences together: the tensor-core kernel that decodes the weights in
+  # registers (tm_cuda_qgemm) against dequantize + cuBLASLt (TM_CUDA_QGEMM=0); host-made q4_K weights
+  for q in 1 0; do
+    TM_DUMMY_HOST=1 TM_CUDA_QGEMM=$q timeout 300 $TM bench latency -m dummy:llama3.2-1b:q4_K --device cuda --batch 16 \
+      --input-len 128 --output-len 64 --json >"$OUT/lat_1b_q4k_b16_$q.json" 2>"$OUT/lat_1b_q4k_b16_$q.err"
+  done
+  row "e2e decode b=16 1B q4_K: qgemm / dequant+GEMM" "$(python3 - "$OUT" <<'EOF'
+import json, sys
+try:
+    a, b = (json.load(open(f"{sys.argv[1]}/lat_1b_q4k_b16_{q}.json")) for q in (1, 0))
+    print(f'{a["tg_tok_s"]:.0f} / {b["tg_tok_s"]:.0f} tok/s (step {a["step_ms"]:.2f} / {b["step_ms"]:.2f} ms)')
+except Exception as e:
+    print(f"no result ({e})")
+EOF
+)"
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:bf16, $n x 1024 in / 1024 out"
