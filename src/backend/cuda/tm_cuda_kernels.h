@@ -131,18 +131,6 @@ cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t rows, int6
 cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x, int32_t n,
                          const float *bias, void *out, bool out_f32, const tm_cuda_fp8_scales *fp8,
                          cudaStream_t stream);
-/* Mid-size batches of a GGUF-quantized weight (q8_0, q4_0, q4_1, q4_K, q6_K; tm_cuda_qgemm.cu): the same product for
- * TM_CUDA_GEMV_MAX_N < n <= TM_CUDA_QGEMM_MAX_N (any 1 <= n <= it) on the tensor cores, the weights decoded in
- * registers (read once, rounded to bf16 as tm_cuda_dequant_bf16 rounds them, never written back). work: NULL (no
- * split of the columns: slow for matrices of few rows) or tm_cuda_qgemm_work_bytes() bytes of device memory,
- * zeroed once before the first call and then left to the kernel. cudaErrorNotSupported for what it does not take
- * (other types, rows % 16, cols not a multiple of 4 units, unaligned weights or x): dequantize instead. */
-#define TM_CUDA_QGEMM_MAX_N 64
-size_t tm_cuda_qgemm_work_bytes(void);
-/* the largest n at which tm_cuda_qgemm is faster than dequantize + GEMM for this type (0: not taken) */
-int32_t tm_cuda_qgemm_max_n(int32_t type);
-cudaError_t tm_cuda_qgemm(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x, int32_t n,
-                          const float *bias, void *out, bool out_f32, void *work, cudaStream_t stream);
 /* The same over two weights of one shape sharing x, with SwiGLU in the epilogue:
  * out (n, rows) bf16 = silu(x · w_gateᵀ) * (x · w_upᵀ) */
 cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows, int64_t cols,
@@ -162,6 +150,18 @@ typedef struct tm_cuda_gemv_job {
 } tm_cuda_gemv_job;
 cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream);
+/* Mid-size batches of a GGUF-quantized weight (q8_0, q4_0, q4_1, q4_K, q6_K; tm_cuda_qgemm.cu): tm_cuda_gemv's
+ * product for TM_CUDA_GEMV_MAX_N < n <= TM_CUDA_QGEMM_MAX_N (any 1 <= n <= it) on the tensor cores, the weights
+ * decoded in registers (read once, rounded to bf16 as tm_cuda_dequant_bf16 rounds them, never written back). work: NULL (no
+ * split of the columns: slow for matrices of few rows) or tm_cuda_qgemm_work_bytes() bytes of device memory,
+ * zeroed once before the first call and then left to the kernel. cudaErrorNotSupported for what it does not take
+ * (other types, rows % 16, cols not a multiple of 4 units, unaligned weights or x): dequantize instead. */
+#define TM_CUDA_QGEMM_MAX_N 64
+size_t tm_cuda_qgemm_work_bytes(void);
+/* the largest n at which tm_cuda_qgemm is faster than dequantize + GEMM for this type (0: not taken) */
+int32_t tm_cuda_qgemm_max_n(int32_t type);
+cudaError_t tm_cuda_qgemm(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x, int32_t n,
+                          const float *bias, void *out, bool out_f32, void *work, cudaStream_t stream);
 
 /* Fused decode epilogues (tm_cuda_gemv.cu). Both return cudaErrorNotSupported, having launched nothing, when a
  * shape, an alignment or the environment rules the fusion out (TM_CUDA_GEMV_V=1 included): the caller then runs
