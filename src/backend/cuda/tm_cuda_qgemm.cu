@@ -1,5 +1,6 @@
 /* tm_cuda_qgemm.cu -- mid-size batches of GGUF-quantized weights: dequantization fused into a tensor-core GEMM. */
 #include "tm_cuda_launch.cuh"
+#include "backend/cuda/tm_cuda_bf16.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "backend/cuda/tm_cuda_dequant.cuh"
 
@@ -44,10 +45,7 @@ namespace {
 constexpr int QG_WARPS = 8, QG_THREADS = QG_WARPS * 32, QG_BM = QG_WARPS * 16, QG_MAXN = TM_CUDA_QGEMM_MAX_N;
 constexpr int QG_MAX_SPLIT_CTAS = 512; /* row blocks x splits when split (bounds the work buffer) */
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
+using tmbf::pack_bf16x2;
 
 /* d (16x8 f32) += a (16x16 bf16, row) * b (16x8 bf16, col) */
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -69,6 +67,9 @@ struct qg_args {
     bool out_f32;
 };
 
+/* columns a chunk: 4 units of T::RUNS * 8 elements */
+template <class T> __host__ __device__ constexpr int qg_kc() { return 4 * T::RUNS * 8; }
+
 /* CTAs an SM: 3 with up to two n-tiles of accumulators and the 16-element units (their raw blocks are small), else
  * 2 (the 128 registers a thread the products and the raw units of the K-quants need without spilling) */
 template <class T, int NT> constexpr int qg_minb() { return NT <= 2 && T::RUNS == 2 ? 3 : 2; }
@@ -76,7 +77,7 @@ template <class T, int NT> constexpr int qg_minb() { return NT <= 2 && T::RUNS =
 /* NT: n-tiles of accumulators (n <= 8 NT) */
 template <class T, int NT>
 __global__ void __launch_bounds__(QG_THREADS, qg_minb<T, NT>()) qgemm_kernel_v1(const qg_args a) {
-    constexpr int UE = T::RUNS * 8, KC = 4 * UE;
+    constexpr int KC = qg_kc<T>();
 
     tm_pdl_enter();
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -221,8 +222,6 @@ __global__ void __launch_bounds__(QG_THREADS, qg_minb<T, NT>()) qgemm_kernel_v1(
     }
     if (tid == 0) a.cnt[rb] = 0; /* ready for the next launch */
 }
-
-template <class T> constexpr int qg_kc() { return 4 * T::RUNS * 8; }
 
 template <class T, int NT>
 cudaError_t launch_v1(qg_args &a, int64_t n_rb, int32_t sms, cudaStream_t stream) {
