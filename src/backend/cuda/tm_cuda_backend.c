@@ -121,9 +121,6 @@ typedef struct cu_backend {
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
     /* quantized weights at 9..tm_cuda_qgemm_max_n rows: tm_cuda_qgemm (TM_CUDA_QGEMM=0: dequantize + cuBLASLt) */
     bool no_qgemm;
-    /* batch-1 bf16 products through tm_cuda_sgemv (opt-in, measured slower end to end): TM_CUDA_SGEMV=1 every one
-     * (2), =head the output projection only (1), unset none (0) */
-    int sgemv_mode;
     void *qg_work;               /* (tm_cuda_qgemm_work_bytes) zeroed at creation; every launch leaves it so */
     /* whole-layer kernel for one-token steps (tm_cuda_layer_decode; opt-in: TM_CUDA_LAYER=1) */
     bool layer_on;
@@ -806,18 +803,6 @@ static void matmul_fp8(cu_backend *c, const tm_weight *const *ws, const tm_weigh
     }
 }
 
-/* the output projection: the one f32 product, and the largest (a vocabulary of rows) */
-static bool sgemv_head(const tm_weight *w, bool out_f32) { return out_f32 && w->rows >= 16384; }
-
-/* A batch-1 product of bf16 weights through tm_cuda_sgemv (one CTA an SM streaming ahead of the kernel before it);
- * false when it does not take the case (nothing launched): the caller runs tm_cuda_gemv */
-static bool sgemv_try(cu_backend *c, const tm_cuda_sgemv_args *a, const char *what) {
-    const cudaError_t e = tm_cuda_sgemv(a, c->stream);
-    if (e == cudaErrorNotSupported) return false;
-    cu_fail(c, e, what);
-    return true;
-}
-
 /* out (n, rows) = x · wᵀ: fused dequant GEMV for small n, cuBLASLt (after dequantizing to bf16) otherwise */
 static void matmul_one(cu_backend *c, const tm_weight *w, const tm_weight *bias, const void *x, int32_t n, void *out,
                        bool out_f32) {
@@ -825,11 +810,6 @@ static void matmul_one(cu_backend *c, const tm_weight *w, const tm_weight *bias,
     lazy_write(c, out);
     if (w->type != TM_DT_FP8_E4M3 || n <= TM_CUDA_GEMV_MAX_N) lazy_read(c, x); /* fp8 GEMMs: in matmul_fp8 */
     if (n <= TM_CUDA_GEMV_MAX_N) {
-        if (n == 1 && w->type == TM_DT_BF16 && (c->sgemv_mode == 2 || (c->sgemv_mode == 1 && sgemv_head(w, out_f32)))) {
-            tm_cuda_sgemv_args a = {.n_jobs = 1, .cols = w->cols, .x = x, .out_f32 = out_f32};
-            a.jobs[0] = (tm_cuda_sgemv_job){w->data, w->rows, bd, out};
-            if (sgemv_try(c, &a, "sgemv")) return;
-        }
         tm_cuda_fp8_scales f8;
         cu_fail(c, tm_cuda_gemv(w->data, (int32_t)w->type, w->rows, w->cols, x, n, bd, out, out_f32, fp8_of(w, NULL, &f8),
                                 c->stream),
@@ -876,16 +856,6 @@ static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs,
                 jobs[j].out_f32 == jobs[0].out_f32;
     if (group) {
         lazy_read(c, x);
-        if (n == 1 && jobs[0].w->type == TM_DT_BF16 && c->sgemv_mode == 2) {
-            tm_cuda_sgemv_args a = {.n_jobs = n_jobs, .cols = jobs[0].w->cols, .x = x, .out_f32 = jobs[0].out_f32};
-            for (int32_t j = 0; j < n_jobs; j++)
-                a.jobs[j] = (tm_cuda_sgemv_job){jobs[j].w->data, jobs[j].w->rows,
-                                                jobs[j].bias ? jobs[j].bias->data : NULL, jobs[j].out};
-            if (sgemv_try(c, &a, "sgemv group")) {
-                for (int32_t j = 0; j < n_jobs; j++) buf_mark(c, jobs[j].out, jobs[j].out_f32);
-                return;
-            }
-        }
         tm_cuda_gemv_job gj[TM_CUDA_GEMV_MAX_JOBS];
         for (int32_t j = 0; j < n_jobs; j++) {
             gj[j] = gemv_job(jobs[j].w, jobs[j].bias, jobs[j].out);
@@ -926,11 +896,6 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
     buf_mark(c, out, false);
     if (n <= TM_CUDA_GEMV_MAX_N) {
         lazy_read(c, x);
-        if (n == 1 && gate->type == TM_DT_BF16 && up->type == TM_DT_BF16 && c->sgemv_mode == 2) {
-            tm_cuda_sgemv_args a = {.n_jobs = 1, .cols = gate->cols, .x = x, .w_up = up->data};
-            a.jobs[0] = (tm_cuda_sgemv_job){gate->data, gate->rows, NULL, out};
-            if (sgemv_try(c, &a, "sgemv swiglu")) return;
-        }
         tm_cuda_fp8_scales f8;
         cu_fail(c, tm_cuda_gemv_swiglu(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x, n, out,
                                        fp8_of(gate, up, &f8), c->stream),
@@ -1107,16 +1072,6 @@ static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const 
         .positions = c->d_pos, .slot_mapping = c->d_slots, .q = q, .k = k, .v = v,
         .k_cache = kv_layer(c, layer, 0), .v_cache = kv_layer(c, layer, 1), .kv_fp8 = c->kv_fp8,
     };
-    if (n == 1 && jobs[0].w->type == TM_DT_BF16 && c->sgemv_mode == 2) {
-        tm_cuda_sgemv_args sa = {.n_jobs = 3, .cols = jobs[0].w->cols, .x = x, .rope = &r};
-        for (int32_t j = 0; j < 3; j++)
-            sa.jobs[j] = (tm_cuda_sgemv_job){jobs[j].w->data, jobs[j].w->rows, jobs[j].bias ? jobs[j].bias->data : NULL,
-                                             gj[j].out};
-        if (sgemv_try(c, &sa, "sgemv qkv rope")) {
-            buf_mark(c, q, false);
-            return true;
-        }
-    }
     cudaError_t e = tm_cuda_gemv_qkv_rope(gj, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n, &r, c->stream);
     if (e == cudaErrorNotSupported) return false;
     cu_fail(c, e, "gemv_qkv_rope");
@@ -1633,7 +1588,6 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         goto fail;
     }
     c->no_qgemm = env_is("TM_CUDA_QGEMM", "0");
-    c->sgemv_mode = env_is("TM_CUDA_SGEMV", "1") ? 2 : env_is("TM_CUDA_SGEMV", "head") ? 1 : 0;
     if ((e = cudaMalloc(&c->qg_work, tm_cuda_qgemm_work_bytes())) != cudaSuccess ||
         (e = cudaMemsetAsync(c->qg_work, 0, tm_cuda_qgemm_work_bytes(), c->stream)) != cudaSuccess) {
         cudaGetLastError();

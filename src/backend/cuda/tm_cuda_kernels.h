@@ -150,34 +150,6 @@ typedef struct tm_cuda_gemv_job {
 } tm_cuda_gemv_job;
 cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream);
-/* Batch-1 bf16 products through a shared-memory ring, one CTA per SM (tm_cuda_sgemv.cu): out_j (rows_j) = x (cols)
- * bf16 . w_j^T (+ bias_j), bf16 or f32 (out_f32); with w_up (one job): out_0 = silu(x . w_0^T) * (x . w_up^T) bf16;
- * with rope (jobs q, k, v): the epilogue of tm_cuda_gemv_qkv_rope for one token (out_1, out_2 may be NULL). Each
- * CTA streams its contiguous rows through 3 x 32 KB stages of cp.async.bulk copies, the first issued before the
- * programmatic-dependent-launch wait, so that the weights of this product flow while the kernel before it runs.
- * Results equal tm_cuda_gemv's to rounding (another summation order), and are deterministic. Returns
- * cudaErrorNotSupported, launching nothing, for what it does not take (odd rows, cols not a multiple of 256 per
- * column segment, unaligned pointers): the caller then runs tm_cuda_gemv. */
-typedef struct tm_cuda_sgemv_job {
-    const void *w;                /* (rows, cols) bf16, 16-byte aligned */
-    int64_t rows;                 /* even */
-    const float *bias;            /* (rows) f32 or NULL */
-    void *out;                    /* (rows) */
-} tm_cuda_sgemv_job;
-typedef struct tm_cuda_sgemv_args {
-    tm_cuda_sgemv_job jobs[TM_CUDA_GEMV_MAX_JOBS];
-    int32_t n_jobs;
-    int64_t cols;
-    const uint16_t *x;            /* (cols) bf16 */
-    const void *w_up;             /* SwiGLU's up weights (rows_0, cols), or NULL */
-    bool out_f32;
-    const tm_cuda_rope_args *rope; /* q|k|v with RoPE and the KV write, or NULL */
-} tm_cuda_sgemv_args;
-cudaError_t tm_cuda_sgemv(const tm_cuda_sgemv_args *a, cudaStream_t stream);
-/* test beds: the next `launches` launches write (CTA start, x visible, first stage, done) %globaltimer stamps per CTA
- * to buf + k * stride (4 per CTA); buf NULL turns it off */
-void tm_cuda_sgemv_trace(unsigned long long *buf, int launches, int stride);
-
 /* Mid-size batches of a GGUF-quantized weight (q8_0, q4_0, q4_1, q4_K, q6_K; tm_cuda_qgemm.cu): tm_cuda_gemv's
  * product for TM_CUDA_GEMV_MAX_N < n <= TM_CUDA_QGEMM_MAX_N (any 1 <= n <= it) on the tensor cores, the weights
  * decoded in registers (read once, rounded to bf16 as tm_cuda_dequant_bf16 rounds them, never written back). work: NULL (no
