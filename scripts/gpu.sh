@@ -78,6 +78,11 @@ if want kernels; then
     [ $rc -ne 0 ] && { echo "!! $name exit $rc"; tail -n 5 "$OUT/$name.log"; }
     row "$name" "$( [ $rc -eq 0 ] && echo pass || echo "FAIL (exit $rc)")"
   done
+  # the peer of the attention targets on the same machine: PyTorch SDPA (cuDNN, FlashAttention-2, memory-efficient)
+  # on the issue's shapes, next to tb_attn_prefill's and tb_attn_decode's own lines above
+  echo "== PyTorch SDPA on the attention targets' shapes (peer)"
+  timeout 300 python3 bench/sdpa_peer.py 2>&1 | tee "$OUT/sdpa_peer.log"
+  row "peer SDPA cuDNN: prefill b1 | b4 | decode" "$(awk '$1 == "PEER" && $3 == "cudnn" {print $6}' "$OUT/sdpa_peer.log" | paste -sd '|' -)"
 elif [ -f "$OUT/ceilings.txt" ]; then
   read -r TM_CEIL_COPY_GBS TM_CEIL_GEMM_TFLOPS <"$OUT/ceilings.txt"
 fi
