@@ -78,7 +78,7 @@ if want kernels; then
     [ $rc -ne 0 ] && { echo "!! $name exit $rc"; tail -n 5 "$OUT/$name.log"; }
     row "$name" "$( [ $rc -eq 0 ] && echo pass || echo "FAIL (exit $rc)")"
   done
-  # the peer of the attention targets on the same machine: PyTorch SDPA (cuDNN, FlashAttention-2, memory-efficient)
+  # the peer of the attention targets on the same machine: PyTorch SDPA (its cuDNN and FlashAttention-2 backends)
   # on the issue's shapes, next to tb_attn_prefill's and tb_attn_decode's own lines above
   echo "== PyTorch SDPA on the attention targets' shapes (peer)"
   timeout 300 python3 bench/sdpa_peer.py 2>&1 | tee "$OUT/sdpa_peer.log"
