@@ -1156,44 +1156,9 @@ static void timed_result(const char *kern, const char *name, double us, double b
  * SwiGLU, down; `layers` layers of distinct weights (more than L2 holds), captured in one graph with the default
  * PDL and replayed. Prints microseconds per layer against the floor (the layer's weight bytes at the copy
  * ceiling): what the kernels between the weight streams and each launch's ramp cost a layer. */
-/* the streamer alone over 2 GB, unpaced: GB/s of its prefetches (TM_L2S_MODE picks how) */
-static void time_l2stream_alone(int ctas, int chunk) {
+static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t kvd, int64_t ffn, int layers) {
     if (!tb_budget_ok()) return;
-    const int64_t bytes = (int64_t)2 << 30;
-    uint8_t *buf = tb_dev((size_t)bytes);
-    TB_CHECK(cudaMemset(buf, 1, (size_t)bytes));
-    tm_cuda_l2stream_seg seg = {buf, NULL, bytes}, *seg_dev = tb_dev(sizeof seg);
-    unsigned long long big = 1ull << 62, *progress = tb_dev(sizeof big);
-    TB_CHECK(cudaMemcpy(seg_dev, &seg, sizeof seg, cudaMemcpyHostToDevice));
-    TB_CHECK(cudaMemcpy(progress, &big, sizeof big, cudaMemcpyHostToDevice));
-    cudaEvent_t e0, e1;
-    TB_CHECK(cudaEventCreate(&e0));
-    TB_CHECK(cudaEventCreate(&e1));
-    float best = 1e30f;
-    for (int r = 0; r < 3; r++) {
-        TB_CHECK(cudaEventRecord(e0, 0));
-        TB_CHECK(tm_cuda_l2stream(seg_dev, 1, progress, 1ll << 40, chunk, ctas, 0));
-        TB_CHECK(cudaEventRecord(e1, 0));
-        TB_CHECK(cudaEventSynchronize(e1));
-        float ms;
-        TB_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (ms < best) best = ms;
-    }
-    printf("# key l2stream alone mode %s ctas %d chunk %d: %.1f us, %.0f GB/s\n",
-           getenv("TM_L2S_MODE") ? getenv("TM_L2S_MODE") : "0", ctas, chunk, best * 1e3, bytes / (best * 1e6));
-    TB_CHECK(cudaEventDestroy(e0));
-    TB_CHECK(cudaEventDestroy(e1));
-    TB_CHECK(cudaFree(buf));
-    TB_CHECK(cudaFree(seg_dev));
-    TB_CHECK(cudaFree(progress));
-}
-
-/* l2s_ctas > 0: with the weight streamer (tm_cuda_l2stream) beside the chain on a forked branch of the graph,
- * l2s_ctas CTAs, l2s_ahead_mb MB ahead of what the GEMVs report as read */
-static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t kvd, int64_t ffn, int layers,
-                             int l2s_ctas, int l2s_ahead_mb) {
-    if (!tb_budget_ok()) return;
-    tb_case("time layer chain %s l2s %d/%d", label, l2s_ctas, l2s_ahead_mb);
+    tb_case("time layer chain %s", label);
     enum { MAX_LAYERS = 64, NW = 7 };
     const int32_t t = TM_DT_BF16;
     /* q, k, v, o, gate, up, down: (rows, cols) */
@@ -1215,38 +1180,11 @@ static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t
     TB_CHECK(cudaMemset(res, 0, (size_t)dim * 4));
     TB_CHECK(cudaMemset(nw, 0, (size_t)dim * 4));
     TB_CHECK(cudaMemset(o, 0, (size_t)dim * 2));
-    cudaStream_t s, s2;
+    cudaStream_t s;
     TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    TB_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    cudaEvent_t fork, join;
-    TB_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    TB_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-    /* the stream of weights in the order the chain reads them: q, k, v, o, gate with up, down */
-    tm_cuda_l2stream_seg segs[MAX_LAYERS * 6];
-    int nseg = 0;
-    for (int l = 0; l < layers; l++) {
-        for (int k = 0; k < 4; k++) segs[nseg++] = (tm_cuda_l2stream_seg){w[l][k], NULL, rows[k] * cols[k] * 2};
-        segs[nseg++] = (tm_cuda_l2stream_seg){w[l][4], w[l][5], rows[4] * cols[4] * 2};
-        segs[nseg++] = (tm_cuda_l2stream_seg){w[l][6], NULL, rows[6] * cols[6] * 2};
-    }
-    tm_cuda_l2stream_seg *segs_dev = tb_dev(sizeof segs);
-    unsigned long long *progress = tb_dev(32 * sizeof *progress); /* TM_L2S_SPREAD counters */
-    TB_CHECK(cudaMemcpy(segs_dev, segs, sizeof segs, cudaMemcpyHostToDevice));
-    TB_CHECK(tm_cuda_l2stream(segs_dev, 0, progress, 1, 16, 1, s)); /* its one-time allocation, outside capture */
     TB_CHECK(cudaDeviceSynchronize());
     cudaGraph_t g;
     TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    /* TB_L2S_OUTSIDE=1: the streamer is launched on s2 beside each replay of a graph of the chain alone */
-    const bool outside = l2s_ctas > 0 && getenv("TB_L2S_OUTSIDE");
-    if (outside) tm_cuda_gemv_set_progress(progress);
-    if (l2s_ctas > 0 && !outside) {
-        TB_CHECK(cudaMemsetAsync(progress, 0, 32 * sizeof *progress, s));
-        TB_CHECK(cudaEventRecord(fork, s));
-        TB_CHECK(cudaStreamWaitEvent(s2, fork, 0));
-        TB_CHECK(tm_cuda_l2stream(segs_dev, nseg, progress, (int64_t)l2s_ahead_mb << 20,
-                                  (int32_t)tb_env_d("TB_L2S_CHUNK", 32768), l2s_ctas, s2));
-        tm_cuda_gemv_set_progress(progress);
-    }
     for (int l = 0; l < layers; l++) {
         const tm_cuda_gemv_job qkv[3] = {
             {w[l][0], qd, NULL, q, 0, 0}, {w[l][1], kvd, NULL, kv, 0, 0}, {w[l][2], kvd, NULL, kv + kvd, 0, 0}};
@@ -1258,56 +1196,13 @@ static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t
         TB_CHECK(tm_cuda_gemv_swiglu(w[l][4], w[l][5], t, ffn, dim, xn, 1, h, NULL, s));
         TB_CHECK(tm_cuda_gemv(w[l][6], t, dim, ffn, h, 1, NULL, o, false, NULL, s));
     }
-    tm_cuda_gemv_set_progress(NULL);
-    if (l2s_ctas > 0 && !outside) {
-        TB_CHECK(cudaEventRecord(join, s2));
-        TB_CHECK(cudaStreamWaitEvent(s, join, 0));
-    }
     TB_CHECK(cudaStreamEndCapture(s, &g));
-    double us;
-    if (outside) {
-        cudaGraphExec_t ge;
-        TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
-        cudaEvent_t e0, e1;
-        TB_CHECK(cudaEventCreate(&e0));
-        TB_CHECK(cudaEventCreate(&e1));
-        float ms[11];
-        for (int i = 0; i < 11; i++) {
-            TB_CHECK(cudaMemsetAsync(progress, 0, 32 * sizeof *progress, s2));
-            TB_CHECK(cudaEventRecord(fork, s2));
-            if (!getenv("TB_L2S_COUNT_ONLY"))
-                TB_CHECK(tm_cuda_l2stream(segs_dev, nseg, progress, (int64_t)l2s_ahead_mb << 20,
-                                          (int32_t)tb_env_d("TB_L2S_CHUNK", 32768), l2s_ctas, s2));
-            TB_CHECK(cudaStreamWaitEvent(s, fork, 0));
-            TB_CHECK(cudaEventRecord(e0, s));
-            TB_CHECK(cudaGraphLaunch(ge, s));
-            TB_CHECK(cudaEventRecord(e1, s));
-            TB_CHECK(cudaDeviceSynchronize());
-            TB_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
-        }
-        qsort(ms + 2, 9, sizeof(float), tb_cmp_f);
-        us = (double)ms[2 + 4] * 1000.0 / layers;
-        TB_CHECK(cudaEventDestroy(e0));
-        TB_CHECK(cudaEventDestroy(e1));
-        TB_CHECK(cudaGraphExecDestroy(ge));
-        TB_CHECK(cudaGraphDestroy(g));
-    } else {
-        us = graph_replay_us(g, s) / layers;
-    }
+    const double us = graph_replay_us(g, s) / layers;
     const double floor_us = layer_bytes / (tb_env_d("TM_CEIL_COPY_GBS", 4300.0) * 1e3);
-    char name[96];
-    if (l2s_ctas > 0)
-        snprintf(name, sizeof name, "%s layer chain l2s %d ctas %d MB (floor %.1f us)", label, l2s_ctas,
-                 l2s_ahead_mb, floor_us);
-    else
-        snprintf(name, sizeof name, "%s layer chain (floor %.1f us)", label, floor_us);
+    char name[80];
+    snprintf(name, sizeof name, "%s layer chain (floor %.1f us)", label, floor_us);
     timed_result("gemv_chain", name, us, layer_bytes, 0.0, true);
     TB_CHECK(cudaStreamDestroy(s));
-    TB_CHECK(cudaStreamDestroy(s2));
-    TB_CHECK(cudaEventDestroy(fork));
-    TB_CHECK(cudaEventDestroy(join));
-    TB_CHECK(cudaFree(segs_dev));
-    TB_CHECK(cudaFree(progress));
     for (int l = 0; l < layers; l++)
         for (int k = 0; k < NW; k++) TB_CHECK(cudaFree(w[l][k]));
     TB_CHECK(cudaFree(res));
@@ -1500,33 +1395,11 @@ static void time_fused(int fused_kind, int32_t t, const int64_t *rows, int64_t c
     }
 }
 
-static void time_chains(void) {
-    /* a decode layer's GEMV chain (1B: 16 layers = 1.9 GB, 8B: 8 layers = 3.5 GB of weights) */
-    time_layer_chain("1b", 2048, 2048, 512, 8192, 16, 0, 0);
-    time_layer_chain("8b", 4096, 4096, 1024, 14336, 8, 0, 0);
-    /* the weight streamer beside the chain: TB_L2S="ctas:MB,ctas:MB,..." (default a small sweep) */
-    if (getenv("TB_L2S_ALONE")) {
-        const int cs[] = {8, 32, 132, 264}, ks[] = {4096, 32768, 262144};
-        for (int i = 0; i < 4; i++)
-            for (int k = 0; k < 3; k++) time_l2stream_alone(cs[i], ks[k]);
-    }
-    {
-        const char *spec = getenv("TB_L2S") ? getenv("TB_L2S") : "8:16,8:24,8:32,16:24,32:24";
-        for (const char *p = spec; *p;) {
-            int c = 0, mb = 0, used = 0;
-            if (sscanf(p, "%d:%d%n", &c, &mb, &used) != 2 || c < 1 || mb < 1) break;
-            time_layer_chain("1b", 2048, 2048, 512, 8192, 16, c, mb);
-            time_layer_chain("8b", 4096, 4096, 1024, 14336, 8, c, mb);
-            p += used;
-            if (*p == ',') p++;
-        }
-        time_layer_chain("1b", 2048, 2048, 512, 8192, 16, 0, 0);
-    }
-}
-
 static void time_all(void) {
     const int all = M_SINGLE | M_GRAPH | M_PDL | M_KEY;
-    time_chains();
+    /* a decode layer's GEMV chain (1B: 16 layers = 1.9 GB, 8B: 8 layers = 3.5 GB of weights) */
+    time_layer_chain("1b", 2048, 2048, 512, 8192, 16);
+    time_layer_chain("8b", 4096, 4096, 1024, 14336, 8);
     /* the fused epilogues against their unfused pairs first (key cases), bf16 at n = 1 */
     const int64_t o1[1] = {2048}, o8[1] = {4096}, qkv1[3] = {2048, 512, 512}, qkv8[3] = {4096, 1024, 1024};
     time_fused(K_NORM_FUSED, TM_DT_BF16, o1, 2048, 0, 1, "1b-o");
@@ -1596,12 +1469,6 @@ int main(int argc, char **argv) {
     (void)argv;
     tb_guard_init(25.0);
     tb_seed();
-    if (getenv("TB_CHAIN_ONLY")) { /* the layer chains alone (experiment) */
-        time_chains();
-        tb_case("finish");
-        tb_guard_report("tb_gemv");
-        return tb_finish("tb_gemv");
-    }
     check_args();
     check_all();
     printf("# checks of single products done in %.1f s\n", tb_elapsed_s());

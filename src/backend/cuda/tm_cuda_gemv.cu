@@ -65,8 +65,6 @@
 
 namespace {
 
-unsigned long long *g_progress; /* tm_cuda_gemv_set_progress (experimental, tm_cuda_l2stream) */
-
 constexpr int kThreadsV1 = 128;
 constexpr int kMaxWarps = 4;
 constexpr int kMaxJobs = TM_CUDA_GEMV_MAX_JOBS;
@@ -271,8 +269,6 @@ struct v2_args {
     const float *norm_w;          /* (rows) f32 */
     uint16_t *norm_out;           /* (n, rows) bf16 */
     unsigned int *counter;        /* blocks done; 0 between launches */
-    unsigned long long *progress; /* weight bytes read, advanced by each block (tm_cuda_l2stream); or NULL */
-    int spread;                   /* block b adds to progress[b & spread] */
     float eps;
     /* EPI_ROPE (jobs 0, 1, 2 = q, k, v; out[1], out[2] may be NULL) */
     const float *inv_freq;        /* (rope_dim / 2) */
@@ -455,7 +451,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
         }
     }
     __syncthreads();
-    if (a.progress && threadIdx.x == 0) atomicAdd(a.progress + (bid & a.spread), (unsigned long long)(NR * row_bytes));
     if constexpr (EPI == EPI_NORM) {
         /* o = bf16(sum + bias) as tm_cuda_gemv stores it; residual += o as tm_cuda_add_rmsnorm adds it */
         if (threadIdx.x < R * N) {
@@ -660,8 +655,6 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     a.cols = (int)cols;
     a.out_f32 = swiglu ? false : out_f32;
     a.pdl = tm_pdl_gemv_on();
-    a.progress = g_progress;
-    a.spread = getenv("TM_L2S_SPREAD") ? atoi(getenv("TM_L2S_SPREAD")) - 1 : 0;
     switch (type) {
 #define TMQ_LAUNCH(T)                                                                                              \
     return swiglu ? launch_v2<T, EPI_SWIGLU>(a, n, (int)blocks, stream) : launch_v2<T, EPI_PLAIN>(a, n, (int)blocks, stream)
@@ -712,8 +705,6 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     a.cols = (int)cols;
     a.out_f32 = false;
     a.pdl = tm_pdl_gemv_on();
-    a.progress = g_progress;
-    a.spread = getenv("TM_L2S_SPREAD") ? atoi(getenv("TM_L2S_SPREAD")) - 1 : 0;
     switch (type) {
 #define TMQ_LAUNCH(T) return launch_v2<T, EPI>(a, n, (int)blocks, stream)
         TMQ_GEMV_TYPE_CASES(type, TMQ_LAUNCH)
@@ -725,8 +716,6 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
 bool aligned(const void *p, uintptr_t k) { return ((uintptr_t)p & (k - 1)) == 0; }
 
 } /* namespace */
-
-extern "C" void tm_cuda_gemv_set_progress(unsigned long long *progress) { g_progress = progress; }
 
 extern "C" cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
                                     int32_t n, const float *bias, void *out, bool out_f32,

@@ -150,17 +150,6 @@ typedef struct tm_cuda_gemv_job {
 } tm_cuda_gemv_job;
 cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream);
-/* Weight streamer (tm_cuda_l2stream.cu; experimental): bulk L2 prefetches of the segments in order, at most `ahead`
- * bytes past *progress, which GEMV blocks advance by the weight bytes they have read while
- * tm_cuda_gemv_set_progress(progress) is in effect (NULL: off). A pair segment (p2 set) interleaves chunks of p and
- * p2, `bytes` each. */
-typedef struct tm_cuda_l2stream_seg {
-    const void *p, *p2;
-    int64_t bytes;
-} tm_cuda_l2stream_seg;
-cudaError_t tm_cuda_l2stream(const tm_cuda_l2stream_seg *segs_dev, int32_t n_segs, const unsigned long long *progress,
-                             int64_t ahead, int32_t chunk, int32_t ctas, cudaStream_t stream);
-void tm_cuda_gemv_set_progress(unsigned long long *progress);
 /* Mid-size batches of a GGUF-quantized weight (q8_0, q4_0, q4_1, q4_K, q6_K; tm_cuda_qgemm.cu): tm_cuda_gemv's
  * product for TM_CUDA_GEMV_MAX_N < n <= TM_CUDA_QGEMM_MAX_N (any 1 <= n <= it) on the tensor cores, the weights
  * decoded in registers (read once, rounded to bf16 as tm_cuda_dequant_bf16 rounds them, never written back). work: NULL (no
