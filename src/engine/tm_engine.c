@@ -429,6 +429,7 @@ static tm_status chain_next(tm_engine *e, tm_error *err) {
     const tm_sched_plan chained = {.seqs = seqs, .n_new = e->st_n, .n = n, .n_tokens = n};
     tm_sched_commit(S, &chained);
     record_pass(e, seqs, e->st_logits, n);
+    e->last = (tm_engine_step_info){'c', n, n, 0};
     return TM_OK;
 }
 
@@ -457,7 +458,9 @@ static tm_status collect_pass(tm_engine *e, tm_error *err) {
 }
 
 tm_status tm_engine_step(tm_engine *e, tm_error *err) {
+    e->last = (tm_engine_step_info){'-', 0, 0, 0};
     if (e->runner->n_pending > 0) { /* pipelined: queue the next step if it is certain, then take in the previous one */
+        e->last.kind = 'w';
         tm_status s = chain_next(e, err);
         if (s != TM_OK) return s;
         return collect_pass(e, err);
@@ -491,14 +494,19 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         e->st_n[i] = p->n_new[i];
         e->st_logits[i] = q->seq.n_computed + p->n_new[i] == q->seq.n_tokens;
         n_want += e->st_logits[i];
+        e->last.n_tokens += p->n_new[i];
+        if (q->seq.n_computed < q->seq.n_prompt) e->last.n_prefill += p->n_new[i];
     }
+    e->last.n_seqs = p->n;
     bool on_device = choose_sampling(e, p->seqs, e->st_logits, p->n, 0);
     if (e->pipeline && on_device && n_want > 0) { /* queued; collected by the next call, after it queues the next */
         if ((s = tm_runner_launch(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, p->n, NULL, err)) != TM_OK) return s;
         tm_sched_commit(&e->sched, p);
         record_pass(e, p->seqs, e->st_logits, p->n);
+        e->last.kind = 'l';
         return TM_OK;
     }
+    e->last.kind = 's';
     if ((s = tm_runner_step(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, p->n, err)) != TM_OK) return s;
     tm_sched_commit(&e->sched, p);
     now = tm_time_s();

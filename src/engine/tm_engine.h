@@ -58,6 +58,16 @@ typedef struct tm_engine_pass {
     int32_t n_rows;
 } tm_engine_pass;
 
+/* What the last tm_engine_step call put on the device (for step traces; bench throughput --step-trace). */
+typedef struct tm_engine_step_info {
+    char kind;          /* 's': a step run and postprocessed in the call; 'l': launched, collected by the next call;
+                         * 'c': a certain decode step chained behind the one in flight, whose tokens were then
+                         * collected; 'w': only the step in flight collected; '-': nothing to do */
+    int32_t n_seqs;     /* sequences in the step launched by this call (0 for 'w' and '-') */
+    int32_t n_tokens;   /* tokens in it */
+    int32_t n_prefill;  /* of which prompt tokens (prefill chunks) */
+} tm_engine_step_info;
+
 typedef struct tm_engine {
     const tm_model *model;      /* borrowed */
     tm_runner *runner;          /* owned */
@@ -81,6 +91,7 @@ typedef struct tm_engine {
     bool pipeline;
     tm_engine_pass pass[2];     /* in flight (runner->n_pending of them), indexed by the runner's slot (oldest:
                                  * runner->pend_first) */
+    tm_engine_step_info last;   /* the last tm_engine_step call's launch */
 } tm_engine;
 
 tm_status tm_engine_create(const tm_model *m, const tm_engine_cfg *cfg, tm_engine **out, tm_error *err);

@@ -43,7 +43,9 @@ static const char *k_usage =
     "  bench throughput [-m MODEL] [--num-prompts N] [--input-len I] [--output-len O]\n"
     "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
     "           [--max-seqs S] [-b TOKENS_PER_STEP] [--block-size N] [--no-prefix-cache] [--sequential] [--json]\n"
-    "           offline, EOS ignored; --sequential: each request arrives when the previous finished\n"
+    "           [--step-trace FILE]\n"
+    "           offline, EOS ignored; --sequential: each request arrives when the previous finished;\n"
+    "           --step-trace: one line per engine step (bench/step_trace.py summarizes it)\n"
     "  plan     --mem SIZE [-m MODEL] [--ctx N] [--kv-dtype f16|bf16|f32|fp8] [--block-size N]\n"
     "           [--workspace-tokens N] [--json]   weights, KV bytes per token, blocks, max sequences\n"
     "  bench memory [-t THREADS] [--json]   DRAM read bandwidth (the decode floor's denominator)\n"
@@ -93,7 +95,7 @@ typedef struct cli_opts {
     bool chat, json, no_special, no_bos, no_tensors;
     const char *stops[16];
     const char *positional;
-    const char *ids_file, *out_dir;
+    const char *ids_file, *out_dir, *step_trace;
     int32_t input_len, output_len, reps;
     int32_t num_prompts, out_min, out_max, shared_prefix, max_seqs, batch;
     float bw_gb_s, ceiling_gflop_s;
@@ -222,6 +224,9 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             if (!parse_f32(v, 0.001f, 1e9f, &o->ceiling_gflop_s)) return usage_error("bad compute ceiling '%s' (GFLOP/s)", v);
         } else if (!strcmp(a, "--sequential")) {
             o->sequential = true;
+        } else if (!strcmp(a, "--step-trace")) {
+            NEED_VALUE();
+            o->step_trace = v;
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o->no_prefix_cache = true;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
@@ -469,7 +474,7 @@ static int cmd_bench(cli_opts *o) {
             .static_batching = o->static_batching, .max_seqs = o->max_seqs, .max_batched_tokens = o->load.max_batch_tokens,
             .block_size = o->load.block_size, .no_pipeline = o->load.no_pipeline, .act_bits = o->load.act_bits,
             .no_prefix_cache = o->no_prefix_cache, .json = o->json, .seed = o->gen.seed,
-            .sequential = o->sequential,
+            .sequential = o->sequential, .step_trace = o->step_trace,
         };
         tm_error err = {0};
         if (tm_bench_throughput(&bc, &err) != TM_OK) return fail(&err);

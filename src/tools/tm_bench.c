@@ -52,6 +52,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     int32_t *prompts = NULL, *outlen = NULL;
     req_result *res = NULL;
     double *v = NULL;
+    FILE *trace = NULL;
     tm_device dev;
     int32_t ordinal;
     tm_status s = tm_device_parse(c->device, &dev, &ordinal, err);
@@ -93,7 +94,12 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
         outlen[r] = c->out_max > 0 ? c->out_min + (int32_t)(rng_next(&st) % (uint64_t)(c->out_max - c->out_min + 1))
                                    : c->output_len;
     }
-    double t0 = tm_time_s(), pass0 = e->runner->pass_s;
+    if (c->step_trace && !(trace = fopen(c->step_trace, "w"))) {
+        s = tm_err(err, TM_ERR_IO, "cannot write the step trace '%s'", c->step_trace);
+        goto done;
+    }
+    if (trace) fprintf(trace, "# t_s dt_s kind n_seqs n_tokens n_prefill running waiting\n");
+    double t0 = tm_time_s(), pass0 = e->runner->pass_s, t_prev = t0;
     int64_t steps = 0;
     for (size_t r = 0; r < N; r++) {
         tm_gen_params gp = {0};
@@ -105,6 +111,13 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
         while ((c->sequential || r + 1 == N) && tm_engine_has_work(e)) {
             if ((s = tm_engine_step(e, err)) != TM_OK) goto done;
             steps++;
+            if (trace) {
+                const double t = tm_time_s();
+                const tm_engine_step_info *li = &e->last;
+                fprintf(trace, "%.6f %.6f %c %d %d %d %d %d\n", t - t0, t - t_prev, li->kind, li->n_seqs,
+                        li->n_tokens, li->n_prefill, e->sched.n_running, e->sched.n_waiting);
+                t_prev = t;
+            }
         }
     }
     double wall = tm_time_s() - t0, pass = e->runner->pass_s - pass0;
@@ -144,6 +157,7 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     print_summary("e2e", tm_stats_summary(v, N), 1e3, c->json, true);
     if (c->json) printf("}\n");
 done:
+    if (trace && fclose(trace) != 0 && s == TM_OK) s = tm_err(err, TM_ERR_IO, "cannot write the step trace '%s'", c->step_trace);
     free(prompts);
     free(outlen);
     free(res);

@@ -27,6 +27,7 @@ typedef struct tm_bench_tp_cfg {
     bool json;
     bool sequential;             /* each request arrives when the previous one finished (TTFT = pure prefill) */
     uint64_t seed;
+    const char *step_trace;      /* throughput: a file that gets one line per engine step, or NULL */
     double ceiling_gflop_s;      /* latency --batch: compute ceiling in GFLOP/s (0 = this run's prefill rate) */
 } tm_bench_tp_cfg;
 

@@ -1,10 +1,12 @@
 """End-to-end tests of the tokenmill command line on the default model."""
+import importlib.util
 import json
+import os
 import subprocess
 
 import pytest
 
-from conftest import MODEL, TOKENMILL
+from conftest import MODEL, ROOT, TOKENMILL
 
 
 def tm(*args, input=None, timeout=300):
@@ -219,6 +221,34 @@ def test_bench_throughput_and_batched_latency_json():
     assert 0 < j["pct_of_floor_min"] <= j["pct_of_floor"] <= j["pct_of_floor_max"]
     r = tm("bench", "latency", "-m", MODEL, "--batch", "1", "--input-len", "8", "--output-len", "2", "--bw", "auto")
     assert r.returncode != 0 and "--output-len >= 3" in r.stderr
+
+
+def test_bench_throughput_step_trace(tmp_path):
+    trace = tmp_path / "steps.txt"
+    r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "5", "--input-len", "20", "--output-len", "4",
+           "--max-seqs", "2", "-b", "16", "--no-prefix-cache", "--step-trace", str(trace), "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    rows = [ln.split() for ln in trace.read_text().splitlines() if not ln.startswith("#")]
+    assert len(rows) == j["steps"]
+    # every prompt token is prefilled once; every output token but each request's first is one decode token
+    assert sum(int(x[5]) for x in rows) == 5 * 20
+    assert sum(int(x[4]) for x in rows) == 5 * 20 + j["output_tokens"] - 5
+    assert all(int(x[4]) <= 16 and int(x[3]) <= 2 for x in rows)  # the step budget and --max-seqs
+    assert abs(sum(float(x[1]) for x in rows) - j["duration_s"]) < 0.05
+    spec = importlib.util.spec_from_file_location("step_trace", os.path.join(ROOT, "bench", "step_trace.py"))
+    st = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(st)
+    s = st.summarize(trace.read_text().splitlines())
+    assert sum(c["tokens"] for c in s["classes"].values()) == 5 * 20 + j["output_tokens"] - 5
+    assert abs(s["wall_s"] - j["duration_s"]) < 0.05
+    # pipelined kinds: 'c' and 'w' are charged to the step launched before them, 'l' only launches
+    s = st.summarize(["0.1 0.1 l 4 4 0 4 0", "0.3 0.2 c 4 4 0 4 0", "0.6 0.3 w 0 0 0 4 0", "1.0 0.4 s 2 9 8 2 0"])
+    assert s["host_only_s"] == pytest.approx(0.1) and s["classes"]["decode"]["steps"] == 2
+    assert s["classes"]["decode"]["s"] == pytest.approx(0.5) and s["classes"]["mixed"]["s"] == pytest.approx(0.4)
+    r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "1", "--input-len", "4", "--output-len", "1",
+           "--step-trace", str(tmp_path / "no" / "such" / "dir" / "t.txt"))
+    assert r.returncode != 0 and "step trace" in r.stderr
 
 
 def test_bench_rejects_bad_shapes():

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Summarize a `tokenmill bench throughput --step-trace FILE` trace: where the run's wall time went.
+
+Each line is one tm_engine_step call: t_s dt_s kind n_seqs n_tokens n_prefill running waiting (kinds in
+src/engine/tm_engine.h). A call's dt is charged to the step it waited for: its own step for 's', the step launched
+by an earlier call for 'c' and 'w' (they collect it); an 'l' call only launches, its dt is host time before the
+launch. Steps are classed decode (no prompt tokens), prefill (only prompt tokens) or mixed.
+
+usage: step_trace.py TRACE [--json]"""
+import json
+import sys
+
+
+def cls(n_tokens, n_prefill):
+    if n_prefill == 0:
+        return "decode"
+    return "prefill" if n_prefill == n_tokens else "mixed"
+
+
+def summarize(lines):
+    total, host, pending = 0.0, 0.0, None
+    by = {}  # class -> [steps, seconds, tokens]
+    dec = {}  # decode batch bucket -> [steps, seconds]
+    calls = {}
+    for ln in lines:
+        if not ln.strip() or ln.startswith("#"):
+            continue
+        f = ln.split()
+        dt, kind = float(f[1]), f[2]
+        n_seqs, n_tok, n_pf = int(f[3]), int(f[4]), int(f[5])
+        total += dt
+        calls[kind] = calls.get(kind, 0) + 1
+        this = (cls(n_tok, n_pf), n_seqs, n_tok)
+        if kind == "s":
+            charged, pending = this, None
+        elif kind == "l":
+            charged, pending = None, this
+        elif kind == "c":
+            charged, pending = pending, this
+        elif kind == "w":
+            charged, pending = pending, None
+        else:
+            charged = None
+        if charged is None:
+            host += dt
+            continue
+        c, n, tok = charged
+        e = by.setdefault(c, [0, 0.0, 0])
+        e[0] += 1
+        e[1] += dt
+        e[2] += tok
+        if c == "decode":
+            b = 64 * ((n + 63) // 64)
+            d = dec.setdefault(b, [0, 0.0])
+            d[0] += 1
+            d[1] += dt
+    return {"wall_s": total, "host_only_s": host, "calls": calls,
+            "classes": {k: {"steps": v[0], "s": v[1], "tokens": v[2], "ms_per_step": 1e3 * v[1] / max(v[0], 1)}
+                        for k, v in by.items()},
+            "decode_by_batch": {str(k): {"steps": v[0], "s": v[1], "ms_per_step": 1e3 * v[1] / max(v[0], 1)}
+                                for k, v in sorted(dec.items())}}
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    with open(sys.argv[1]) as fh:
+        r = summarize(fh)
+    if "--json" in sys.argv:
+        print(json.dumps(r, indent=1))
+        return
+    print(f"wall {r['wall_s']:.3f} s in {sum(r['calls'].values())} calls {r['calls']}; host-only {r['host_only_s']:.3f} s")
+    for k, v in sorted(r["classes"].items()):
+        print(f"  {k:8s} {v['steps']:6d} steps {v['s']:8.3f} s {v['tokens']:9d} tokens {v['ms_per_step']:8.3f} ms/step")
+    for k, v in r["decode_by_batch"].items():
+        print(f"  decode batch <= {k:>5s}: {v['steps']:6d} steps {v['s']:8.3f} s {v['ms_per_step']:8.3f} ms/step")
+
+
+if __name__ == "__main__":
+    main()
