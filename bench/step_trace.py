@@ -2,9 +2,10 @@
 """Summarize a `tokenmill bench throughput --step-trace FILE` trace: where the run's wall time went.
 
 Each line is one tm_engine_step call: t_s dt_s kind n_seqs n_tokens n_prefill running waiting (kinds in
-src/engine/tm_engine.h). A call's dt is charged to the step it waited for: its own step for 's', the step launched
-by an earlier call for 'c' and 'w' (they collect it); an 'l' call only launches, its dt is host time before the
-launch. Steps are classed decode (no prompt tokens), prefill (only prompt tokens) or mixed.
+src/engine/tm_engine.h). A call's dt is charged to a step: its own for 's' and 'l' (an 'l' call schedules and
+launches its step, and a launch may block until the device has room), the one launched by an earlier call for 'c'
+and 'w' (they wait for it and collect it). Steps are classed decode (no prompt tokens), prefill (only prompt
+tokens) or mixed; calls with nothing to charge ('-') are counted as idle.
 
 usage: step_trace.py TRACE [--json]"""
 import json
@@ -18,7 +19,7 @@ def cls(n_tokens, n_prefill):
 
 
 def summarize(lines):
-    total, host, pending = 0.0, 0.0, None
+    total, idle, pending = 0.0, 0.0, None
     by = {}  # class -> [steps, seconds, tokens]
     dec = {}  # decode batch bucket -> [steps, seconds]
     calls = {}
@@ -31,10 +32,14 @@ def summarize(lines):
         total += dt
         calls[kind] = calls.get(kind, 0) + 1
         this = (cls(n_tok, n_pf), n_seqs, n_tok)
-        if kind == "s":
-            charged, pending = this, None
-        elif kind == "l":
-            charged, pending = None, this
+        if kind in ("s", "l", "c"):  # a step launched by this call: counted once, here
+            e = by.setdefault(this[0], [0, 0.0, 0])
+            e[0] += 1
+            e[2] += n_tok
+            if this[0] == "decode":
+                dec.setdefault(64 * ((n_seqs + 63) // 64), [0, 0.0])[0] += 1
+        if kind in ("s", "l"):
+            charged, pending = this, (this if kind == "l" else None)
         elif kind == "c":
             charged, pending = pending, this
         elif kind == "w":
@@ -42,19 +47,13 @@ def summarize(lines):
         else:
             charged = None
         if charged is None:
-            host += dt
+            idle += dt
             continue
         c, n, tok = charged
-        e = by.setdefault(c, [0, 0.0, 0])
-        e[0] += 1
-        e[1] += dt
-        e[2] += tok
+        by.setdefault(c, [0, 0.0, 0])[1] += dt
         if c == "decode":
-            b = 64 * ((n + 63) // 64)
-            d = dec.setdefault(b, [0, 0.0])
-            d[0] += 1
-            d[1] += dt
-    return {"wall_s": total, "host_only_s": host, "calls": calls,
+            dec.setdefault(64 * ((n + 63) // 64), [0, 0.0])[1] += dt
+    return {"wall_s": total, "idle_s": idle, "calls": calls,
             "classes": {k: {"steps": v[0], "s": v[1], "tokens": v[2], "ms_per_step": 1e3 * v[1] / max(v[0], 1)}
                         for k, v in by.items()},
             "decode_by_batch": {str(k): {"steps": v[0], "s": v[1], "ms_per_step": 1e3 * v[1] / max(v[0], 1)}
@@ -69,7 +68,7 @@ def main():
     if "--json" in sys.argv:
         print(json.dumps(r, indent=1))
         return
-    print(f"wall {r['wall_s']:.3f} s in {sum(r['calls'].values())} calls {r['calls']}; host-only {r['host_only_s']:.3f} s")
+    print(f"wall {r['wall_s']:.3f} s in {sum(r['calls'].values())} calls {r['calls']}; idle {r['idle_s']:.3f} s")
     for k, v in sorted(r["classes"].items()):
         print(f"  {k:8s} {v['steps']:6d} steps {v['s']:8.3f} s {v['tokens']:9d} tokens {v['ms_per_step']:8.3f} ms/step")
     for k, v in r["decode_by_batch"].items():

@@ -242,10 +242,11 @@ def test_bench_throughput_step_trace(tmp_path):
     s = st.summarize(trace.read_text().splitlines())
     assert sum(c["tokens"] for c in s["classes"].values()) == 5 * 20 + j["output_tokens"] - 5
     assert abs(s["wall_s"] - j["duration_s"]) < 0.05
-    # pipelined kinds: 'c' and 'w' are charged to the step launched before them, 'l' only launches
-    s = st.summarize(["0.1 0.1 l 4 4 0 4 0", "0.3 0.2 c 4 4 0 4 0", "0.6 0.3 w 0 0 0 4 0", "1.0 0.4 s 2 9 8 2 0"])
-    assert s["host_only_s"] == pytest.approx(0.1) and s["classes"]["decode"]["steps"] == 2
-    assert s["classes"]["decode"]["s"] == pytest.approx(0.5) and s["classes"]["mixed"]["s"] == pytest.approx(0.4)
+    # pipelined kinds: 'l' is charged to the step it launches, 'c' and 'w' to the step launched before them
+    s = st.summarize(["0.1 0.1 l 4 4 0 4 0", "0.3 0.2 c 4 4 0 4 0", "0.6 0.3 w 0 0 0 4 0", "1.0 0.4 s 2 9 8 2 0",
+                      "1.1 0.1 - 0 0 0 0 0"])
+    assert s["idle_s"] == pytest.approx(0.1) and s["classes"]["decode"]["steps"] == 2
+    assert s["classes"]["decode"]["s"] == pytest.approx(0.6) and s["classes"]["mixed"]["s"] == pytest.approx(0.4)
     r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "1", "--input-len", "4", "--output-len", "1",
            "--step-trace", str(tmp_path / "no" / "such" / "dir" / "t.txt"))
     assert r.returncode != 0 and "step trace" in r.stderr
