@@ -43,9 +43,25 @@ tp_run() {
   local f=$1 model=$2 label=$3
   shift 3
   timeout 540 $TM bench throughput -m "$model" --device cuda --num-prompts "$n" --input-len 1024 --output-len 1024 \
-    --max-seqs 256 -b 8192 "$@" --json >"$OUT/$f.json" 2>"$OUT/$f.err"
+    --max-seqs 256 -b 8192 "$@" --json --step-trace "$OUT/$f.trace" >"$OUT/$f.json" 2>"$OUT/$f.err"
   cat "$OUT/$f.json"; tail -n 3 "$OUT/$f.err"
+  python3 bench/step_trace.py "$OUT/$f.trace" 2>&1 | head -n 4
   row "$label" "$(python3 -c "import json; j=json.load(open('$OUT/$f.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")"
+  # where the run's time went (bench/step_trace.py): decode-only steps and steps with prompt tokens
+  row "  $f: decode | with prompt tokens" "$(python3 - "$OUT/$f.trace" <<'EOF'
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("st", "bench/step_trace.py")
+st = importlib.util.module_from_spec(spec); spec.loader.exec_module(st)
+try:
+    r = st.summarize(open(sys.argv[1]))
+except Exception as e:
+    print("no trace"); sys.exit()
+d = r["classes"].get("decode", {"steps": 0, "s": 0.0, "ms_per_step": 0.0})
+p = [v for k, v in r["classes"].items() if k != "decode"]
+ps, pn = sum(v["s"] for v in p), sum(v["steps"] for v in p)
+print(f'{d["steps"]} steps {d["s"]:.1f} s ({d["ms_per_step"]:.2f} ms each) | {pn} steps {ps:.1f} s, of {r["wall_s"]:.1f} s')
+EOF
+)"
 }
 # a `bench latency --json` file -> "tg X tok/s = Y% of floor Z; pp128 W tok/s" (floor: weight bytes at the copy ceiling)
 lat_summary() {
@@ -227,7 +243,8 @@ EOF
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:fp8 with the fp8 KV cache, $n x 1024 in / 1024 out"
-  tp_run tp_8b_w8 dummy:llama3-8b:fp8 "e2e throughput 8B fp8 W8A8, fp8 KV, ${n}x1024/1024" --kv-cache-dtype fp8
+  tp_run tp_8b_w8 dummy:llama3-8b:fp8 "e2e throughput 8B fp8 W8A8, fp8 KV, ${n}x1024/1024, 512 seqs" --kv-cache-dtype fp8 \
+    --max-seqs 512
   }
 fi
 
