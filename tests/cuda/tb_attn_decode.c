@@ -529,6 +529,19 @@ int main(void) {
     for (int i = 0; i < 512; i++) cr[i] = 1024 + (int)(tb_rand_u64() % 1024);
     dcase oc = mk8("8b 512x1024..2047", 512, 32, 8, 128, 16, cr, 2048, 1.0f, false);
     timing_case(&oc);
+    if (tb_env_d("TB_SOAK_S", 0.0) > 0.0) { /* that shape under a sustained load (tb_soak_us), fp8 and bf16 caches */
+        dcase ob = mk("8b 512x1024..2047", 512, 32, 8, 128, 16, cr, 2048, 1.0f, false);
+        dcase *sc[2] = {&oc, &ob};
+        for (int i = 0; i < 2; i++) {
+            build(sc[i], true);
+            time_arg t = {sc[i], 0};
+            const double us = tb_soak_us(run_rot, &t);
+            printf("# soak attn_decode 8b 512x1024..2047 %s v3: %.1f us a call, %.0f GB/s\n", i ? "bf16" : "fp8", us,
+                   sc[i]->kv_bytes / (us * 1e3));
+            fflush(stdout);
+            release(sc[i]);
+        }
+    }
 
     cudaFree(g_kd);
     cudaFree(g_vd);

@@ -89,6 +89,8 @@ int main(void) {
     double us = tb_time_us(run_copy, &c, 3, 10);
     double copy_gbs = 2.0 * (double)bytes / (us * 1e3);
     tb_result("copy", "4GiB d2d (read+write)", 0.0, 0.0, us, 2.0 * (double)bytes, 0, 'm');
+    const double soak = tb_soak_us(run_copy, &c); /* TB_SOAK_S: the copy under a sustained load */
+    if (soak > 0.0) printf("# soak copy 4GiB d2d: %.1f us a call, %.0f GB/s\n", soak, 2.0 * (double)bytes / (soak * 1e3));
     /* read ceiling: the XOR of every word of 4 GiB of random bytes, checked against the host's */
     {
         size_t nw = bytes / 4, chunk = (size_t)1 << 24;

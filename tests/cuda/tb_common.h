@@ -149,6 +149,39 @@ static inline double tb_time_us(tb_fn fn, void *arg, int warm, int reps) {
     return med;
 }
 
+static inline double tb_env_d(const char *name, double dflt);
+
+/* TB_SOAK_S=s (> 0): fn back to back for about s seconds, so that the clocks settle as they do under a sustained
+ * load (the H200 holds its 700 W cap by lowering the SM clock); returns the mean microseconds per call over the
+ * second half (0 when TB_SOAK_S is unset). Sample nvidia-smi beside it for the power and clock. */
+static inline double tb_soak_us(tb_fn fn, void *arg) {
+    const double secs = tb_env_d("TB_SOAK_S", 0.0);
+    if (!(secs > 0.0)) return 0.0;
+    cudaEvent_t e0, e1;
+    TB_CHECK(cudaEventCreate(&e0));
+    TB_CHECK(cudaEventCreate(&e1));
+    double elapsed_ms = 0.0, half_ms = 0.0;
+    long half_calls = 0;
+    while (elapsed_ms < secs * 1e3) {
+        enum { BATCH = 32 };
+        TB_CHECK(cudaEventRecord(e0, 0));
+        for (int i = 0; i < BATCH; i++) fn(arg);
+        TB_CHECK(cudaEventRecord(e1, 0));
+        TB_CHECK(cudaEventSynchronize(e1));
+        float ms;
+        TB_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        elapsed_ms += ms;
+        if (elapsed_ms >= secs * 5e2) {
+            half_ms += ms;
+            half_calls += BATCH;
+        }
+    }
+    TB_CHECK(cudaGetLastError());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return half_calls ? half_ms * 1e3 / (double)half_calls : 0.0;
+}
+
 static inline double tb_env_d(const char *name, double dflt) {
     const char *s = getenv(name);
     return s && *s ? atof(s) : dflt;
