@@ -277,13 +277,15 @@ static void set_env(const char *ver, const char *splits) {
 typedef struct variant {
     const char *label, *ver, *splits;
     bool work;
+    bool eager; /* TM_CUDA_ATTN_DECODE_LAZY=0: v3's running max moves on every growth */
 } variant;
 
 static const variant k_variants[] = {
-    {"v1", "1", NULL, true},           {"v2", "2", NULL, true},        {"v2-s3", "2", "3", true},
-    {"v3", "3", NULL, true},           {"v3-s1", "3", "1", true},      {"v3-s3", "3", "3", true},
-    {"v3-s7", "3", "7", true},         {"v3-s64", "3", "64", true},    {"v3-nowork", "3", NULL, false},
-    {"default", NULL, NULL, true},
+    {"v1", "1", NULL, true, false},        {"v2", "2", NULL, true, false},      {"v2-s3", "2", "3", true, false},
+    {"v3", "3", NULL, true, false},        {"v3-s1", "3", "1", true, false},    {"v3-s3", "3", "3", true, false},
+    {"v3-s7", "3", "7", true, false},      {"v3-s64", "3", "64", true, false},  {"v3-nowork", "3", NULL, false, false},
+    {"v3-eager", "3", NULL, true, true},   {"v3-s3-eager", "3", "3", true, true},
+    {"default", NULL, NULL, true, false},
 };
 
 static void all_seqs(const dcase *c, int *seqs) {
@@ -298,6 +300,8 @@ static void correctness_case(dcase *c) {
     for (size_t v = 0; v < sizeof k_variants / sizeof k_variants[0]; v++) {
         const variant *vr = &k_variants[v];
         set_env(vr->ver, vr->splits);
+        if (vr->eager) setenv("TM_CUDA_ATTN_DECODE_LAZY", "0", 1);
+        else unsetenv("TM_CUDA_ATTN_DECODE_LAZY");
         tm_cuda_attn_args a = args_of(c, 0, vr->work);
         /* v3-nowork: no buffer at all */
         tb_poison(c->out_d, (size_t)c->n_seqs * c->n_heads * c->hd * 2);
@@ -330,6 +334,7 @@ static void correctness_case(dcase *c) {
         free(o8);
     }
     set_env(NULL, NULL);
+    unsetenv("TM_CUDA_ATTN_DECODE_LAZY");
     free(ref);
     release(c);
 }
@@ -529,17 +534,26 @@ int main(void) {
     for (int i = 0; i < 512; i++) cr[i] = 1024 + (int)(tb_rand_u64() % 1024);
     dcase oc = mk8("8b 512x1024..2047", 512, 32, 8, 128, 16, cr, 2048, 1.0f, false);
     timing_case(&oc);
+    /* the same two key shapes with the running max moved on every growth (the rescale every stage) */
+    setenv("TM_CUDA_ATTN_DECODE_LAZY", "0", 1);
+    dcase ec[] = {mk8("8b 512x1024..2047 eager max", 512, 32, 8, 128, 16, cr, 2048, 1.0f, false),
+                  mk8("8b 64x4096 eager max", 64, 32, 8, 128, 16, c64, 4096, 1.0f, false),
+                  mk("8b 64x4096 eager max", 64, 32, 8, 128, 16, c64, 4096, 1.0f, false)};
+    for (size_t i = 0; i < sizeof ec / sizeof ec[0]; i++) timing_case(&ec[i]);
+    unsetenv("TM_CUDA_ATTN_DECODE_LAZY");
     if (tb_env_d("TB_SOAK_S", 0.0) > 0.0) { /* that shape under a sustained load (tb_soak_us), fp8 and bf16 caches */
         dcase ob = mk("8b 512x1024..2047", 512, 32, 8, 128, 16, cr, 2048, 1.0f, false);
-        dcase *sc[2] = {&oc, &ob};
-        for (int i = 0; i < 2; i++) {
+        dcase *sc[3] = {&oc, &oc, &ob};
+        for (int i = 0; i < 3; i++) {
+            if (i == 1) setenv("TM_CUDA_ATTN_DECODE_LAZY", "0", 1); /* fp8 with the running max moved every growth */
             build(sc[i], true);
             time_arg t = {sc[i], 0};
             const double us = tb_soak_us(run_rot, &t);
-            printf("# soak attn_decode 8b 512x1024..2047 %s v3: %.1f us a call, %.0f GB/s\n", i ? "bf16" : "fp8", us,
-                   sc[i]->kv_bytes / (us * 1e3));
+            printf("# soak attn_decode 8b 512x1024..2047 %s v3: %.1f us a call, %.0f GB/s\n",
+                   i == 2 ? "bf16" : i ? "fp8 eager max" : "fp8", us, sc[i]->kv_bytes / (us * 1e3));
             fflush(stdout);
             release(sc[i]);
+            unsetenv("TM_CUDA_ATTN_DECODE_LAZY");
         }
     }
 
