@@ -42,9 +42,15 @@ row() { table+=("$(printf '%-44s %s' "$1" "$2")"); }
 tp_run() {
   local f=$1 model=$2 label=$3
   shift 3
+  # the power and SM clock beside the run (the 8B runs sit at the 700 W cap: docs/PERFORMANCE.md, sixteenth session)
+  nvidia-smi --query-gpu=power.draw,clocks.sm,clocks_throttle_reasons.active --format=csv,noheader,nounits -lms 200 \
+    >"$OUT/$f.smi" 2>/dev/null &
+  local smi=$!
   timeout 540 $TM bench throughput -m "$model" --device cuda --num-prompts "$n" --input-len 1024 --output-len 1024 \
     --max-seqs 256 -b 8192 "$@" --json --step-trace "$OUT/$f.trace" >"$OUT/$f.json" 2>"$OUT/$f.err"
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
   cat "$OUT/$f.json"; tail -n 3 "$OUT/$f.err"
+  row "  $f: power, SM clock" "$(python3 bench/smi_summary.py "$OUT/$f.smi" 2>/dev/null || echo "no samples")"
   python3 bench/step_trace.py "$OUT/$f.trace" 2>&1 | head -n 4
   row "$label" "$(python3 -c "import json; j=json.load(open('$OUT/$f.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")"
   # where the run's time went (bench/step_trace.py): decode-only steps and steps with prompt tokens

@@ -252,6 +252,21 @@ def test_bench_throughput_step_trace(tmp_path):
     assert r.returncode != 0 and "step trace" in r.stderr
 
 
+def test_smi_summary_counts_busy_power_capped_samples():
+    spec = importlib.util.spec_from_file_location("smi", os.path.join(ROOT, "bench", "smi_summary.py"))
+    smi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smi)
+    lines = ["77.1, 345, 0x0000000000000001",             # idle: not counted
+             "690.0, 1500, 0x0000000000000004",           # capped
+             "700 W, 1600 MHz, 0x0000000000000004",       # units tolerated
+             "500.0, 1980, 0x0000000000000000",
+             "garbage", "nan, x, 0x4"]
+    r = smi.summarize(lines)
+    assert r["samples"] == 3 and r["power_capped"] == pytest.approx(2 / 3)
+    assert r["watts"] == pytest.approx((690 + 700 + 500) / 3) and r["sm_mhz"] == pytest.approx((1500 + 1600 + 1980) / 3)
+    assert smi.summarize(["80, 345, 0x1"]) is None
+
+
 def test_bench_rejects_bad_shapes():
     r = tm("bench", "throughput", "-m", MODEL, "--output-len-dist", "uniform:9:3")
     assert r.returncode == 2 and "bad output length distribution" in r.stderr
