@@ -7,7 +7,7 @@ launches its step, and a launch may block until the device has room), the one la
 and 'w' (they wait for it and collect it). Steps are classed decode (no prompt tokens), prefill (only prompt
 tokens) or mixed; calls with nothing to charge ('-') are counted as idle.
 
-usage: step_trace.py TRACE [--json]"""
+usage: step_trace.py TRACE [--json | --row]   (--row: one line, decode-only steps | steps with prompt tokens)"""
 import json
 import sys
 
@@ -60,6 +60,15 @@ def summarize(lines):
                                 for k, v in sorted(dec.items())}}
 
 
+def row(r):
+    """One line: the decode-only steps against the steps with prompt tokens (scripts/gpu.sh's table)."""
+    d = r["classes"].get("decode", {"steps": 0, "s": 0.0, "ms_per_step": 0.0})
+    p = [v for k, v in r["classes"].items() if k != "decode"]
+    ps, pn = sum(v["s"] for v in p), sum(v["steps"] for v in p)
+    return (f'{d["steps"]} steps {d["s"]:.1f} s ({d["ms_per_step"]:.2f} ms each) | {pn} steps {ps:.1f} s, '
+            f'of {r["wall_s"]:.1f} s')
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -67,6 +76,9 @@ def main():
         r = summarize(fh)
     if "--json" in sys.argv:
         print(json.dumps(r, indent=1))
+        return
+    if "--row" in sys.argv:
+        print(row(r))
         return
     print(f"wall {r['wall_s']:.3f} s in {sum(r['calls'].values())} calls {r['calls']}; idle {r['idle_s']:.3f} s")
     for k, v in sorted(r["classes"].items()):

@@ -50,24 +50,11 @@ tp_run() {
     --max-seqs 256 -b 8192 "$@" --json --step-trace "$OUT/$f.trace" >"$OUT/$f.json" 2>"$OUT/$f.err"
   kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
   cat "$OUT/$f.json"; tail -n 3 "$OUT/$f.err"
-  row "  $f: power, SM clock" "$(python3 bench/smi_summary.py "$OUT/$f.smi" 2>/dev/null || echo "no samples")"
   python3 bench/step_trace.py "$OUT/$f.trace" 2>&1 | head -n 4
   row "$label" "$(python3 -c "import json; j=json.load(open('$OUT/$f.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")"
+  row "  $f: power, SM clock" "$(python3 bench/smi_summary.py "$OUT/$f.smi" 2>/dev/null || echo "no samples")"
   # where the run's time went (bench/step_trace.py): decode-only steps and steps with prompt tokens
-  row "  $f: decode | with prompt tokens" "$(python3 - "$OUT/$f.trace" <<'EOF'
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("st", "bench/step_trace.py")
-st = importlib.util.module_from_spec(spec); spec.loader.exec_module(st)
-try:
-    r = st.summarize(open(sys.argv[1]))
-except Exception as e:
-    print("no trace"); sys.exit()
-d = r["classes"].get("decode", {"steps": 0, "s": 0.0, "ms_per_step": 0.0})
-p = [v for k, v in r["classes"].items() if k != "decode"]
-ps, pn = sum(v["s"] for v in p), sum(v["steps"] for v in p)
-print(f'{d["steps"]} steps {d["s"]:.1f} s ({d["ms_per_step"]:.2f} ms each) | {pn} steps {ps:.1f} s, of {r["wall_s"]:.1f} s')
-EOF
-)"
+  row "  $f: decode | with prompt tokens" "$(python3 bench/step_trace.py "$OUT/$f.trace" --row 2>/dev/null || echo "no trace")"
 }
 # a `bench latency --json` file -> "tg X tok/s = Y% of floor Z; pp128 W tok/s" (floor: weight bytes at the copy ceiling)
 lat_summary() {

@@ -242,6 +242,10 @@ def test_bench_throughput_step_trace(tmp_path):
     s = st.summarize(trace.read_text().splitlines())
     assert sum(c["tokens"] for c in s["classes"].values()) == 5 * 20 + j["output_tokens"] - 5
     assert abs(s["wall_s"] - j["duration_s"]) < 0.05
+    # the one-line form scripts/gpu.sh puts in its table: decode-only steps | steps with prompt tokens
+    d = s["classes"].get("decode", {"steps": 0})
+    line = st.row(s)
+    assert line.startswith(f'{d["steps"]} steps ') and f'| {j["steps"] - d["steps"]} steps ' in line
     # pipelined kinds: 'l' is charged to the step it launches, 'c' and 'w' to the step launched before them
     s = st.summarize(["0.1 0.1 l 4 4 0 4 0", "0.3 0.2 c 4 4 0 4 0", "0.6 0.3 w 0 0 0 4 0", "1.0 0.4 s 2 9 8 2 0",
                       "1.1 0.1 - 0 0 0 0 0"])

@@ -149,7 +149,10 @@ static inline double tb_time_us(tb_fn fn, void *arg, int warm, int reps) {
     return med;
 }
 
-static inline double tb_env_d(const char *name, double dflt);
+static inline double tb_env_d(const char *name, double dflt) {
+    const char *s = getenv(name);
+    return s && *s ? atof(s) : dflt;
+}
 
 /* TB_SOAK_S=s (> 0): fn back to back for about s seconds, so that the clocks settle as they do under a sustained
  * load (the H200 holds its 700 W cap by lowering the SM clock); returns the mean microseconds per call over the
@@ -180,11 +183,6 @@ static inline double tb_soak_us(tb_fn fn, void *arg) {
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     return half_calls ? half_ms * 1e3 / (double)half_calls : 0.0;
-}
-
-static inline double tb_env_d(const char *name, double dflt) {
-    const char *s = getenv(name);
-    return s && *s ? atof(s) : dflt;
 }
 
 /* One result line. bytes / flops: the minimum moved / computed by the case (0 when not meaningful); the

@@ -615,7 +615,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                 float mx = fmaxf(fmaxf(x0, x1), fmaxf(x2, x3));
                 mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-                /* lazy running max (DEC_LAZY): row g keeps its max until a score passes it by more than 2^8, so
+                /* lazy running max (dec_params.lazy): row g keeps its max until a score passes it by more than 2^8, so
                  * P <= 256 and O and l share the stale max (O / l is the same softmax); a warp none of whose rows
                  * moved skips the rescale of l and O (alpha = 1) */
                 const bool grow = p.lazy ? mx > m_run + 8.0f : mx > m_run;
