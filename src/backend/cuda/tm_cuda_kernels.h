@@ -246,14 +246,14 @@ cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStream_t stream
  *   A  xb = rmsnorm(x) * attn_norm (every block, from L2); q, k, v = xb . wq, wk, wv (bf16); RoPE on q and k;
  *      k and v written to the cache slot, q to `q`;
  *   B  attention of q over the paged cache (context_len[0] entries, including this token): (kv head, split)
- *      items, their partial softmaxes to `work`;
- *   C  att = the splits merged (every block, from L2; block 0 also stores it to `att`); x += bf16(att . wo);
+ *      items, their partial softmaxes to `work`; the last item of a kv head merges its splits into `att`;
+ *   C  att (every block, from L2); x += bf16(att . wo);
  *   D  xb = rmsnorm(x) * ffn_norm; h = bf16(silu(xb . w_gate) * (xb . w_up));
  *   E  x += bf16(h . w_down).
  * The roundings are those of the separate kernels (tm_cuda_gemv_qkv_rope, tm_cuda_attn_decode, tm_cuda_gemv,
  * tm_cuda_add_rmsnorm, tm_cuda_gemv_swiglu); only summation orders differ. Weights bf16 row-major, norms f32,
- * the cache bf16, head_dim 64 or 128, 4 or 8 query heads per kv head, llama (adjacent-pair) RoPE, no biases,
- * dim <= 4096, pointers 16-byte aligned; launched with programmatic dependent launch when pdl is set (and
+ * the cache bf16, head_dim 64 or 128, 4 or 8 query heads per kv head (at most 32 kv heads), llama (adjacent-pair)
+ * RoPE, no biases, dim <= 4096, pointers 16-byte aligned; launched with programmatic dependent launch when pdl is set (and
  * TM_CUDA_PDL is not 0). Opt-in in the backend (TM_CUDA_LAYER=1): not yet faster than the separate kernels. */
 typedef struct tm_cuda_layer_args {
     int32_t dim, ffn_dim, n_heads, n_kv_heads, head_dim, rope_dim, block_size, max_blocks;

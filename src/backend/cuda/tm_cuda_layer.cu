@@ -13,22 +13,25 @@
  * barrier or in attention, the producer keeps loading up to the ring's size (6 x 32 KB per SM, ~25 MB over the
  * GPU), so the memory pipe stays busy across the phase boundaries.
  *
- * Status: correct (tb_layer), and opt-in (TM_CUDA_LAYER=1), because it is not yet faster than the op path: 68 us
- * per 1B layer and 144 us per 8B layer in a chain of launches, against ~46 and ~128 us for the separate kernels.
- * tb_layer's trace of block 0 shows where: the steps that are not weight streams (the norms ~2-6 us, the merge of
- * the attention splits 5-10 us, each barrier 1.5-5 us, loaded memory latency being 1-2 us) add up to ~25 us a layer,
- * more than the ring hides, and the stage loop itself runs slower than the weights arrive in some versions. What was
- * learned on the way, kept in the code's comments below: the instruction cache (code run once per phase is fetched
- * from L2), claim latency in the producer, and the balance of the phases across SMs.
+ * Status: correct (tb_layer), and opt-in (TM_CUDA_LAYER=1), because it is not yet faster than the op path: 64 us
+ * per 1B layer and 138 us per 8B layer in a chain of launches (seventeenth session), against ~44.5 and ~120 us for
+ * the separate kernels. tb_layer's trace of block 0 shows where: the four weight streams take about their bytes' time
+ * (1B: 32 of the 28.8 us floor), but the steps between them (the norms ~2 us, each barrier 1.5-6 us, attention ~3,
+ * loaded memory latency being 1-2 us) add up to ~28 us a layer, more than the ring (~6 us of streaming) hides: the
+ * producer waits on a full ring for half the layer. Prefetching stages into L2 beyond the ring made the streams
+ * slower (docs/PERFORMANCE.md). What was learned on the way, kept in the code's comments below: the instruction
+ * cache (code run once per phase is fetched from L2), claim latency in the producer, and the balance of the phases
+ * across SMs.
  *
  * Phases (consumer warps; the producer's order is the same list of stages):
  *   A  the norm of x, computed by every block from L2 (dim floats; the sum of squares per thread, warp butterfly,
  *      across warps in order) into xs (bf16, shared memory); the block's QKV rows: a stage holds R consecutive
  *      rows of wq, wk or wv (R even, so the stage holds whole RoPE pairs); epilogue as tm_cuda_gemv_qkv_rope.
  *   B  attention, grid barrier 1 inside (see attend): (kv head, split) items, S = min(16, grid / n_kv_heads,
- *      ceil(ctx / 32)) splits; each item's (max, sum, acc) per q head to the work buffer.
+ *      ceil(ctx / 32)) splits; each item's (max, sum, acc) per q head to the work buffer; the last item of a kv
+ *      head to finish merges that head's splits into att.
  *   -- grid barrier 2 --
- *   C  every block merges the splits of every head into xs (gather_att); the block's o rows; x[r] += bf16(sum).
+ *   C  att into xs; the block's o rows; x[r] += bf16(sum).
  *   -- grid barrier 3 --
  *   D  the norm of x into xs; a stage holds R gate rows then the same R up rows; h[r] = bf16(silu(g) * u).
  *   -- grid barrier 4 --
@@ -56,6 +59,7 @@ constexpr int kStageBytes = 32768;
 constexpr int kMaxStages = 8;
 constexpr int kMaxSplits = 16;
 constexpr int kWorkHeader = 256;         /* the counters (work_hdr), then the attention partials */
+constexpr int kMaxKV = 32;               /* kv heads the split counters cover */
 
 struct work_hdr {
     unsigned int bar;                    /* grid barrier arrivals in this launch */
@@ -63,6 +67,7 @@ struct work_hdr {
     unsigned int error;                  /* a barrier wait gave up (never expected: the grid is co-resident) */
     unsigned int pad;
     unsigned int next[2][4];             /* [launch parity][phase] units claimed so far (tm_cuda_layer_args) */
+    unsigned int att_done[kMaxKV];       /* splits of a kv head done (the last one merges, then resets it) */
 };
 static_assert(sizeof(work_hdr) <= kWorkHeader, "work header");
 
@@ -423,6 +428,46 @@ __device__ __forceinline__ int splits_of(int ctx, int kv_heads) {
     return max(S, 1);
 }
 
+/* the S splits of q head qh merged at dims d0 .. d0 + 3 (bf16), read through L2, 8 splits at a time (all in flight) */
+template <int HD>
+__device__ __forceinline__ uint2 merge4(const float2 *pml, const float *pacc, int qh, int d0, int S) {
+    constexpr int G8 = 8;
+    float M = -INFINITY, L = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k0 = 0; k0 < S; k0 += G8) {
+        float2 ml[G8];
+        float4 av[G8];
+#pragma unroll
+        for (int k = 0; k < G8; k++) {
+            if (k0 + k < S) {
+                ml[k] = __ldcg(pml + qh * kMaxSplits + k0 + k);
+                const float *src = pacc + ((int64_t)qh * kMaxSplits + k0 + k) * HD + d0;
+                av[k] = __ldcg(reinterpret_cast<const float4 *>(src));
+            }
+        }
+        float Mn = M;
+#pragma unroll
+        for (int k = 0; k < G8; k++)
+            if (k0 + k < S) Mn = fmaxf(Mn, ml[k].x);
+        const float c = exp2f(M - Mn); /* 0 on the first group (M = -inf) */
+        L *= c;
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[j] *= c;
+#pragma unroll
+        for (int k = 0; k < G8; k++) {
+            if (k0 + k < S) {
+                const float e = exp2f(ml[k].x - Mn);
+                L = fmaf(ml[k].y, e, L);
+                acc[0] = fmaf(av[k].x, e, acc[0]);
+                acc[1] = fmaf(av[k].y, e, acc[1]);
+                acc[2] = fmaf(av[k].z, e, acc[2]);
+                acc[3] = fmaf(av[k].w, e, acc[3]);
+            }
+        }
+        M = Mn;
+    }
+    return make_uint2(tmbf::pack_bf16x2(acc[0] / L, acc[1] / L), tmbf::pack_bf16x2(acc[2] / L, acc[3] / L));
+}
+
 template <int DPL> struct kv_vec;
 template <> struct kv_vec<2> {
     using T = unsigned int;
@@ -446,7 +491,7 @@ template <> struct kv_vec<4> {
  * index ctx - 1, written in phase A): the block table and the past entries are not written by this kernel. After
  * it: q and this token's row, then the rest. GQ: q heads per kv head. sbuf: shared scratch of kCW * (2 + HD) * GQ
  * floats.
- * The item's (max, sum, acc) per q head go to the work buffer; gather_att merges the splits. */
+ * The item's (max, sum, acc) per q head go to the work buffer; the kv head's last item merges them into a.att. */
 template <int HD, int GQ>
 __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, work_hdr *wh) {
     constexpr int DPL = HD / 32, TU = kTokUnroll;
@@ -551,57 +596,20 @@ __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, wo
         if (d == 0) pml[qh * kMaxSplits + sp] = make_float2(M, L);
         pacc[((int64_t)qh * kMaxSplits + sp) * HD + d] = A;
     }
-}
-
-/* Phase C's input: xs (n_heads * HD bf16) = the S splits of every head merged, read through L2; thread t makes
- * 4 consecutive values of one head, loading 8 splits at a time (all 8 in flight) */
-template <int HD>
-__device__ __noinline__ void gather_att(const tm_cuda_layer_args &a, uint16_t *xs) {
-    constexpr int G8 = 8;
-    const int ctx = __ldcg(a.context_len), S = splits_of(ctx, a.n_kv_heads);
-    const float2 *pml = reinterpret_cast<const float2 *>(reinterpret_cast<const uint8_t *>(a.work) + kWorkHeader);
-    const float *pacc = reinterpret_cast<const float *>(pml + (size_t)a.n_heads * kMaxSplits);
-    for (int i = threadIdx.x; i < a.n_heads * HD / 4; i += kConsumers) {
-        const int qh = i / (HD / 4), d0 = (i - qh * (HD / 4)) * 4;
-        float M = -INFINITY, L = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k0 = 0; k0 < S; k0 += G8) {
-            float2 ml[G8];
-            float4 av[G8];
-#pragma unroll
-            for (int k = 0; k < G8; k++) {
-                if (k0 + k < S) {
-                    ml[k] = __ldcg(pml + qh * kMaxSplits + k0 + k);
-                    const float *src = pacc + ((int64_t)qh * kMaxSplits + k0 + k) * HD + d0;
-                    av[k] = __ldcg(reinterpret_cast<const float4 *>(src));
-                }
-            }
-            float Mn = M;
-#pragma unroll
-            for (int k = 0; k < G8; k++)
-                if (k0 + k < S) Mn = fmaxf(Mn, ml[k].x);
-            const float c = exp2f(M - Mn); /* 0 on the first group (M = -inf) */
-            L *= c;
-#pragma unroll
-            for (int j = 0; j < 4; j++) acc[j] *= c;
-#pragma unroll
-            for (int k = 0; k < G8; k++) {
-                if (k0 + k < S) {
-                    const float e = exp2f(ml[k].x - Mn);
-                    L = fmaf(ml[k].y, e, L);
-                    acc[0] = fmaf(av[k].x, e, acc[0]);
-                    acc[1] = fmaf(av[k].y, e, acc[1]);
-                    acc[2] = fmaf(av[k].z, e, acc[2]);
-                    acc[3] = fmaf(av[k].w, e, acc[3]);
-                }
-            }
-            M = Mn;
-        }
-        const uint2 o =
-            make_uint2(tmbf::pack_bf16x2(acc[0] / L, acc[1] / L), tmbf::pack_bf16x2(acc[2] / L, acc[3] / L));
-        reinterpret_cast<uint2 *>(xs)[i] = o;
-        if (blockIdx.x == 0) reinterpret_cast<uint2 *>(a.att)[i] = o; /* the layer's attention output, for tests */
-    }
+    /* the last split of kv head g to finish merges its GQ heads into a.att, which every block copies after
+     * barrier 2 (every block merging every head from the partials took 5.7 us of a 1B layer, this 0.85 + the copy) */
+    __shared__ unsigned s_last;
+    __threadfence();
     consumers_sync();
+    if (tid == 0) s_last = atomicAdd(&wh->att_done[g], 1u) == (unsigned)(S - 1);
+    consumers_sync();
+    if (!s_last) return;
+    __threadfence();
+    for (int i = tid; i < GQ * HD / 4; i += kConsumers) {
+        const int qh = g * GQ + i / (HD / 4), d0 = (i % (HD / 4)) * 4;
+        reinterpret_cast<uint2 *>(a.att)[(qh * HD + d0) / 4] = merge4<HD>(pml, pacc, qh, d0, S);
+    }
+    if (tid == 0) wh->att_done[g] = 0u;
 }
 
 template <int HD, int GQ>
@@ -646,7 +654,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel_v1(const tm_cuda_lay
     if (st) stamp(a, 5);
     grid_sync(wh, 2);
     if (st) stamp(a, 6);
-    gather_att<HD>(a, xs);
+    copy_to_smem(a.att, a.n_heads * HD, xs);
     if (st) stamp(a, 7);
     run_phase<1>(a, p, smem, xs, part, ulist, unit_of, full, empty, it, pos, slot);
     if (st) stamp(a, 8);
@@ -748,7 +756,7 @@ extern "C" cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStr
         return e;
     int cc = 0;
     if ((e = cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess) return e;
-    if (cc < 9 || sms < a->n_kv_heads) return cudaErrorNotSupported;
+    if (cc < 9 || sms < a->n_kv_heads || a->n_kv_heads > kMaxKV) return cudaErrorNotSupported;
 
     int64_t xbytes = 2 * (qd > a->dim ? qd : a->dim);
     if (2 * (int64_t)a->ffn_dim > xbytes) xbytes = 2 * (int64_t)a->ffn_dim;
