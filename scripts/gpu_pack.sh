@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTM_TESTS=OFF >/dev/null
+rm -f build-gpu/tb_*   # relinked below: a test bed whose source is gone must not travel (and run) as a stale binary
 if ! cmake --build build-gpu -j "$(nproc)" >build-gpu/build.log 2>&1; then
   grep -E "error|Error" build-gpu/build.log | head -20
   echo "gpu_pack: the build failed (build-gpu/build.log)" >&2
