@@ -326,12 +326,13 @@ static void set_version(int v) {
 }
 
 static void version_name(char *buf, size_t n, const char *shape, int v) {
-    const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY"), *rg = getenv("TM_CUDA_V5_ROWG");
+    const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY"), *rg = getenv("TM_CUDA_V5_ROWG"), *ip = getenv("TM_CUDA_V5_IDPRE");
     const char *f = g_rows && g_fp8             ? "_rows_fp8"
                     : g_rows                   ? "_rows"
                     : g_fp8                    ? "_fp8"
                     : lz && strcmp(lz, "0") == 0 ? "_lazy0"
                     : rg && strcmp(rg, "0") == 0 ? "_rowg0"
+                    : ip && strcmp(ip, "0") == 0 ? "_idpre0"
                                                  : "";
     if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, f);
     else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, f);
@@ -465,6 +466,11 @@ int main(void) {
     run_checks(v5, 1, true);
     run_timing(5);
     unsetenv("TM_CUDA_V5_ROWG");
+    /* that block id loaded when the copies go out instead of one tile ahead */
+    setenv("TM_CUDA_V5_IDPRE", "0", 1);
+    run_checks(v5, 1, true);
+    run_timing(5);
+    unsetenv("TM_CUDA_V5_IDPRE");
     /* the step's keys as token rows (fresh sequences; the cache poisoned), over a bf16 and an fp8 cache: v5 reads
      * the rows; other shapes take the cache as before */
     g_rows = true;

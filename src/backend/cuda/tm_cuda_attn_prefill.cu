@@ -181,6 +181,7 @@ struct prefill_geom {
     float lazy;      /* v5: how far (log2 units) a row's max may grow before O is rescaled */
     int32_t rowg;    /* v5: a copying thread takes consecutive rows of one block (block_size >= its row count;
                       * TM_CUDA_V5_ROWG=0: rows spread over the tile, one block-table load each) */
+    int32_t idpre;   /* v5 with rowg: that block id loaded one tile ahead (TM_CUDA_V5_IDPRE=0: when the copies go out) */
 };
 
 /* The epilogue of v2, v3 and v5, after every product: O / l in bf16 staged through the Q tile (swz layout; each warp its
@@ -877,7 +878,8 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  *   - Warpgroup 1 makes every K/V copy (16 rows a thread, block-table gather with cp.async) before it issues its
  *     products (a thread's rows are consecutive keys of one block, so one block id a tile instead of one a row,
  *     when block_size allows: prefill_geom.rowg, TM_CUDA_V5_ROWG=0 spreads them over the tile as before; 8B 4096
- *     tokens 446 -> 487-493 TFLOP/s, twelfth session); warpgroup 0 issues its products right after the barrier.
+ *     tokens 446 -> 487-493 TFLOP/s, twelfth session; that id loaded one tile ahead, prefill_geom.idpre, +1.5%,
+ *     seventeenth); warpgroup 0 issues its products right after the barrier.
  *     That offsets the two: warpgroup 0's softmax runs under warpgroup 1's products and the other way round,
  *     instead of both softmaxes contending for the exp2 unit while the tensor cores wait (the ping-pong of
  *     FlashAttention-3 without its named barriers; a hand-over by named barriers instead of the round's
@@ -959,6 +961,12 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
     const uint16_t *const vc = (ROWS ? a.v_rows : a.v_cache) + kv_head_off;
     /* tile j (visited order: from the diagonal down) covers keys (n_kt-1-j)*BN ..; one commit group per call */
     const ptrdiff_t v_minus_k = vc - kc; /* V rows sit at the same offsets from vc as K rows from kc */
+    /* rowg: the block id of this thread's rows in tile j (the tile after the one issued last: loaded a call ahead,
+     * so the copies do not wait for it) */
+    auto id_of = [&](int32_t j) {
+        return (uint32_t)__ldg(bt + ((uint32_t)((n_kt - 1 - j) * BN + crow * KV_ROWS) >> bsl));
+    };
+    uint32_t nid = 0;
     auto issue = [&](int32_t j) {
         if (loader && j < n_kt) {
             const int32_t k0 = (n_kt - 1 - j) * BN;
@@ -979,7 +987,7 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
                                           * consecutive tokens): one block id a tile */
                 const uint32_t key0 = (uint32_t)(k0 + crow * KV_ROWS);
                 const uint16_t *src = ROWS ? kc + (size_t)key0 * ld_kv
-                                           : kc + (size_t)(uint32_t)__ldg(bt + (key0 >> bsl)) * blk_stride +
+                                           : kc + (size_t)(g.idpre ? nid : (uint32_t)__ldg(bt + (key0 >> bsl))) * blk_stride +
                                                  (key0 & (uint32_t)bmask) * (uint32_t)HD;
                 auto row_off = [&](int p) { /* element offset of the thread's p-th row from src */
                     if constexpr (ROWS) return (size_t)p * ld_kv;
@@ -1002,6 +1010,8 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
                     cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + v_minus_k);
                 }
             }
+            if constexpr (!ROWS)
+                if (g.idpre && j + 1 < n_kt) nid = id_of(j + 1); /* used by the next call, a round from now */
         }
         cp_async_commit();
     };
@@ -1181,6 +1191,7 @@ int64_t prefill_grid(const tm_cuda_attn_args *a, int32_t bm, prefill_geom *g) {
     g->tq = bm / g->gh;
     g->bs_log2 = 0;
     g->rowg = 0;
+    g->idpre = 0;
     /* TM_CUDA_ATTN_PREFILL_LAZY: how far a row's max may grow before O is rescaled (log2 units, default 8; P then
      * stays below 2^lazy <= 2^16, far from bf16 or f32 overflow); 0 rescales on every growth */
     const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY");
@@ -1239,6 +1250,7 @@ cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024; /* hd 128, BN 128: 230400 B */
     constexpr int KV_ROWS = BN / (128 / (HD / 8)); /* rows a copying thread of warpgroup 1 takes in a tile */
     g.rowg = a->block_size >= KV_ROWS && !tm_env_is_0("TM_CUDA_V5_ROWG");
+    g.idpre = g.rowg && !tm_env_is_0("TM_CUDA_V5_IDPRE");
     auto kern = attn_prefill_kernel_v5<HD, BN, STAGES, ROWS>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
