@@ -16,8 +16,9 @@
  * The reference (double) rounds where the header says the kernel does: xb, q, k, v, rotated q and k, att, o, xb2,
  * h, d to bf16; gate and up not; residual adds in f32; RoPE with the f32 angle pos * inv_freq[j], cos/sin in double.
  * Timing (ctx 384, while tb_budget_ok; any argument: checks only): single launches (median of 50 after 5 warm-ups,
- * bytes = the layer's bf16 weights) and per layer in a CUDA graph of 16 chained pdl launches. tb_guard.h: CASE
- * lines, checked allocations, watchdog, TB_BUDGET_S (default 30 s). */
+ * bytes = the layer's bf16 weights) and per layer in a CUDA graph of 16 chained pdl launches, then block 0's phases
+ * (clock64) and every block's phase ends (%globaltimer: how long each grid barrier waits for its slowest block).
+ * tb_guard.h: CASE lines, checked allocations, watchdog, TB_BUDGET_S (default 30 s). */
 
 #define BS 16          /* cache block size */
 #define EPS 1e-5f
@@ -341,6 +342,52 @@ static void run_layer(void *p) {
 }
 static void run_graph(void *p) { TB_CHECK(cudaGraphLaunch(((targ *)p)->ge, 0)); }
 
+static int cmp_ll(const void *a, const void *b) {
+    const long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* every block's phase ends in the last of CHAIN chained launches (%globaltimer, comparable across SMs): per point,
+ * the earliest, median and latest block (us from the earliest block's start) and the latest block's SM -- how long
+ * each grid barrier waits for its slowest block */
+static void block_spread(const layer *L, targ *t, cudaStream_t st) {
+    int dev = 0, sms = 0;
+    TB_CHECK(cudaGetDevice(&dev));
+    TB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const size_t n = (size_t)sms * TM_CUDA_LAYER_BTRACE;
+    long long *bt_d = tb_dev(n * sizeof(long long));
+    long long *bt = tb_xmalloc(n * sizeof(long long)), *col = tb_xmalloc((size_t)sms * sizeof(long long));
+    TB_CHECK(cudaMemset(bt_d, 0, n * sizeof(long long)));
+    TB_CHECK(cudaDeviceSynchronize());
+    t->a.btrace = bt_d;
+    for (int i = 0; i < CHAIN; i++) {
+        t->a.parity = i & 1;
+        run_layer(t);
+    }
+    TB_CHECK(cudaStreamSynchronize(st));
+    t->a.btrace = NULL;
+    tb_download(bt, bt_d, n * sizeof(long long));
+    TB_CHECK(cudaFree(bt_d));
+    static const char *what[] = {"start", "A done", "past bar1", "attn done", "C done", "D done", "E done"};
+    long long t0 = bt[0];
+    for (int b = 1; b < sms; b++)
+        if (bt[(size_t)b * TM_CUDA_LAYER_BTRACE] < t0) t0 = bt[(size_t)b * TM_CUDA_LAYER_BTRACE];
+    printf("# %s blocks (us from the first start: earliest / median / latest, latest block's SM):", L->s->name);
+    for (int k = 0; k < 7; k++) {
+        int late = 0;
+        for (int b = 0; b < sms; b++) {
+            col[b] = bt[(size_t)b * TM_CUDA_LAYER_BTRACE + k] - t0;
+            if (col[b] > col[late]) late = b;
+        }
+        const long long sm = bt[(size_t)late * TM_CUDA_LAYER_BTRACE + 7];
+        qsort(col, (size_t)sms, sizeof col[0], cmp_ll);
+        printf(" %s %.2f / %.2f / %.2f (SM %lld) |", what[k], col[0] * 1e-3, col[sms / 2] * 1e-3, col[sms - 1] * 1e-3, sm);
+    }
+    printf("\n");
+    free(col);
+    free(bt);
+}
+
 /* single launches (x changes from launch to launch: harmless), then per layer in a graph of CHAIN pdl launches
  * (captured on the non-blocking stream; tb_time_us launches it and records its events on the legacy stream) */
 static void time_layer(const layer *L, lcase *c, cudaStream_t st) {
@@ -389,6 +436,7 @@ static void time_layer(const layer *L, lcase *c, cudaStream_t st) {
     printf("# %s attention (us): q and the first K/V in %.2f, tokens %.2f, merge %.2f\n", L->s->name,
            (double)(tr[20] - tr[4]) * 1e3 / khz, (double)(tr[21] - tr[20]) * 1e3 / khz,
            (double)(tr[5] - tr[21]) * 1e3 / khz);
+    block_spread(L, &t, st);
     TB_CHECK(cudaGraphExecDestroy(t.ge));
     TB_CHECK(cudaGraphDestroy(g));
 }

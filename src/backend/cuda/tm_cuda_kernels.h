@@ -276,8 +276,12 @@ typedef struct tm_cuda_layer_args {
     int32_t parity;                /* 0 or 1, alternating between launches that may overlap (the layer index's low
                                     * bit): the two sets of work counters */
     long long *trace;              /* NULL, or (TM_CUDA_LAYER_TRACE) clock64 stamps of block 0's phases (test beds) */
+    long long *btrace;             /* NULL, or (grid, TM_CUDA_LAYER_BTRACE) every block's phase ends as %globaltimer
+                                    * ns (comparable across SMs): 0 past the previous kernel, 1 A done, 2 past barrier
+                                    * 1, 3 attention done, 4 C done, 5 D done, 6 E done; 7 the block's SM (test beds) */
 } tm_cuda_layer_args;
 #define TM_CUDA_LAYER_TRACE 24
+#define TM_CUDA_LAYER_BTRACE 8
 size_t tm_cuda_layer_work_bytes(int32_t n_heads, int32_t head_dim);
 /* cudaErrorNotSupported (nothing launched) for a shape or device it does not take */
 cudaError_t tm_cuda_layer_decode(const tm_cuda_layer_args *a, cudaStream_t stream);
