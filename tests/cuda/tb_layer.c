@@ -426,7 +426,7 @@ static void time_layer(const layer *L, lcase *c, cudaStream_t st) {
     TB_CHECK(cudaFree(tr_d));
     int khz = 0;
     TB_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-    static const char *what[] = {"wait prev", "norm", "A qkv", "bar1", "attn", "bar2", "merge att", "C o",
+    static const char *what[] = {"wait prev", "norm", "A qkv", "bar1", "attn", "bar2", "att to smem", "C o",
                                  "bar3", "norm", "D gate/up", "bar4", "copy h", "E down", "exit"};
     printf("# %s trace (us, block 0, %d MHz):", L->s->name, khz / 1000);
     for (int k = 1; k < 16; k++) printf(" %s %.2f |", what[k - 1], (double)(tr[k] - tr[k - 1]) * 1e3 / khz);
