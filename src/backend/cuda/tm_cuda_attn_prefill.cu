@@ -961,8 +961,8 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
     const uint16_t *const vc = (ROWS ? a.v_rows : a.v_cache) + kv_head_off;
     /* tile j (visited order: from the diagonal down) covers keys (n_kt-1-j)*BN ..; one commit group per call */
     const ptrdiff_t v_minus_k = vc - kc; /* V rows sit at the same offsets from vc as K rows from kc */
-    /* rowg: the block id of this thread's rows in tile j (the tile after the one issued last: loaded a call ahead,
-     * so the copies do not wait for it) */
+    /* rowg: the block id of this thread's rows in tile j (idpre: loaded for the next tile a call ahead, into nid, so
+     * the copies do not wait for it; else as the copies go out) */
     auto id_of = [&](int32_t j) {
         return (uint32_t)__ldg(bt + ((uint32_t)((n_kt - 1 - j) * BN + crow * KV_ROWS) >> bsl));
     };
@@ -987,7 +987,7 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
                                           * consecutive tokens): one block id a tile */
                 const uint32_t key0 = (uint32_t)(k0 + crow * KV_ROWS);
                 const uint16_t *src = ROWS ? kc + (size_t)key0 * ld_kv
-                                           : kc + (size_t)(g.idpre ? nid : (uint32_t)__ldg(bt + (key0 >> bsl))) * blk_stride +
+                                           : kc + (size_t)(g.idpre ? nid : id_of(j)) * blk_stride +
                                                  (key0 & (uint32_t)bmask) * (uint32_t)HD;
                 auto row_off = [&](int p) { /* element offset of the thread's p-th row from src */
                     if constexpr (ROWS) return (size_t)p * ld_kv;
