@@ -241,6 +241,11 @@ __device__ __forceinline__ void bstamp(const tm_cuda_layer_args &a, int k) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     a.btrace[(size_t)blockIdx.x * TM_CUDA_LAYER_BTRACE + k] = (long long)t;
 }
+/* both: block 0's clock at point k of a.trace, this block's time at point kb of a.btrace */
+__device__ __forceinline__ void stamp2(const tm_cuda_layer_args &a, int k, int kb) {
+    stamp(a, k);
+    bstamp(a, kb);
+}
 
 /* The producer: lane 0 of warp kCW streams the block's units of each phase through the ring. Three quarters of a
  * phase's units are dealt out in a fixed way (block b: units b, b + grid, ...); the rest are claimed one at a time
@@ -525,10 +530,7 @@ __device__ __noinline__ void attend(const tm_cuda_layer_args &a, float *sbuf, wo
     };
     load_kv(t0 + warp, true, false);
     grid_sync(wh, 1);
-    if (tid == 0) {
-        stamp(a, 4);
-        bstamp(a, 2);
-    }
+    if (tid == 0) stamp2(a, 4, 2);
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* every block of this grid is resident */
     if (!item) return;
     const float qscale = a.attn_scale * 1.4426950408889634f; /* scores in log2 units: exp2 below */
@@ -665,42 +667,27 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel_v1(const tm_cuda_lay
     norm_to_smem(a.x, a.attn_norm, a.dim, a.eps, xs, red);
     if (st) stamp(a, 2);
     run_phase<0>(a, p, smem, xs, part, ulist, unit_of, full, empty, it, pos, slot);
-    if (st) {
-        stamp(a, 3);
-        bstamp(a, 1);
-    }
+    if (st) stamp2(a, 3, 1);
     attend<HD, GQ>(a, reinterpret_cast<float *>(xs), wh); /* grid barrier 1 inside */
-    if (st) {
-        stamp(a, 5);
-        bstamp(a, 3);
-    }
+    if (st) stamp2(a, 5, 3);
     grid_sync(wh, 2);
     if (st) stamp(a, 6);
     copy_to_smem(a.att, a.n_heads * HD, xs);
     if (st) stamp(a, 7);
     run_phase<1>(a, p, smem, xs, part, ulist, unit_of, full, empty, it, pos, slot);
-    if (st) {
-        stamp(a, 8);
-        bstamp(a, 4);
-    }
+    if (st) stamp2(a, 8, 4);
     grid_sync(wh, 3);
     if (st) stamp(a, 9);
     norm_to_smem(a.x, a.ffn_norm, a.dim, a.eps, xs, red);
     if (st) stamp(a, 10);
     run_phase<2>(a, p, smem, xs, part, ulist, unit_of, full, empty, it, pos, slot);
-    if (st) {
-        stamp(a, 11);
-        bstamp(a, 5);
-    }
+    if (st) stamp2(a, 11, 5);
     grid_sync(wh, 4);
     if (st) stamp(a, 12);
     copy_to_smem(a.h, a.ffn_dim, xs);
     if (st) stamp(a, 13);
     run_phase<3>(a, p, smem, xs, part, ulist, unit_of, full, empty, it, pos, slot);
-    if (st) {
-        stamp(a, 14);
-        bstamp(a, 6);
-    }
+    if (st) stamp2(a, 14, 6);
 
     consumers_sync();
     if (tid == 0) {
