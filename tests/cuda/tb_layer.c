@@ -341,10 +341,12 @@ static void run_layer(void *p) {
     TB_CHECK(tm_cuda_layer_decode(&t->a, t->st));
 }
 static void run_graph(void *p) { TB_CHECK(cudaGraphLaunch(((targ *)p)->ge, 0)); }
-
-static int cmp_ll(const void *a, const void *b) {
-    const long long x = *(const long long *)a, y = *(const long long *)b;
-    return (x > y) - (x < y);
+/* CHAIN launches in a row, alternating the work counters as consecutive layers do (their launches overlap) */
+static void run_chain(targ *t) {
+    for (int i = 0; i < CHAIN; i++) {
+        t->a.parity = i & 1;
+        run_layer(t);
+    }
 }
 
 /* every block's phase ends in the last of CHAIN chained launches (%globaltimer, comparable across SMs): per point,
@@ -356,14 +358,12 @@ static void block_spread(const layer *L, targ *t, cudaStream_t st) {
     TB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const size_t n = (size_t)sms * TM_CUDA_LAYER_BTRACE;
     long long *bt_d = tb_dev(n * sizeof(long long));
-    long long *bt = tb_xmalloc(n * sizeof(long long)), *col = tb_xmalloc((size_t)sms * sizeof(long long));
+    long long *bt = tb_xmalloc(n * sizeof(long long));
+    float *col = tb_xmalloc((size_t)sms * sizeof(float)); /* one point of every block, us from t0 */
     TB_CHECK(cudaMemset(bt_d, 0, n * sizeof(long long)));
     TB_CHECK(cudaDeviceSynchronize());
     t->a.btrace = bt_d;
-    for (int i = 0; i < CHAIN; i++) {
-        t->a.parity = i & 1;
-        run_layer(t);
-    }
+    run_chain(t);
     TB_CHECK(cudaStreamSynchronize(st));
     t->a.btrace = NULL;
     tb_download(bt, bt_d, n * sizeof(long long));
@@ -376,12 +376,12 @@ static void block_spread(const layer *L, targ *t, cudaStream_t st) {
     for (int k = 0; k < 7; k++) {
         int late = 0;
         for (int b = 0; b < sms; b++) {
-            col[b] = bt[(size_t)b * TM_CUDA_LAYER_BTRACE + k] - t0;
+            col[b] = (float)(bt[(size_t)b * TM_CUDA_LAYER_BTRACE + k] - t0) * 1e-3f;
             if (col[b] > col[late]) late = b;
         }
         const long long sm = bt[(size_t)late * TM_CUDA_LAYER_BTRACE + 7];
-        qsort(col, (size_t)sms, sizeof col[0], cmp_ll);
-        printf(" %s %.2f / %.2f / %.2f (SM %lld) |", what[k], col[0] * 1e-3, col[sms / 2] * 1e-3, col[sms - 1] * 1e-3, sm);
+        qsort(col, (size_t)sms, sizeof col[0], tb_cmp_f);
+        printf(" %s %.2f / %.2f / %.2f (SM %lld) |", what[k], col[0], col[sms / 2], col[sms - 1], sm);
     }
     printf("\n");
     free(col);
@@ -403,10 +403,7 @@ static void time_layer(const layer *L, lcase *c, cudaStream_t st) {
     t.st = st;
     cudaGraph_t g;
     TB_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < CHAIN; i++) {
-        t.a.parity = i & 1; /* consecutive launches overlap: alternate the work counters, as layers do */
-        run_layer(&t);
-    }
+    run_chain(&t);
     TB_CHECK(cudaStreamEndCapture(st, &g));
     TB_CHECK(cudaGraphInstantiate(&t.ge, g, 0));
     const double us = tb_time_us(run_graph, &t, 2, 11) / CHAIN;
@@ -416,10 +413,7 @@ static void time_layer(const layer *L, lcase *c, cudaStream_t st) {
     TB_CHECK(cudaMemset(tr_d, 0, TM_CUDA_LAYER_TRACE * sizeof(long long)));
     TB_CHECK(cudaDeviceSynchronize());
     t.a.trace = tr_d;
-    for (int i = 0; i < CHAIN; i++) {
-        t.a.parity = i & 1;
-        run_layer(&t);
-    }
+    run_chain(&t);
     TB_CHECK(cudaStreamSynchronize(st));
     t.a.trace = NULL;
     tb_download(tr, tr_d, sizeof tr);
