@@ -44,6 +44,9 @@ static bool g_fp8;
 /* true: problems whose sequences are all fresh (q_len == ctx) also get the keys as rows of the step's tokens (as
  * the fused q|k|v product lays them out), and their cache is poisoned: the kernel must read the rows */
 static bool g_rows;
+/* every 97th key of a sequence 40x larger (uniform in +-60): rows whose scores jump far past their running max in a
+ * late tile, which v5's fastmax rounds must catch and redo */
+static bool g_spike;
 
 /* like tb_fill_bf16 with unit-variance uniform values: the large timed shapes need ~10^8 of them */
 static void fill_bf16_u(uint16_t *h, float *ref, size_t n, float scale) {
@@ -121,7 +124,7 @@ static void prob_make(tb_prob *p, const tb_shape *sh) {
         for (int32_t c = first; c < q->ctx; c++)
             for (int32_t h = 0; h < nkv; h++) {
                 size_t off = (size_t)row[c / bs] * per_block + ((size_t)h * (size_t)bs + (size_t)(c % bs)) * (size_t)hd;
-                fill_bf16_u(kh + off, p->kf + off, (size_t)hd, 1.5f);
+                fill_bf16_u(kh + off, p->kf + off, (size_t)hd, g_spike && c % 97 == 5 ? 60.0f : 1.5f);
                 fill_bf16_u(vh + off, p->vf + off, (size_t)hd, 1.0f);
             }
     }
@@ -327,6 +330,7 @@ static void set_version(int v) {
 
 static void version_name(char *buf, size_t n, const char *shape, int v) {
     const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY"), *rg = getenv("TM_CUDA_V5_ROWG"), *ip = getenv("TM_CUDA_V5_IDPRE");
+    const char *fm = getenv("TM_CUDA_V5_FASTMAX");
     const char *f = g_rows && g_fp8             ? "_rows_fp8"
                     : g_rows                   ? "_rows"
                     : g_fp8                    ? "_fp8"
@@ -334,9 +338,11 @@ static void version_name(char *buf, size_t n, const char *shape, int v) {
                     : rg && strcmp(rg, "0") == 0 ? "_rowg0"
                     : ip && strcmp(ip, "0") == 0 ? "_idpre0"
                                                  : "";
-    if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, f);
-    else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, f);
-    else snprintf(buf, n, "%s%s_v%d", shape, f, v);
+    char suf[48];
+    snprintf(suf, sizeof suf, "%s%s%s", f, fm && strcmp(fm, "0") == 0 ? "_fastmax0" : "", g_spike ? "_spike" : "");
+    if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, suf);
+    else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, suf);
+    else snprintf(buf, n, "%s%s_v%d", shape, suf, v);
 }
 
 /* run once on a poisoned output, download, relative error over the rows */
@@ -471,10 +477,27 @@ int main(void) {
     run_checks(v5, 1, true);
     run_timing(5);
     unsetenv("TM_CUDA_V5_IDPRE");
+    const int vd[] = {V_DEFAULT};
+    /* the unmasked tiles' softmax with its row max (TM_CUDA_V5_FASTMAX=0) instead of against the stored one */
+    setenv("TM_CUDA_V5_FASTMAX", "0", 1);
+    run_checks(v5, 1, true);
+    run_timing(5);
+    unsetenv("TM_CUDA_V5_FASTMAX");
+    /* keys of a large norm now and then: scores that jump far past a row's running max in a late tile, which the
+     * fastmax rounds must detect and redo (without the redo these rows come out inf / NaN); both modes, over the
+     * cache and over the step's rows */
+    g_spike = true;
+    run_checks(v5, 1, true);
+    setenv("TM_CUDA_V5_FASTMAX", "0", 1);
+    run_checks(v5, 1, true);
+    unsetenv("TM_CUDA_V5_FASTMAX");
+    g_rows = true;
+    run_checks(vd, 1, true);
+    g_rows = false;
+    g_spike = false;
     /* the step's keys as token rows (fresh sequences; the cache poisoned), over a bf16 and an fp8 cache: v5 reads
      * the rows; other shapes take the cache as before */
     g_rows = true;
-    const int vd[] = {V_DEFAULT};
     run_checks(vd, 1, true);
     run_timing(V_DEFAULT);
     g_fp8 = true;

@@ -59,6 +59,9 @@
  * TM_CUDA_ATTN_PREFILL_LAZY=0 moves it on every growth): O and l share the stale max, so O / l is the same softmax,
  * P stays below 256, and a warp whose rows all keep their max skips the O rescale (64 multiplies a thread a round):
  * +2%. The same in v3 (whose rescale sits inside the per-row loop) made it 7-11% slower and was taken out.
+ * Eighteenth session: the tiles that cross no diagonal take no row max at all (prefill_geom.fastmax,
+ * TM_CUDA_V5_FASTMAX=0 turns it off): P = 2^(x - m) against the max the masked tiles left, the row sums (which bound
+ * every P) checked against 2^40, and a round that fails the check done again exactly at the next barrier: +3-5%.
  * Measured and kept on branches only (docs/PERFORMANCE.md): K/V copied by tensor maps (v6: 257-303 TFLOP/s, one
  * box per 16-token block) and a producer warpgroup beside v5's consumers (v7: 379). */
 
@@ -182,6 +185,7 @@ struct prefill_geom {
     int32_t rowg;    /* v5: a copying thread takes consecutive rows of one block (block_size >= its row count;
                       * TM_CUDA_V5_ROWG=0: rows spread over the tile, one block-table load each) */
     int32_t idpre;   /* v5 with rowg: that block id loaded one tile ahead (TM_CUDA_V5_IDPRE=0: when the copies go out) */
+    int32_t fastmax; /* v5: the unmasked tiles' softmax without a row max (TM_CUDA_V5_FASTMAX=0: with it) */
 };
 
 /* The epilogue of v2, v3 and v5, after every product: O / l in bf16 staged through the Q tile (swz layout; each warp its
@@ -892,6 +896,16 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  *   - Issue cost matters (the SM issues ~1 instruction per cycle per sub-partition and the softmax needs ~5 per
  *     score): the wgmma descriptors are the tile's plus constants, and every tile but the first (the only one
  *     that can reach past kv_end) is copied without zero-fill predicates (v5 went from 382 to 405 TFLOP/s).
+ *   - fastmax (prefill_geom.fastmax, default; eighteenth session): the rounds of the tiles that cross no diagonal
+ *     (after the masked ones, which set every row's max) skip the row max: P = 2^(x - m) against the stored m, no
+ *     max tree, no shuffles, no O rescale (~70 fewer instructions a thread a round; removing the whole softmax
+ *     was measured to make the kernel 22% faster, so it is the largest cost besides the products). Nothing bounds
+ *     x - m then, except the row sum: every P is at most its row's sum, so a thread whose partial sum of a round
+ *     reaches 2^40 (or inf / NaN) sets a flag, the next round's barrier is a __syncthreads_or, and if any thread
+ *     set it, every warpgroup restores l and redoes that round exactly (S once more from the ring, the lazy-max
+ *     softmax, O rescaled) before going on. P stays below 2^40, far from f32 or bf16 overflow. The flag is
+ *     broadcast from lane 0 before the branch: a branch ptxas takes for divergent moved the loop's descriptor
+ *     arithmetic out of the uniform registers (+65 instructions a round).
  * Ring: STAGES slots of (K, V); tile j is copied during round j - STAGES + 2, into the slot that tile j - STAGES
  * left: its V was last read by the P V product of round j - STAGES + 1, which every warp has waited for before
  * the barrier that opens round j - STAGES + 2. So STAGES - 2 tiles are in flight behind the one in use.
@@ -1110,14 +1124,73 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
         }
     };
 
-    /* One round. MASK (the tiles that cross a diagonal or kv_end, visited first) and FIRST (no P V product to
-     * issue yet) are compile-time, so no branch sits between the products' issue and their waits: at the merge
-     * of a possibly divergent branch ptxas waits for every product in flight, which put the softmax after the
-     * P V product instead of under it. */
-    auto round = [&](int32_t j, auto mask_c, auto first_c) {
+    /* O *= alpha only where some row of the warp has a new maximum (alpha is exactly 1 elsewhere: ex2(0)) */
+    auto rescale_o = [&]() {
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int d = 0; d < HD / 8; d++) {
+                o[4 * d + 0] *= alpha[0];
+                o[4 * d + 1] *= alpha[0];
+                o[4 * d + 2] *= alpha[1];
+                o[4 * d + 3] *= alpha[1];
+            }
+        }
+    };
+
+    /* fastmax rounds (prefill_geom.fastmax; the unmasked tiles): P = 2^(x - m) against the row's stored m, with no
+     * row max (no max tree, no shuffles, no rescale of O); the row sum bounds every P, so a thread whose partial sum
+     * reaches 2^40 (or is inf / NaN) flags the round, and the next round's barrier (__syncthreads_or) has every
+     * warpgroup redo it exactly (redo). A row with nothing visible yet (m = -inf) takes m = 0. */
+    float lsave[2] = {0.0f, 0.0f}; /* l before the last fastmax round's sums */
+    int ovf = 0;
+    auto softmax_fast = [&]() {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float mu = mrow[h] == -INFINITY ? 0.0f : mrow[h];
+            mrow[h] = mu;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+                sc[4 * n + 2 * h] = ex2(fmaf(sc[4 * n + 2 * h], sl2, -mu));
+                sc[4 * n + 2 * h + 1] = ex2(fmaf(sc[4 * n + 2 * h + 1], sl2, -mu));
+                sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
+            }
+            lsave[h] = lrow[h];
+            lrow[h] += sum;
+            ovf |= !(sum < 0x1p40f);
+        }
+    };
+    /* round jp (a fastmax one) again, exactly: l as before it, S_jp once more (its K is still in the ring: the copy
+     * issued in round jp + 1 refills tile jp - 1's slot, tile jp's is refilled a round later), the lazy-max softmax, O
+     * rescaled, P_jp packed. Called at the top of round jp + 1 (or after the last), with no product in flight. */
+    auto redo = [&](int32_t jp) {
+        lrow[0] = lsave[0];
+        lrow[1] = lsave[1];
+        ovf = 0;
+        fence_regs(sc);
+        wgmma_fence();
+        issue_s(sK + (uint32_t)(jp % STAGES) * TILE);
+        wgmma_wait0();
+        fence_regs(sc);
+        softmax(n_kt - 1 - jp, std::false_type{});
+        rescale_o();
+        pack_p();
+    };
+
+    /* One round. MASK (the tiles that cross a diagonal or kv_end, visited first), FIRST (no P V product to
+     * issue yet) and FAST (fastmax) are compile-time, so no branch sits between the products' issue and their
+     * waits: at the merge of a possibly divergent branch ptxas waits for every product in flight, which put the
+     * softmax after the P V product instead of under it. */
+    auto round = [&](int32_t j, auto mask_c, auto first_c, auto fast_c) {
         cp_async_wait<STAGES - 3>(); /* this thread's copies of tile j (and Q) have landed */
         fence_proxy_async();
-        __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
+        if constexpr (decltype(fast_c)::value) {
+            /* the barrier, and round j - 1 again if it overflowed (the flag broadcast from lane 0: ptxas then sees a
+             * warp-uniform branch and keeps the loop's descriptors in uniform registers) */
+            if (__shfl_sync(0xffffffffu, __syncthreads_or(ovf), 0)) redo(j - 1);
+        } else {
+            __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
+        }
         issue(j + STAGES - 2); /* warpgroup 1 only, before its products: issued after them, 2-10% slower */
         fence_regs(sc);
         fence_regs(o);
@@ -1131,30 +1204,27 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
             wgmma_wait0();
         }
         fence_regs(sc);
-        softmax(n_kt - 1 - j, mask_c);
+        if constexpr (decltype(fast_c)::value) softmax_fast();
+        else softmax(n_kt - 1 - j, mask_c);
         pin_after(s_pin, lrow[0], lrow[1]);
         wgmma_wait0();
         fence_regs(o);
         fence_regs_u(pa); /* P_{j-1} stays untouched until its product is done */
-        /* O *= alpha only where some row of the warp has a new maximum (alpha is exactly 1 elsewhere: ex2(0)) */
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-            for (int d = 0; d < HD / 8; d++) {
-                o[4 * d + 0] *= alpha[0];
-                o[4 * d + 1] *= alpha[0];
-                o[4 * d + 2] *= alpha[1];
-                o[4 * d + 3] *= alpha[1];
-            }
-        }
+        if constexpr (!decltype(fast_c)::value) rescale_o();
         pack_p();
     };
     using yes = std::true_type;
     using no = std::false_type;
     const int32_t n_mask = n_kt - n_full; /* rounds 0 .. n_mask - 1 visit the tiles kt >= n_full */
-    round(0, yes{}, yes{});               /* masked even when n_mask is 0: a full tile loses nothing to the mask */
+    round(0, yes{}, yes{}, no{});         /* masked even when n_mask is 0: a full tile loses nothing to the mask */
     int32_t j = 1;
-    for (; j < n_mask; j++) round(j, yes{}, no{});
-    for (; j < n_kt; j++) round(j, no{}, no{});
+    for (; j < n_mask; j++) round(j, yes{}, no{}, no{});
+    if (g.fastmax) {
+        for (; j < n_kt; j++) round(j, no{}, no{}, yes{});
+        if (__shfl_sync(0xffffffffu, __syncthreads_or(ovf), 0)) redo(n_kt - 1);
+    } else {
+        for (; j < n_kt; j++) round(j, no{}, no{}, no{});
+    }
     /* the last tile's O += P V */
     fence_regs(o);
     fence_regs_u(pa);
@@ -1192,6 +1262,7 @@ int64_t prefill_grid(const tm_cuda_attn_args *a, int32_t bm, prefill_geom *g) {
     g->bs_log2 = 0;
     g->rowg = 0;
     g->idpre = 0;
+    g->fastmax = 0;
     /* TM_CUDA_ATTN_PREFILL_LAZY: how far a row's max may grow before O is rescaled (log2 units, default 8; P then
      * stays below 2^lazy <= 2^16, far from bf16 or f32 overflow); 0 rescales on every growth */
     const char *lz = getenv("TM_CUDA_ATTN_PREFILL_LAZY");
@@ -1251,6 +1322,7 @@ cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     constexpr int KV_ROWS = BN / (128 / (HD / 8)); /* rows a copying thread of warpgroup 1 takes in a tile */
     g.rowg = a->block_size >= KV_ROWS && !tm_env_is_0("TM_CUDA_V5_ROWG");
     g.idpre = g.rowg && !tm_env_is_0("TM_CUDA_V5_IDPRE");
+    g.fastmax = !tm_env_is_0("TM_CUDA_V5_FASTMAX");
     auto kern = attn_prefill_kernel_v5<HD, BN, STAGES, ROWS>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
