@@ -926,7 +926,10 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
     const uint32_t sK = sQ + BM * HD * 2;                      /* (STAGES, HD/64, BN, 64) */
     const uint32_t sV = sK + STAGES * TILE;                    /* (STAGES, HD/64, BN, 64) */
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    /* the warpgroup, broadcast from lane 0: ptxas then sees it warp-uniform, and the Q descriptors built from it stay
+     * in uniform registers (taken from warp >> 2, each of the round's 8 S products first moved them over, R2UR) */
+    const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
     const int32_t per_slot = a.n_kv_heads * g.n_hc;
     const int32_t slot = (int32_t)(blockIdx.x / (uint32_t)per_slot), hu = (int32_t)(blockIdx.x % (uint32_t)per_slot);
     const int32_t kvh = hu / g.n_hc, hc = hu % g.n_hc;
