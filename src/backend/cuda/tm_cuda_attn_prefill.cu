@@ -111,6 +111,19 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+/* P = 2^(x * sl2 - mu) in place for row half h (rows lane / 4 and + 8) of a thread's S fragment (N = BN / 2 floats,
+ * mma / wgmma C layout: element 4 n + 2 h + e is column 8 n + 2 (lane % 4) + e); returns the sum of those P */
+template <int N> __device__ __forceinline__ float exp_row(float (&sc)[N], int h, float sl2, float mu) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < N / 4; n++) {
+        sc[4 * n + 2 * h] = ex2(fmaf(sc[4 * n + 2 * h], sl2, -mu));
+        sc[4 * n + 2 * h + 1] = ex2(fmaf(sc[4 * n + 2 * h + 1], sl2, -mu));
+        sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
+    }
+    return sum;
+}
+
 /* two floats -> bf16x2 (lo in the low half) */
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -797,13 +810,7 @@ __global__ void __launch_bounds__(256, MINB) attn_prefill_kernel_v3(const tm_cud
             const float mu = mn == -INFINITY ? 0.0f : mn;
             const float alpha = ex2(mrow[h] - mu);
             mrow[h] = mn;
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-                sc[4 * n + 2 * h] = ex2(fmaf(sc[4 * n + 2 * h], sl2, -mu));
-                sc[4 * n + 2 * h + 1] = ex2(fmaf(sc[4 * n + 2 * h + 1], sl2, -mu));
-                sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
-            }
+            const float sum = exp_row(sc, h, sl2, mu);
             lrow[h] = lrow[h] * alpha + sum;
 #pragma unroll
             for (int d = 0; d < HD / 8; d++) {
@@ -1107,13 +1114,7 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
              * divergent branch around the ex2, and ptxas then waits for the P V product before the softmax */
             alpha[h] = ex2(upd ? mrow[h] - mu : 0.0f);
             mrow[h] = mn;
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-                sc[4 * n + 2 * h] = ex2(fmaf(sc[4 * n + 2 * h], sl2, -mu));
-                sc[4 * n + 2 * h + 1] = ex2(fmaf(sc[4 * n + 2 * h + 1], sl2, -mu));
-                sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
-            }
+            const float sum = exp_row(sc, h, sl2, mu);
             lrow[h] = lrow[h] * alpha[h] + sum;
         }
     };
@@ -1151,13 +1152,7 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
         for (int h = 0; h < 2; h++) {
             const float mu = mrow[h] == -INFINITY ? 0.0f : mrow[h];
             mrow[h] = mu;
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-                sc[4 * n + 2 * h] = ex2(fmaf(sc[4 * n + 2 * h], sl2, -mu));
-                sc[4 * n + 2 * h + 1] = ex2(fmaf(sc[4 * n + 2 * h + 1], sl2, -mu));
-                sum += sc[4 * n + 2 * h] + sc[4 * n + 2 * h + 1];
-            }
+            const float sum = exp_row(sc, h, sl2, mu);
             lsave[h] = lrow[h];
             lrow[h] += sum;
             ovf |= !(sum < 0x1p40f);
