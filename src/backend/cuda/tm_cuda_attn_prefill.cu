@@ -905,12 +905,12 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  *     that can reach past kv_end) is copied without zero-fill predicates (v5 went from 382 to 405 TFLOP/s).
  *   - fastmax (prefill_geom.fastmax, default; eighteenth session): the rounds of the tiles that cross no diagonal
  *     (after the masked ones, which set every row's max) skip the row max: P = 2^(x - m) against the stored m, no
- *     max tree, no shuffles, no O rescale (~70 fewer instructions a thread a round; removing the whole softmax
- *     was measured to make the kernel 22% faster, so it is the largest cost besides the products). Nothing bounds
- *     x - m then, except the row sum: every P is at most its row's sum, so a thread whose partial sum of a round
- *     reaches 2^40 (or inf / NaN) sets a flag, the next round's barrier is a __syncthreads_or, and if any thread
- *     set it, every warpgroup restores l and redoes that round exactly (S once more from the ring, the lazy-max
- *     softmax, O rescaled) before going on. P stays below 2^40, far from f32 or bf16 overflow. The flag is
+ *     max tree, no shuffles, no O rescale (the softmax under the P V product: 201 instructions a thread instead of
+ *     291; removing the whole softmax was measured to make the kernel 22% faster, so it is the largest cost besides
+ *     the products). Nothing bounds x - m then, except the row sum: every P is at most its row's sum, so a thread
+ *     whose partial sum of a round reaches 2^40 (or inf / NaN) sets a flag, the next round's barrier is a
+ *     __syncthreads_or, and if any thread set it, every warpgroup restores l and redoes that round exactly (S once
+ *     more from the ring, the lazy-max softmax, O rescaled) before going on. P stays below 2^40, far from f32 or bf16 overflow. The flag is
  *     broadcast from lane 0 before the branch: a branch ptxas takes for divergent moved the loop's descriptor
  *     arithmetic out of the uniform registers (+65 instructions a round).
  * Ring: STAGES slots of (K, V); tile j is copied during round j - STAGES + 2, into the slot that tile j - STAGES
