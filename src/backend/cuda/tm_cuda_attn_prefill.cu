@@ -62,6 +62,7 @@
  * Eighteenth session: the tiles that cross no diagonal take no row max at all (prefill_geom.fastmax,
  * TM_CUDA_V5_FASTMAX=0 turns it off): P = 2^(x - m) against the max the masked tiles left, the row sums (which bound
  * every P) checked against 2^40, and a round that fails the check done again exactly at the next barrier: +3-5%.
+ * (The lazy max, and TM_CUDA_ATTN_PREFILL_LAZY, then govern only the masked rounds and redone ones.)
  * Measured and kept on branches only (docs/PERFORMANCE.md): K/V copied by tensor maps (v6: 257-303 TFLOP/s, one
  * box per 16-token block) and a producer warpgroup beside v5's consumers (v7: 379). */
 
