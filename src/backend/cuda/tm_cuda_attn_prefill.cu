@@ -911,9 +911,9 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
  *     the products). Nothing bounds x - m then, except the row sum: every P is at most its row's sum, so a thread
  *     whose partial sum of a round reaches 2^40 (or inf / NaN) sets a flag, the next round's barrier is a
  *     __syncthreads_or, and if any thread set it, every warpgroup restores l and redoes that round exactly (S once
- *     more from the ring, the lazy-max softmax, O rescaled) before going on. P stays below 2^40, far from f32 or bf16 overflow. The flag is
- *     broadcast from lane 0 before the branch: a branch ptxas takes for divergent moved the loop's descriptor
- *     arithmetic out of the uniform registers (+65 instructions a round).
+ *     more from the ring, the lazy-max softmax, O rescaled) before going on. P stays below 2^40, far from f32 or
+ *     bf16 overflow. The flag is broadcast from lane 0 before the branch: a branch ptxas takes for divergent moved
+ *     the loop's descriptor arithmetic out of the uniform registers (+65 instructions a round).
  * Ring: STAGES slots of (K, V); tile j is copied during round j - STAGES + 2, into the slot that tile j - STAGES
  * left: its V was last read by the P V product of round j - STAGES + 1, which every warp has waited for before
  * the barrier that opens round j - STAGES + 2. So STAGES - 2 tiles are in flight behind the one in use.
@@ -1175,6 +1175,11 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
         rescale_o();
         pack_p();
     };
+    /* the barrier after fastmax round jp, and that round again if some thread flagged it (the flag broadcast from lane
+     * 0: ptxas then sees a warp-uniform branch and keeps the loop's descriptors in uniform registers) */
+    auto barrier_redo = [&](int32_t jp) {
+        if (__shfl_sync(0xffffffffu, __syncthreads_or(ovf), 0)) redo(jp);
+    };
 
     /* One round. MASK (the tiles that cross a diagonal or kv_end, visited first), FIRST (no P V product to
      * issue yet) and FAST (fastmax) are compile-time, so no branch sits between the products' issue and their
@@ -1184,9 +1189,7 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
         cp_async_wait<STAGES - 3>(); /* this thread's copies of tile j (and Q) have landed */
         fence_proxy_async();
         if constexpr (decltype(fast_c)::value) {
-            /* the barrier, and round j - 1 again if it overflowed (the flag broadcast from lane 0: ptxas then sees a
-             * warp-uniform branch and keeps the loop's descriptors in uniform registers) */
-            if (__shfl_sync(0xffffffffu, __syncthreads_or(ovf), 0)) redo(j - 1);
+            barrier_redo(j - 1);
         } else {
             __syncthreads(); /* everyone's have; and every product of round j - 1 is done */
         }
@@ -1220,7 +1223,7 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
     for (; j < n_mask; j++) round(j, yes{}, no{}, no{});
     if (g.fastmax) {
         for (; j < n_kt; j++) round(j, no{}, no{}, yes{});
-        if (__shfl_sync(0xffffffffu, __syncthreads_or(ovf), 0)) redo(n_kt - 1);
+        barrier_redo(n_kt - 1);
     } else {
         for (; j < n_kt; j++) round(j, no{}, no{}, no{});
     }
