@@ -18,6 +18,11 @@ def cls(n_tokens, n_prefill):
     return "prefill" if n_prefill == n_tokens else "mixed"
 
 
+def bucket(n_seqs):
+    """the decode batch-size bucket of a step: the next multiple of 64"""
+    return 64 * ((n_seqs + 63) // 64)
+
+
 def summarize(lines):
     total, idle, pending = 0.0, 0.0, None
     by = {}  # class -> [steps, seconds, tokens]
@@ -37,7 +42,7 @@ def summarize(lines):
             e[0] += 1
             e[2] += n_tok
             if this[0] == "decode":
-                dec.setdefault(64 * ((n_seqs + 63) // 64), [0, 0.0])[0] += 1
+                dec.setdefault(bucket(n_seqs), [0, 0.0])[0] += 1
         if kind in ("s", "l"):
             charged, pending = this, (this if kind == "l" else None)
         elif kind == "c":
@@ -52,7 +57,7 @@ def summarize(lines):
         c, n, tok = charged
         by.setdefault(c, [0, 0.0, 0])[1] += dt
         if c == "decode":
-            dec.setdefault(64 * ((n + 63) // 64), [0, 0.0])[1] += dt
+            dec.setdefault(bucket(n), [0, 0.0])[1] += dt
     return {"wall_s": total, "idle_s": idle, "calls": calls,
             "classes": {k: {"steps": v[0], "s": v[1], "tokens": v[2], "ms_per_step": 1e3 * v[1] / max(v[0], 1)}
                         for k, v in by.items()},
