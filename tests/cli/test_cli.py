@@ -223,6 +223,14 @@ def test_bench_throughput_and_batched_latency_json():
     assert r.returncode != 0 and "--output-len >= 3" in r.stderr
 
 
+def load_bench(name):
+    """bench/NAME.py as a module (the scripts are not a package)"""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bench", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_bench_throughput_step_trace(tmp_path):
     trace = tmp_path / "steps.txt"
     r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "5", "--input-len", "20", "--output-len", "4",
@@ -236,9 +244,7 @@ def test_bench_throughput_step_trace(tmp_path):
     assert sum(int(x[4]) for x in rows) == 5 * 20 + j["output_tokens"] - 5
     assert all(int(x[4]) <= 16 and int(x[3]) <= 2 for x in rows)  # the step budget and --max-seqs
     assert abs(sum(float(x[1]) for x in rows) - j["duration_s"]) < 0.05
-    spec = importlib.util.spec_from_file_location("step_trace", os.path.join(ROOT, "bench", "step_trace.py"))
-    st = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(st)
+    st = load_bench("step_trace")
     s = st.summarize(trace.read_text().splitlines())
     assert sum(c["tokens"] for c in s["classes"].values()) == 5 * 20 + j["output_tokens"] - 5
     assert abs(s["wall_s"] - j["duration_s"]) < 0.05
@@ -257,9 +263,7 @@ def test_bench_throughput_step_trace(tmp_path):
 
 
 def test_smi_summary_counts_busy_power_capped_samples():
-    spec = importlib.util.spec_from_file_location("smi", os.path.join(ROOT, "bench", "smi_summary.py"))
-    smi = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(smi)
+    smi = load_bench("smi_summary")
     lines = ["77.1, 345, 0x0000000000000001",             # idle: not counted
              "690.0, 1500, 0x0000000000000004",           # capped
              "700 W, 1600 MHz, 0x0000000000000004",       # units tolerated
