@@ -1,6 +1,7 @@
 /* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, v3, default v5) against a double reference, and timings. */
 /* TB_PREFILL_ONLY=5: only v5 (its checks and timings, with each switch, and over the step's keys as token rows: fresh
- * sequences, bf16 and fp8 caches) and stop. */
+ * sequences, bf16 and fp8 caches) and stop. TB_PREFILL_QUICK=1: v5's checks, the spike checks and two timings only
+ * (an A/B of builds in one device call). */
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "tb_common.h"
 #include "core/tm_fp8.h"
@@ -462,6 +463,13 @@ int main(void) {
     const int v5[] = {5, V5_BN64, V_DEFAULT};
     run_checks(v5, 3, true);
     run_timing(5);
+    if (getenv("TB_PREFILL_QUICK")) { /* an A/B of builds: the default's checks, the spike checks, one more timing */
+        g_spike = true;
+        run_checks(v5, 1, true);
+        g_spike = false;
+        run_timing(5);
+        return tb_finish("tb_attn_prefill");
+    }
     /* the running max moved on every growth (TM_CUDA_ATTN_PREFILL_LAZY=0) instead of past 2^8 */
     setenv("TM_CUDA_ATTN_PREFILL_LAZY", "0", 1);
     run_checks(v5, 1, true);
