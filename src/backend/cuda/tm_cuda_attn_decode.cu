@@ -156,6 +156,16 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)_
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+/* p, with ptxas kept from splitting it into a uniform base plus an offset (the copy addresses are then one wide
+ * multiply-add from it instead of that plus a 64-bit add) */
+__device__ __forceinline__ const uint8_t *opaque_ptr(const uint8_t *p) {
+    asm("mov.b64 %0, %0;" : "+l"(p));
+    return p;
+}
+/* the same without the zero-fill operand: all 16 bytes always copied */
+__device__ __forceinline__ void cp_async16_all(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -524,6 +534,11 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     const uint32_t kx = (uint32_t)v3_at<W8, ROWB>(g, 8 * t4);
     const uint32_t vxa = (uint32_t)v3_at<W8, ROWB>(2 * t4, 8 * g), vxb = (uint32_t)v3_at<W8, ROWB>(2 * t4 + 1, 8 * g);
     const uint8_t *const kcb = (const uint8_t *)p.kc, *const vcb = (const uint8_t *)p.vc;
+    /* W8 whole stages over 16-token blocks (issue): bytes of one cache block (all kv heads); this thread's bytes of
+     * block 0 (kv head, slot cp_r0, chunk cp_ch) in K and V */
+    const uint32_t blk_bytes = (n_kv << bsl) * (uint32_t)HD;
+    const uint32_t cp_thr = (((uint32_t)kvh << bsl) + (uint32_t)cp_r0) * HD + (uint32_t)cp_ch * 16u;
+    const uint8_t *const kthr = opaque_ptr(kcb + cp_thr), *const vthr = opaque_ptr(vcb + cp_thr);
 
     for (int c0 = tb; c0 < te; c0 += p.chunk_tok) {
         const int c1 = min(te, c0 + p.chunk_tok);
@@ -541,6 +556,29 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
         auto issue = [&](int st) {
             const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * STAGEB) + cp_dst;
             const int tok_a = c0 + st * DEC_STAGE_TOK + cp_r0;
+            if constexpr (W8) {
+                /* a whole stage below c1 over 16-token blocks (the stage starts at a multiple of 64: pass k's 16 rows
+                 * are block (c0 + 64 st) / 16 + k, this thread's row being slot cp_r0 of it): the 4 block ids read
+                 * at one base, each address one wide multiply-add from this thread's fixed offset (kthr, vthr), no
+                 * zero-fill operand */
+                if (bsl == 4 && c0 + (st + 1) * DEC_STAGE_TOK <= c1) {
+                    const int *tb4 = tbl + (((c0 + st * DEC_STAGE_TOK) >> 4) - b0);
+                    const uint8_t *ks[PASSESx], *vs[PASSESx];
+#pragma unroll
+                    for (int k = 0; k < PASSESx; k++) {
+                        const size_t boff = (size_t)(uint32_t)tb4[k] * blk_bytes;
+                        ks[k] = kthr + boff;
+                        vs[k] = vthr + boff;
+                    }
+#pragma unroll
+                    for (int k = 0; k < PASSESx; k++) {
+                        const uint32_t dst = sk + (uint32_t)(k * RPPx * ROWB);
+                        cp_async16_all(dst, ks[k]);
+                        cp_async16_all(dst + (uint32_t)STAGEB, vs[k]);
+                    }
+                    return;
+                }
+            }
 #pragma unroll
             for (int k = 0; k < PASSESx; k++) {
                 const int tok = tok_a + k * RPPx;
