@@ -212,6 +212,13 @@ __device__ __forceinline__ void mma_rows8_f16(float &c0, float &c1, uint32_t a0,
         : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
+/* the 8x8 b16 matrix whose row lane / 4 holds (x of lane 4 r + c) at columns 2 c, 2 c + 1, transposed */
+__device__ __forceinline__ uint32_t movm_t(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
 /* a full m16n8k16 f16 product: c (rows g, g + 8; cols 2 t4, 2 t4 + 1) += A B */
 __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                         uint32_t b0, uint32_t b1) {
@@ -497,6 +504,11 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
         }
     }
     float m_run = -INFINITY, l_run = 0.0f; /* row g's running max (log2 domain) and this lane's partial sum */
+    /* W8: S^T = K Q^T (A = the slice's 16 tokens x 16 dims, every row in use; B = Q^T, 8 heads), half the products of
+     * S = Q K^T with its 8 zero rows, and no zero registers for them. A lane holds tokens g, g + 8 of heads 2 t4,
+     * 2 t4 + 1: w8_m is those heads' running max, w8_l the lane's partial sums; P^T reaches the P V product's B
+     * layout by one movmatrix a token half */
+    float w8_m[2] = {-INFINITY, -INFINITY}, w8_l[2] = {0.0f, 0.0f};
     float acc[FP8 ? 1 : HD / 8][2];        /* bf16: O[g][8 j + 2 t4 (+1)] */
 #pragma unroll
     for (int j = 0; j < (FP8 ? 1 : HD / 8); j++) acc[j][0] = acc[j][1] = 0.0f;
@@ -540,6 +552,38 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     const uint32_t cp_thr = (((uint32_t)kvh << bsl) + (uint32_t)cp_r0) * HD + (uint32_t)cp_ch * 16u;
     const uint8_t *const kthr = opaque_ptr(kcb + cp_thr), *const vthr = opaque_ptr(vcb + cp_thr);
 
+    /* fp8: O^T += V^T P^T over this warp's 16-token slice of the stage (V rows at sv, or v8 when padded); P^T as the
+     * B operand: pa0 = (tokens 2 t4, 2 t4 + 1; head g), pa2 = (tokens 2 t4 + 8, 2 t4 + 9; head g) */
+    auto pv8 = [&](uint32_t sv, const unsigned char *v8, uint32_t pa0, uint32_t pa2) {
+#pragma unroll
+        for (int q = 0; q < NQ; q++) {
+            /* rows 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 (tokens): dims 32 WW q + 4 WW g .. (WW words) */
+            uint32_t w[4][WW];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if constexpr (W8) {
+                    const uint32_t a = (sv + ((i & 1) ? vxb : vxa)) ^ (uint32_t)(q << 6);
+                    const uint2 u = lds64(a + (uint32_t)(i >> 1) * 1024u);
+                    w[i][0] = u.x;
+                    w[i][WW - 1] = u.y;
+                } else {
+                    const int r = 2 * t4 + (i & 1) + 8 * (i >> 1);
+                    w[i][0] = *(const uint32_t *)(v8 + r * ROWB + 32 * q + 4 * g);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2 * WW; h++) {
+                /* (tok 2t4, tok 2t4+1) of dims 2h, 2h+1 (of word h / 2); the same of tokens 8 + 2 t4, 9 + 2 t4 */
+                const int b = 2 * (h & 1), wi = h >> 1;
+                const uint32_t sel = b | ((4 + b) << 4) | ((b + 1) << 8) | ((5 + b) << 12);
+                const uint32_t lo = __byte_perm(w[0][wi], w[1][wi], sel);
+                const uint32_t hi = __byte_perm(w[2][wi], w[3][wi], sel);
+                float(&c)[4] = accT[q][h];
+                mma_f16(c, tm_fp8x2_lo_to_f16x2(lo), tm_fp8x2_hi_to_f16x2(lo), tm_fp8x2_lo_to_f16x2(hi),
+                        tm_fp8x2_hi_to_f16x2(hi), pa0, pa2);
+            }
+        }
+    };
     for (int c0 = tb; c0 < te; c0 += p.chunk_tok) {
         const int c1 = min(te, c0 + p.chunk_tok);
         const int b0 = c0 >> bsl, nb = ((c1 - 1) >> bsl) - b0 + 1;
@@ -607,6 +651,57 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
             if (wt0 < c1) {                                       /* warp-uniform */
                 const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * STAGEB + warp * 16 * ROWB);
                 const uint32_t sv = sk + (uint32_t)STAGEB;
+                if constexpr (W8) { /* S^T = K Q^T: see w8_m */
+                    float ce[4] = {0.0f, 0.0f, 0.0f, 0.0f}, co[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* even / odd ks */
+#pragma unroll
+                    for (int ks = 0; ks < HD / 16; ks += 2) { /* one 8-byte load of row g (g + 8) for ks, ks + 1 */
+                        const uint32_t ka = (sk + kx) ^ (uint32_t)(ks << 4);
+                        const uint2 u0 = lds64(ka), u1 = lds64(ka + 1024u);
+                        mma_f16(ce, tm_fp8x2_lo_to_f16x2(u0.x), tm_fp8x2_lo_to_f16x2(u1.x), tm_fp8x2_hi_to_f16x2(u0.x),
+                                tm_fp8x2_hi_to_f16x2(u1.x), qa0[ks], qa2[ks]);
+                        mma_f16(co, tm_fp8x2_lo_to_f16x2(u0.y), tm_fp8x2_lo_to_f16x2(u1.y), tm_fp8x2_hi_to_f16x2(u0.y),
+                                tm_fp8x2_hi_to_f16x2(u1.y), qa0[ks + 1], qa2[ks + 1]);
+                    }
+                    /* lane: tokens g (x0, x1) and g + 8 (x2, x3) of the slice, heads 2 t4 (x0, x2) and 2 t4 + 1 */
+                    const bool va = wt0 + g < c1, vb = wt0 + g + 8 < c1;
+                    const float x0 = va ? (ce[0] + co[0]) * sl : -INFINITY, x1 = va ? (ce[1] + co[1]) * sl : -INFINITY;
+                    const float x2 = vb ? (ce[2] + co[2]) * sl : -INFINITY, x3 = vb ? (ce[3] + co[3]) * sl : -INFINITY;
+                    /* a head's max is taken (over the 8 lanes holding its tokens) only when some score passes what
+                     * the lazy max allows: every lane then moves the same heads by the same amount */
+                    const float th0 = p.lazy ? w8_m[0] + 8.0f : w8_m[0], th1 = p.lazy ? w8_m[1] + 8.0f : w8_m[1];
+                    if (__any_sync(FULL, fmaxf(x0, x2) > th0 || fmaxf(x1, x3) > th1)) {
+                        float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+#pragma unroll
+                        for (int o = 4; o < 32; o <<= 1) {
+                            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, o));
+                            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, o));
+                        }
+                        const float n0 = mx0 > th0 ? mx0 : w8_m[0], n1 = mx1 > th1 ? mx1 : w8_m[1];
+                        const float al0 = fast_exp2(w8_m[0] - (n0 == -INFINITY ? 0.0f : n0));
+                        const float al1 = fast_exp2(w8_m[1] - (n1 == -INFINITY ? 0.0f : n1));
+                        w8_m[0] = n0;
+                        w8_m[1] = n1;
+                        w8_l[0] *= al0;
+                        w8_l[1] *= al1;
+#pragma unroll
+                        for (int q = 0; q < NQ; q++)
+#pragma unroll
+                            for (int h = 0; h < 2 * WW; h++) {
+                                accT[q][h][0] *= al0;
+                                accT[q][h][1] *= al1;
+                                accT[q][h][2] *= al0;
+                                accT[q][h][3] *= al1;
+                            }
+                    }
+                    const float mu0 = w8_m[0] == -INFINITY ? 0.0f : w8_m[0], mu1 = w8_m[1] == -INFINITY ? 0.0f : w8_m[1];
+                    const float p0 = fast_exp2(x0 - mu0), p1 = fast_exp2(x1 - mu1);
+                    const float p2 = fast_exp2(x2 - mu0), p3 = fast_exp2(x3 - mu1);
+                    w8_l[0] += p0 + p2;
+                    w8_l[1] += p1 + p3;
+                    /* P^T as the B operand: (token g; heads 2 t4, 2 t4 + 1) transposed to (tokens 2 t4, 2 t4 + 1; head g) */
+                    pv8(sv, nullptr, movm_t(pack_f16x2(p0, p1)), movm_t(pack_f16x2(p2, p3)));
+                    continue;
+                }
                 /* fp8: this warp's raw K and V rows (16 tokens, RS8 bytes apart) */
                 const unsigned char *k8 = smem + (sk - ring_s), *v8 = smem + (sv - ring_s);
                 /* S = Q K^T: n-tile 0 = tokens 0..7 of the slice, n-tile 1 = tokens 8..15 */
@@ -616,16 +711,6 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                 for (int ks = 0; ks < HD / 16; ks++) {
                     if constexpr (FP8) { /* token g (8 + g): the 4 bytes of step ks as (b0, b1), Q permuted alike */
                         uint32_t w0, w1;
-                        if constexpr (W8) { /* one 8-byte load of row g (g + 8) for the steps ks, ks + 1 */
-                            if (ks % 2) continue;
-                            const uint32_t ka = (sk + kx) ^ (uint32_t)(ks << 4); /* sector ks / 2 */
-                            const uint2 u0 = lds64(ka), u1 = lds64(ka + 1024u);
-                            mma_rows8_f16(s0[0], s0[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(u0.x), tm_fp8x2_hi_to_f16x2(u0.x));
-                            mma_rows8_f16(s1[0], s1[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(u1.x), tm_fp8x2_hi_to_f16x2(u1.x));
-                            mma_rows8_f16(s2[0], s2[1], qa0[ks + 1], qa2[ks + 1], tm_fp8x2_lo_to_f16x2(u0.y), tm_fp8x2_hi_to_f16x2(u0.y));
-                            mma_rows8_f16(s3[0], s3[1], qa0[ks + 1], qa2[ks + 1], tm_fp8x2_lo_to_f16x2(u1.y), tm_fp8x2_hi_to_f16x2(u1.y));
-                            continue;
-                        }
                         w0 = *(const uint32_t *)(k8 + g * ROWB + ks * 16 + 4 * t4);
                         w1 = *(const uint32_t *)(k8 + (g + 8) * ROWB + ks * 16 + 4 * t4);
                         float *c0 = (ks & 1) ? s2 : s0, *c1 = (ks & 1) ? s3 : s1;
@@ -681,34 +766,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                                 accT[q][h][3] *= al1;
                             }
                     }
-#pragma unroll
-                    for (int q = 0; q < NQ; q++) {
-                        /* rows 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 (tokens): dims 32 WW q + 4 WW g .. (WW words) */
-                        uint32_t w[4][WW];
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            if constexpr (W8) {
-                                const uint32_t a = (sv + ((i & 1) ? vxb : vxa)) ^ (uint32_t)(q << 6);
-                                const uint2 u = lds64(a + (uint32_t)(i >> 1) * 1024u);
-                                w[i][0] = u.x;
-                                w[i][WW - 1] = u.y;
-                            } else {
-                                const int r = 2 * t4 + (i & 1) + 8 * (i >> 1);
-                                w[i][0] = *(const uint32_t *)(v8 + r * ROWB + 32 * q + 4 * g);
-                            }
-                        }
-#pragma unroll
-                        for (int h = 0; h < 2 * WW; h++) {
-                            /* (tok 2t4, tok 2t4+1) of dims 2h, 2h+1 (of word h / 2); the same of tokens 8 + 2 t4, 9 + 2 t4 */
-                            const int b = 2 * (h & 1), wi = h >> 1;
-                            const uint32_t sel = b | ((4 + b) << 4) | ((b + 1) << 8) | ((5 + b) << 12);
-                            const uint32_t lo = __byte_perm(w[0][wi], w[1][wi], sel);
-                            const uint32_t hi = __byte_perm(w[2][wi], w[3][wi], sel);
-                            float(&c)[4] = accT[q][h];
-                            mma_f16(c, tm_fp8x2_lo_to_f16x2(lo), tm_fp8x2_hi_to_f16x2(lo), tm_fp8x2_lo_to_f16x2(hi),
-                                    tm_fp8x2_hi_to_f16x2(hi), pa0, pa2);
-                        }
-                    }
+                    pv8(sv, v8, pa0, pa2);
                 } else {
                     if (rescale) { /* warp-uniform */
 #pragma unroll
@@ -732,11 +790,25 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     __syncthreads(); /* the ring is free: reuse it for the warps' merge */
 
     float *red_m = (float *)smem, *red_l = red_m + DEC_WARPS * DEC_ROWS, *red_acc = red_l + DEC_WARPS * DEC_ROWS;
-    float l_row = l_run + __shfl_xor_sync(FULL, l_run, 1);
-    l_row += __shfl_xor_sync(FULL, l_row, 2);
-    if (t4 == 0) {
-        red_m[warp * DEC_ROWS + g] = m_run;
-        red_l[warp * DEC_ROWS + g] = l_row;
+    if constexpr (W8) { /* heads 2 t4, 2 t4 + 1: their sums over the 8 lanes of their tokens */
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {
+            w8_l[0] += __shfl_xor_sync(FULL, w8_l[0], o);
+            w8_l[1] += __shfl_xor_sync(FULL, w8_l[1], o);
+        }
+        if (g == 0) {
+            red_m[warp * DEC_ROWS + 2 * t4] = w8_m[0];
+            red_m[warp * DEC_ROWS + 2 * t4 + 1] = w8_m[1];
+            red_l[warp * DEC_ROWS + 2 * t4] = w8_l[0];
+            red_l[warp * DEC_ROWS + 2 * t4 + 1] = w8_l[1];
+        }
+    } else {
+        float l_row = l_run + __shfl_xor_sync(FULL, l_run, 1);
+        l_row += __shfl_xor_sync(FULL, l_row, 2);
+        if (t4 == 0) {
+            red_m[warp * DEC_ROWS + g] = m_run;
+            red_l[warp * DEC_ROWS + g] = l_row;
+        }
     }
     if constexpr (FP8) {
 #pragma unroll
