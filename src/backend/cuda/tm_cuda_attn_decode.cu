@@ -162,6 +162,10 @@ __device__ __forceinline__ const uint8_t *opaque_ptr(const uint8_t *p) {
     asm("mov.b64 %0, %0;" : "+l"(p));
     return p;
 }
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+    asm("mov.b32 %0, %0;" : "+r"(x));
+    return x;
+}
 /* the same without the zero-fill operand: all 16 bytes always copied */
 __device__ __forceinline__ void cp_async16_all(uint32_t dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
@@ -509,6 +513,8 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
      * 2 t4 + 1: w8_m is those heads' running max, w8_l the lane's partial sums; P^T reaches the P V product's B
      * layout by one movmatrix a token half */
     float w8_m[2] = {-INFINITY, -INFINITY}, w8_l[2] = {0.0f, 0.0f};
+    /* and per head: the max used (0 while nothing is visible), and the raw score past which the max moves */
+    float w8_mu[2] = {0.0f, 0.0f}, w8_th[2] = {-INFINITY, -INFINITY};
     float acc[FP8 ? 1 : HD / 8][2];        /* bf16: O[g][8 j + 2 t4 (+1)] */
 #pragma unroll
     for (int j = 0; j < (FP8 ? 1 : HD / 8); j++) acc[j][0] = acc[j][1] = 0.0f;
@@ -544,7 +550,9 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
      * bytes 32 pp + 8 t4: kx ^ (pp << 5); V rows 2 t4 (vxa) and 2 t4 + 1 (vxb) (+ 8: +1024), bytes 64 q + 8 g:
      * vx ^ (q << 6) */
     const uint32_t kx = (uint32_t)v3_at<W8, ROWB>(g, 8 * t4);
-    const uint32_t vxa = (uint32_t)v3_at<W8, ROWB>(2 * t4, 8 * g), vxb = (uint32_t)v3_at<W8, ROWB>(2 * t4 + 1, 8 * g);
+    /* (opaque: ptxas would recompute them from the thread index in every stage, ~16 instructions) */
+    const uint32_t vxa = opaque_u32((uint32_t)v3_at<W8, ROWB>(2 * t4, 8 * g));
+    const uint32_t vxb = opaque_u32((uint32_t)v3_at<W8, ROWB>(2 * t4 + 1, 8 * g));
     const uint8_t *const kcb = (const uint8_t *)p.kc, *const vcb = (const uint8_t *)p.vc;
     /* W8 whole stages over 16-token blocks (issue): bytes of one cache block (all kv heads); this thread's bytes of
      * block 0 (kv head, slot cp_r0, chunk cp_ch) in K and V */
@@ -662,40 +670,49 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                         mma_f16(co, tm_fp8x2_lo_to_f16x2(u0.y), tm_fp8x2_lo_to_f16x2(u1.y), tm_fp8x2_hi_to_f16x2(u0.y),
                                 tm_fp8x2_hi_to_f16x2(u1.y), qa0[ks + 1], qa2[ks + 1]);
                     }
-                    /* lane: tokens g (x0, x1) and g + 8 (x2, x3) of the slice, heads 2 t4 (x0, x2) and 2 t4 + 1 */
-                    const bool va = wt0 + g < c1, vb = wt0 + g + 8 < c1;
-                    const float x0 = va ? (ce[0] + co[0]) * sl : -INFINITY, x1 = va ? (ce[1] + co[1]) * sl : -INFINITY;
-                    const float x2 = vb ? (ce[2] + co[2]) * sl : -INFINITY, x3 = vb ? (ce[3] + co[3]) * sl : -INFINITY;
+                    /* lane: tokens g (s0, s1) and g + 8 (s2, s3) of the slice, heads 2 t4 (s0, s2) and 2 t4 + 1;
+                     * raw scores (w8_th is in their units); only the last stage of a split masks */
+                    float s0 = ce[0] + co[0], s1 = ce[1] + co[1], s2 = ce[2] + co[2], s3 = ce[3] + co[3];
+                    if (wt0 + 16 > c1) { /* warp-uniform */
+                        const bool va = wt0 + g < c1, vb = wt0 + g + 8 < c1;
+                        s0 = va ? s0 : -INFINITY;
+                        s1 = va ? s1 : -INFINITY;
+                        s2 = vb ? s2 : -INFINITY;
+                        s3 = vb ? s3 : -INFINITY;
+                    }
                     /* a head's max is taken (over the 8 lanes holding its tokens) only when some score passes what
                      * the lazy max allows: every lane then moves the same heads by the same amount */
-                    const float th0 = p.lazy ? w8_m[0] + 8.0f : w8_m[0], th1 = p.lazy ? w8_m[1] + 8.0f : w8_m[1];
-                    if (__any_sync(FULL, fmaxf(x0, x2) > th0 || fmaxf(x1, x3) > th1)) {
-                        float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+                    if (__any_sync(FULL, fmaxf(s0, s2) > w8_th[0] || fmaxf(s1, s3) > w8_th[1])) {
+                        float mx0 = fmaxf(s0, s2), mx1 = fmaxf(s1, s3);
 #pragma unroll
                         for (int o = 4; o < 32; o <<= 1) {
                             mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, o));
                             mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, o));
                         }
-                        const float n0 = mx0 > th0 ? mx0 : w8_m[0], n1 = mx1 > th1 ? mx1 : w8_m[1];
-                        const float al0 = fast_exp2(w8_m[0] - (n0 == -INFINITY ? 0.0f : n0));
-                        const float al1 = fast_exp2(w8_m[1] - (n1 == -INFINITY ? 0.0f : n1));
-                        w8_m[0] = n0;
-                        w8_m[1] = n1;
-                        w8_l[0] *= al0;
-                        w8_l[1] *= al1;
+                        float al[2];
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const float mx = h ? mx1 : mx0;
+                            const float n = mx > w8_th[h] ? mx * sl : w8_m[h]; /* the new max, log2 domain */
+                            const float mu = n == -INFINITY ? 0.0f : n;
+                            al[h] = fast_exp2(w8_m[h] - mu);
+                            w8_m[h] = n;
+                            w8_mu[h] = mu;
+                            w8_th[h] = (p.lazy ? n + 8.0f : n) / sl;
+                            w8_l[h] *= al[h];
+                        }
 #pragma unroll
                         for (int q = 0; q < NQ; q++)
 #pragma unroll
                             for (int h = 0; h < 2 * WW; h++) {
-                                accT[q][h][0] *= al0;
-                                accT[q][h][1] *= al1;
-                                accT[q][h][2] *= al0;
-                                accT[q][h][3] *= al1;
+                                accT[q][h][0] *= al[0];
+                                accT[q][h][1] *= al[1];
+                                accT[q][h][2] *= al[0];
+                                accT[q][h][3] *= al[1];
                             }
                     }
-                    const float mu0 = w8_m[0] == -INFINITY ? 0.0f : w8_m[0], mu1 = w8_m[1] == -INFINITY ? 0.0f : w8_m[1];
-                    const float p0 = fast_exp2(x0 - mu0), p1 = fast_exp2(x1 - mu1);
-                    const float p2 = fast_exp2(x2 - mu0), p3 = fast_exp2(x3 - mu1);
+                    const float p0 = fast_exp2(fmaf(s0, sl, -w8_mu[0])), p1 = fast_exp2(fmaf(s1, sl, -w8_mu[1]));
+                    const float p2 = fast_exp2(fmaf(s2, sl, -w8_mu[0])), p3 = fast_exp2(fmaf(s3, sl, -w8_mu[1]));
                     w8_l[0] += p0 + p2;
                     w8_l[1] += p1 + p3;
                     /* P^T as the B operand: (token g; heads 2 t4, 2 t4 + 1) transposed to (tokens 2 t4, 2 t4 + 1; head g) */
