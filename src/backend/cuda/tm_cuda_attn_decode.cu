@@ -59,6 +59,15 @@
  *   of K, per 64 of V), and the high e4m3 pair of a word converted in place (no shift): 358 instructions a stage,
  *   8B 64 x 4096 145 -> 134.5 us (94.6% of copy), +5.4% out tok/s. Half the bytes of bf16, and a smaller ring and
  *   block-id table (DEC_TBL8): 4 CTAs per SM at head_dim 128.
+ *   Nineteenth session, W8 only (the throughput run's kernel, power-capped, so every instruction a cache byte
+ *   costs clock): S^T = K Q^T instead of S = Q K^T (K the A operand, every row a token; Q^T the B operand from the
+ *   same registers: 8 products a slice instead of 16, and no zero A rows to rebuild every stage); a lane then holds
+ *   tokens g, g + 8 of heads 2 t4, 2 t4 + 1, so the heads' max is a reduction over 8 lanes, taken only when some
+ *   raw score passes the per-head threshold the lazy max allows (a warp vote; rare after the first stages); P^T
+ *   reaches the P V product's B layout by one movmatrix.trans a token half; whole stages over 16-token blocks are
+ *   copied with one block id a pass and one wide multiply-add an address, no zero-fill operand. ~230 instead of
+ *   ~340 instructions a warp a stage, 116 registers; 512 x 1024..2047 under a sustained load 376-380 -> 370-371 us,
+ *   +1.2% out tok/s (docs/PERFORMANCE.md).
  *
  * Splits (v2, v3): the launcher picks n_splits (grid.x) from the number of (sequence, kv head, chunk) CTAs and
  * the GPU's resident CTA slots: when the CTAs fill the slots, the count whose last wave is fullest (1 when the
