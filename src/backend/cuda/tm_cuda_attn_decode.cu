@@ -171,6 +171,7 @@ __device__ __forceinline__ const uint8_t *opaque_ptr(const uint8_t *p) {
     asm("mov.b64 %0, %0;" : "+l"(p));
     return p;
 }
+/* x, with ptxas kept from recomputing it where it is used (it would rematerialize a thread-index expression) */
 __device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
     asm("mov.b32 %0, %0;" : "+r"(x));
     return x;
