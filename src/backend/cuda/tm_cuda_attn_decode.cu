@@ -570,6 +570,18 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     const uint32_t cp_thr = (((uint32_t)kvh << bsl) + (uint32_t)cp_r0) * HD + (uint32_t)cp_ch * 16u;
     const uint8_t *const kthr = opaque_ptr(kcb + cp_thr), *const vthr = opaque_ptr(vcb + cp_thr);
 
+    /* fp8: O^T (columns: heads 2 t4, 2 t4 + 1) rescaled by those heads' alphas */
+    auto rescale_t = [&](float al0, float al1) {
+#pragma unroll
+        for (int q = 0; q < NQ; q++)
+#pragma unroll
+            for (int h = 0; h < 2 * WW; h++) {
+                accT[q][h][0] *= al0;
+                accT[q][h][1] *= al1;
+                accT[q][h][2] *= al0;
+                accT[q][h][3] *= al1;
+            }
+    };
     /* fp8: O^T += V^T P^T over this warp's 16-token slice of the stage (V rows at sv, or v8 when padded); P^T as the
      * B operand: pa0 = (tokens 2 t4, 2 t4 + 1; head g), pa2 = (tokens 2 t4 + 8, 2 t4 + 9; head g) */
     auto pv8 = [&](uint32_t sv, const unsigned char *v8, uint32_t pa0, uint32_t pa2) {
@@ -711,15 +723,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                             w8_th[h] = (p.lazy ? n + 8.0f : n) / sl;
                             w8_l[h] *= al[h];
                         }
-#pragma unroll
-                        for (int q = 0; q < NQ; q++)
-#pragma unroll
-                            for (int h = 0; h < 2 * WW; h++) {
-                                accT[q][h][0] *= al[0];
-                                accT[q][h][1] *= al[1];
-                                accT[q][h][2] *= al[0];
-                                accT[q][h][3] *= al[1];
-                            }
+                        rescale_t(al[0], al[1]);
                     }
                     const float p0 = fast_exp2(fmaf(s0, sl, -w8_mu[0])), p1 = fast_exp2(fmaf(s1, sl, -w8_mu[1]));
                     const float p2 = fast_exp2(fmaf(s2, sl, -w8_mu[0])), p3 = fast_exp2(fmaf(s3, sl, -w8_mu[1]));
@@ -782,16 +786,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                 const uint32_t pa2 = FP8 ? pack_f16x2(p2, p3) : pack_bf16x2(p2, p3);
                 if constexpr (FP8) { /* alpha of heads 2 t4, 2 t4 + 1 from the lanes holding rows 2 t4, 2 t4 + 1 */
                     if (rescale) { /* warp-uniform */
-                        const float al0 = __shfl_sync(FULL, alpha, 8 * t4), al1 = __shfl_sync(FULL, alpha, 8 * t4 + 4);
-#pragma unroll
-                        for (int q = 0; q < NQ; q++)
-#pragma unroll
-                            for (int h = 0; h < 2 * WW; h++) {
-                                accT[q][h][0] *= al0;
-                                accT[q][h][1] *= al1;
-                                accT[q][h][2] *= al0;
-                                accT[q][h][3] *= al1;
-                            }
+                        rescale_t(__shfl_sync(FULL, alpha, 8 * t4), __shfl_sync(FULL, alpha, 8 * t4 + 4));
                     }
                     pv8(sv, v8, pa0, pa2);
                 } else {
