@@ -233,6 +233,15 @@ __device__ __forceinline__ uint32_t movm_t(uint32_t x) {
     return y;
 }
 
+/* a full m16n8k16 bf16 product: c (rows g, g + 8; cols 2 t4, 2 t4 + 1) += A B */
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* a full m16n8k16 f16 product: c (rows g, g + 8; cols 2 t4, 2 t4 + 1) += A B */
 __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                         uint32_t b0, uint32_t b1) {
@@ -486,6 +495,8 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     int *tbl = (int *)(smem + (W8 ? C::W8_RING : FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (DEC_TBL, fp8: DEC_TBL8) */
     /* fp8: a lane's K and V bytes are words of WW x 4 bytes (W8: 8-byte loads) */
     constexpr int WW = W8 ? 2 : 1;
+    /* the scores transposed, S^T = K Q^T (W8 and bf16; the padded fp8 ring keeps S = Q K^T): see w8_m */
+    constexpr bool ST = W8 || !FP8;
     const int kvh = yi / p.hchunks, hc = yi % p.hchunks;
     const int h0 = kvh * p.group + hc * DEC_ROWS, rows = min(DEC_ROWS, p.group - hc * DEC_ROWS);
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -525,9 +536,11 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     float w8_m[2] = {-INFINITY, -INFINITY}, w8_l[2] = {0.0f, 0.0f};
     /* and per head: the max used (0 while nothing is visible), and the raw score past which the max moves */
     float w8_mu[2] = {0.0f, 0.0f}, w8_th[2] = {-INFINITY, -INFINITY};
-    float acc[FP8 ? 1 : HD / 8][2];        /* bf16: O[g][8 j + 2 t4 (+1)] */
+    /* bf16: O[g][8 j + 2 t4 (+1)]; [2], [3] are the product's rows 8..15, which P's zero rows keep at 0: carried from
+     * product to product, so no register is zeroed for them in every stage */
+    float acc[FP8 ? 1 : HD / 8][4];
 #pragma unroll
-    for (int j = 0; j < (FP8 ? 1 : HD / 8); j++) acc[j][0] = acc[j][1] = 0.0f;
+    for (int j = 0; j < (FP8 ? 1 : HD / 8); j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     /* fp8: O^T = V^T P^T, V^T the A operand (16 dims x 16 tokens), P^T the B operand (16 tokens x 8 heads: exactly
      * the S fragments), so every row of the product is a dim in use; m-tile (q, h) row g is dim 32 q + 4 g + 2 h,
      * row g + 8 dim 32 q + 4 g + 2 h + 1, so that a lane's V values of one token are 4 adjacent bytes (one load).
@@ -564,10 +577,10 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     const uint32_t vxa = opaque_u32((uint32_t)v3_at<W8, ROWB>(2 * t4, 8 * g));
     const uint32_t vxb = opaque_u32((uint32_t)v3_at<W8, ROWB>(2 * t4 + 1, 8 * g));
     const uint8_t *const kcb = (const uint8_t *)p.kc, *const vcb = (const uint8_t *)p.vc;
-    /* W8 whole stages over 16-token blocks (issue): bytes of one cache block (all kv heads); this thread's bytes of
+    /* whole stages over 16-token blocks (issue): bytes of one cache block (all kv heads); this thread's bytes of
      * block 0 (kv head, slot cp_r0, chunk cp_ch) in K and V */
-    const uint32_t blk_bytes = (n_kv << bsl) * (uint32_t)HD;
-    const uint32_t cp_thr = (((uint32_t)kvh << bsl) + (uint32_t)cp_r0) * HD + (uint32_t)cp_ch * 16u;
+    const uint32_t blk_bytes = (n_kv << bsl) * (uint32_t)(HD * ES);
+    const uint32_t cp_thr = (((uint32_t)kvh << bsl) + (uint32_t)cp_r0) * (uint32_t)(HD * ES) + (uint32_t)cp_ch * 16u;
     const uint8_t *const kthr = opaque_ptr(kcb + cp_thr), *const vthr = opaque_ptr(vcb + cp_thr);
 
     /* fp8: O^T (columns: heads 2 t4, 2 t4 + 1) rescaled by those heads' alphas */
@@ -614,6 +627,17 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
             }
         }
     };
+    /* bf16: O += P V over this warp's slice; P as the A operand: pa0 = (head g; tokens 2 t4, 2 t4 + 1), pa2 = (head g;
+     * tokens 2 t4 + 8, 2 t4 + 9) */
+    auto pv16 = [&](uint32_t sv, uint32_t pa0, uint32_t pa2) {
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            uint32_t b0r, b1r, b2r, b3r;
+            ldsm_x4_t(sv + v_off + (uint32_t)(dp * 32), b0r, b1r, b2r, b3r);
+            mma_bf16(acc[2 * dp], pa0, 0u, pa2, 0u, b0r, b1r);
+            mma_bf16(acc[2 * dp + 1], pa0, 0u, pa2, 0u, b2r, b3r);
+        }
+    };
     for (int c0 = tb; c0 < te; c0 += p.chunk_tok) {
         const int c1 = min(te, c0 + p.chunk_tok);
         const int b0 = c0 >> bsl, nb = ((c1 - 1) >> bsl) - b0 + 1;
@@ -630,25 +654,28 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
         auto issue = [&](int st) {
             const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * STAGEB) + cp_dst;
             const int tok_a = c0 + st * DEC_STAGE_TOK + cp_r0;
-            if constexpr (W8) {
-                /* a whole stage below c1 over 16-token blocks (the stage starts at a multiple of 64: pass k's 16 rows
-                 * are block (c0 + 64 st) / 16 + k, this thread's row being slot cp_r0 of it): the 4 block ids read
-                 * at one base, each address one wide multiply-add from this thread's fixed offset (kthr, vthr), no
-                 * zero-fill operand */
+            /* a whole stage below c1 over 16-token blocks (the stage starts at a multiple of 64, so pass k's RPPx rows
+             * are slots (k RPPx) % 16 + .. of block (c0 + 64 st) / 16 + k RPPx / 16, this thread's row being cp_r0
+             * of them): the block ids read at one base, each address one wide multiply-add from this thread's fixed
+             * offset (kthr, vthr) plus a constant, no zero-fill operand */
+            if constexpr (ST && 16 % RPPx == 0) { /* (the padded fp8 ring keeps the general copies) */
                 if (bsl == 4 && c0 + (st + 1) * DEC_STAGE_TOK <= c1) {
-                    const int *tb4 = tbl + (((c0 + st * DEC_STAGE_TOK) >> 4) - b0);
-                    const uint8_t *ks[PASSESx], *vs[PASSESx];
+                    if (TPRx == CHx || cp_ch < CHx) {
+                        const int *tb4 = tbl + (((c0 + st * DEC_STAGE_TOK) >> 4) - b0);
+                        const uint8_t *ks[PASSESx], *vs[PASSESx];
 #pragma unroll
-                    for (int k = 0; k < PASSESx; k++) {
-                        const size_t boff = (size_t)(uint32_t)tb4[k] * blk_bytes;
-                        ks[k] = kthr + boff;
-                        vs[k] = vthr + boff;
-                    }
+                        for (int k = 0; k < PASSESx; k++) {
+                            const size_t boff = (size_t)(uint32_t)tb4[k * RPPx / 16] * blk_bytes +
+                                                (size_t)((k * RPPx % 16) * HD * ES);
+                            ks[k] = kthr + boff;
+                            vs[k] = vthr + boff;
+                        }
 #pragma unroll
-                    for (int k = 0; k < PASSESx; k++) {
-                        const uint32_t dst = sk + (uint32_t)(k * RPPx * ROWB);
-                        cp_async16_all(dst, ks[k]);
-                        cp_async16_all(dst + (uint32_t)STAGEB, vs[k]);
+                        for (int k = 0; k < PASSESx; k++) {
+                            const uint32_t dst = sk + (uint32_t)(k * RPPx * ROWB);
+                            cp_async16_all(dst, ks[k]);
+                            cp_async16_all(dst + (uint32_t)STAGEB, vs[k]);
+                        }
                     }
                     return;
                 }
@@ -681,16 +708,26 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
             if (wt0 < c1) {                                       /* warp-uniform */
                 const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * STAGEB + warp * 16 * ROWB);
                 const uint32_t sv = sk + (uint32_t)STAGEB;
-                if constexpr (W8) { /* S^T = K Q^T: see w8_m */
+                if constexpr (ST) { /* S^T = K Q^T: see w8_m */
                     float ce[4] = {0.0f, 0.0f, 0.0f, 0.0f}, co[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* even / odd ks */
+                    if constexpr (W8) {
 #pragma unroll
-                    for (int ks = 0; ks < HD / 16; ks += 2) { /* one 8-byte load of row g (g + 8) for ks, ks + 1 */
-                        const uint32_t ka = (sk + kx) ^ (uint32_t)(ks << 4);
-                        const uint2 u0 = lds64(ka), u1 = lds64(ka + 1024u);
-                        mma_f16(ce, tm_fp8x2_lo_to_f16x2(u0.x), tm_fp8x2_lo_to_f16x2(u1.x), tm_fp8x2_hi_to_f16x2(u0.x),
-                                tm_fp8x2_hi_to_f16x2(u1.x), qa0[ks], qa2[ks]);
-                        mma_f16(co, tm_fp8x2_lo_to_f16x2(u0.y), tm_fp8x2_lo_to_f16x2(u1.y), tm_fp8x2_hi_to_f16x2(u0.y),
-                                tm_fp8x2_hi_to_f16x2(u1.y), qa0[ks + 1], qa2[ks + 1]);
+                        for (int ks = 0; ks < HD / 16; ks += 2) { /* one 8-byte load of row g (g + 8) for ks, ks + 1 */
+                            const uint32_t ka = (sk + kx) ^ (uint32_t)(ks << 4);
+                            const uint2 u0 = lds64(ka), u1 = lds64(ka + 1024u);
+                            mma_f16(ce, tm_fp8x2_lo_to_f16x2(u0.x), tm_fp8x2_lo_to_f16x2(u1.x),
+                                    tm_fp8x2_hi_to_f16x2(u0.x), tm_fp8x2_hi_to_f16x2(u1.x), qa0[ks], qa2[ks]);
+                            mma_f16(co, tm_fp8x2_lo_to_f16x2(u0.y), tm_fp8x2_lo_to_f16x2(u1.y),
+                                    tm_fp8x2_hi_to_f16x2(u0.y), tm_fp8x2_hi_to_f16x2(u1.y), qa0[ks + 1], qa2[ks + 1]);
+                        }
+                    } else { /* bf16: K rows by ldmatrix in the A operand's order (v_off's pattern: rows 0-7 and 8-15 of
+                              * dims 0-7, then of dims 8-15) */
+#pragma unroll
+                        for (int ks = 0; ks < HD / 16; ks++) {
+                            uint32_t a0, a1, a2, a3;
+                            ldsm_x4(sk + v_off + (uint32_t)(ks * 32), a0, a1, a2, a3);
+                            mma_bf16(ks & 1 ? co : ce, a0, a1, a2, a3, qa0[ks], qa2[ks]);
+                        }
                     }
                     /* lane: tokens g (s0, s1) and g + 8 (s2, s3) of the slice, heads 2 t4 (s0, s2) and 2 t4 + 1;
                      * raw scores (w8_th is in their units); only the last stage of a split masks */
@@ -723,14 +760,29 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                             w8_th[h] = (p.lazy ? n + 8.0f : n) / sl;
                             w8_l[h] *= al[h];
                         }
-                        rescale_t(al[0], al[1]);
+                        if constexpr (W8) {
+                            rescale_t(al[0], al[1]);
+                        } else { /* bf16: O's row is head g, whose alpha lane g / 2 holds */
+                            const float a0 = __shfl_sync(FULL, al[0], g >> 1), a1 = __shfl_sync(FULL, al[1], g >> 1);
+                            const float ag = g & 1 ? a1 : a0;
+#pragma unroll
+                            for (int j = 0; j < HD / 8; j++) {
+                                acc[j][0] *= ag;
+                                acc[j][1] *= ag;
+                            }
+                        }
                     }
                     const float p0 = fast_exp2(fmaf(s0, sl, -w8_mu[0])), p1 = fast_exp2(fmaf(s1, sl, -w8_mu[1]));
                     const float p2 = fast_exp2(fmaf(s2, sl, -w8_mu[0])), p3 = fast_exp2(fmaf(s3, sl, -w8_mu[1]));
                     w8_l[0] += p0 + p2;
                     w8_l[1] += p1 + p3;
-                    /* P^T as the B operand: (token g; heads 2 t4, 2 t4 + 1) transposed to (tokens 2 t4, 2 t4 + 1; head g) */
-                    pv8(sv, nullptr, movm_t(pack_f16x2(p0, p1)), movm_t(pack_f16x2(p2, p3)));
+                    /* (token g; heads 2 t4, 2 t4 + 1) transposed to (head g; tokens 2 t4, 2 t4 + 1): W8, P^T as the B
+                     * operand of O^T += V^T P^T; bf16, P as the A operand of O += P V */
+                    if constexpr (W8) {
+                        pv8(sv, nullptr, movm_t(pack_f16x2(p0, p1)), movm_t(pack_f16x2(p2, p3)));
+                    } else {
+                        pv16(sv, movm_t(pack_bf16x2(p0, p1)), movm_t(pack_bf16x2(p2, p3)));
+                    }
                     continue;
                 }
                 /* fp8: this warp's raw K and V rows (16 tokens, RS8 bytes apart) */
@@ -797,13 +849,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                             acc[j][1] *= alpha;
                         }
                     }
-#pragma unroll
-                    for (int dp = 0; dp < HD / 16; dp++) {
-                        uint32_t b0r, b1r, b2r, b3r;
-                        ldsm_x4_t(sv + v_off + (uint32_t)(dp * 32), b0r, b1r, b2r, b3r);
-                        mma_rows8(acc[2 * dp][0], acc[2 * dp][1], pa0, pa2, b0r, b1r);
-                        mma_rows8(acc[2 * dp + 1][0], acc[2 * dp + 1][1], pa0, pa2, b2r, b3r);
-                    }
+                    pv16(sv, pa0, pa2);
                 }
             }
         }
@@ -812,7 +858,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     __syncthreads(); /* the ring is free: reuse it for the warps' merge */
 
     float *red_m = (float *)smem, *red_l = red_m + DEC_WARPS * DEC_ROWS, *red_acc = red_l + DEC_WARPS * DEC_ROWS;
-    if constexpr (W8) { /* heads 2 t4, 2 t4 + 1: their sums over the 8 lanes of their tokens */
+    if constexpr (ST) { /* heads 2 t4, 2 t4 + 1: their sums over the 8 lanes of their tokens */
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) {
             w8_l[0] += __shfl_xor_sync(FULL, w8_l[0], o);
