@@ -339,8 +339,10 @@ static void version_name(char *buf, size_t n, const char *shape, int v) {
                     : rg && strcmp(rg, "0") == 0 ? "_rowg0"
                     : ip && strcmp(ip, "0") == 0 ? "_idpre0"
                                                  : "";
-    char suf[48];
-    snprintf(suf, sizeof suf, "%s%s%s", f, fm && strcmp(fm, "0") == 0 ? "_fastmax0" : "", g_spike ? "_spike" : "");
+    const char *pe = getenv("TM_CUDA_PREFILL_PERSIST");
+    const char *pp = pe && strcmp(pe, "1") == 0 ? "_persist" : pe && strcmp(pe, "0") == 0 ? "_nopersist" : "";
+    char suf[64];
+    snprintf(suf, sizeof suf, "%s%s%s%s", f, fm && strcmp(fm, "0") == 0 ? "_fastmax0" : "", g_spike ? "_spike" : "", pp);
     if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, suf);
     else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, suf);
     else snprintf(buf, n, "%s%s_v%d", shape, suf, v);
@@ -407,6 +409,20 @@ static tb_shape time_shapes[] = {
     {"8b_mixed_64dec_1024chunk", 32, 8, 128, 16, 0, {{0}}}, /* filled in main */
 };
 
+/* TB_PREFILL_SWEEP=1: v5p against v5 over the batch (where the launcher's tiles-an-SM rule switches) */
+static tb_shape sweep_shapes[] = {
+    {"8b_prefill_4096", 32, 8, 128, 16, 1, {S1(4096, 4096)}},
+    {"8b_prefill_4096_b2", 32, 8, 128, 16, 2, {S1(4096, 4096), S1(4096, 4096)}},
+    {"8b_prefill_4096_b3", 32, 8, 128, 16, 3, {S1(4096, 4096), S1(4096, 4096), S1(4096, 4096)}},
+    {"8b_prefill_4096_b4", 32, 8, 128, 16, 4, {S1(4096, 4096), S1(4096, 4096), S1(4096, 4096), S1(4096, 4096)}},
+    {"8b_prefill_2048_b8", 32, 8, 128, 16, 8, {S1(2048, 2048), S1(2048, 2048), S1(2048, 2048), S1(2048, 2048),
+                                               S1(2048, 2048), S1(2048, 2048), S1(2048, 2048), S1(2048, 2048)}},
+    {"8b_prefill_1024_b8", 32, 8, 128, 16, 8, {S1(1024, 1024), S1(1024, 1024), S1(1024, 1024), S1(1024, 1024),
+                                               S1(1024, 1024), S1(1024, 1024), S1(1024, 1024), S1(1024, 1024)}},
+    {"8b_chunk_1024_ctx_4096_b4", 32, 8, 128, 16, 4, {S1(1024, 4096), S1(1024, 4096), S1(1024, 4096), S1(1024, 4096)}},
+    {"8b_chunk_512_ctx_4096", 32, 8, 128, 16, 1, {S1(512, 4096)}},
+};
+
 /* correctness of the given versions on every check shape (one problem and one reference per shape) */
 static void run_checks(const int *versions, int n_versions, bool wgmma_shapes_only) {
     for (size_t c = 0; c < sizeof check_shapes / sizeof check_shapes[0]; c++) {
@@ -427,25 +443,56 @@ static void run_checks(const int *versions, int n_versions, bool wgmma_shapes_on
     }
 }
 
+/* v5p (TM_CUDA_PREFILL_PERSIST=1) against v5 on every head_dim-128 check shape, bit for bit: the same tiles, rounds
+ * and products, only which CTA runs a tile and when differ */
+static void persist_bitwise(void) {
+    for (size_t c = 0; c < sizeof check_shapes / sizeof check_shapes[0]; c++) {
+        const tb_shape *sh = &check_shapes[c];
+        if (sh->head_dim != 128) continue;
+        tb_prob p;
+        prob_make(&p, sh);
+        tb_rows r;
+        rows_make(&r, &p, 0);
+        const size_t qn = (size_t)p.n_tokens * (size_t)sh->n_heads * (size_t)sh->head_dim;
+        uint16_t *ref = malloc(qn * sizeof(uint16_t));
+        setenv("TM_CUDA_PREFILL_PERSIST", "0", 1);
+        run_check(&p, &r, 5);
+        memcpy(ref, p.out_h, qn * sizeof(uint16_t));
+        setenv("TM_CUDA_PREFILL_PERSIST", "1", 1);
+        run_check(&p, &r, 5);
+        size_t diff = 0;
+        for (size_t i = 0; i < qn; i++) diff += ref[i] != p.out_h[i];
+        char name[96];
+        snprintf(name, sizeof name, "%s%s_persist_bitwise", sh->name, g_rows ? "_rows" : "");
+        tb_result("attn_prefill", name, (double)diff, 0.0, 0.0, 0.0, 0.0, 'c');
+        free(ref);
+        rows_free(&r);
+        prob_free(&p);
+    }
+    unsetenv("TM_CUDA_PREFILL_PERSIST");
+}
+
 /* timed shapes with version v (checked on sampled rows first); v1 only on the first shape (the issue's: 8B
  * geometry, 4096 tokens, causal) */
-static void run_timing(int v) {
-    for (size_t c = 0; c < sizeof time_shapes / sizeof time_shapes[0]; c++) {
+static void run_timing_on(const tb_shape *shapes, size_t n, int v) {
+    for (size_t c = 0; c < n; c++) {
         if (v == 1 && c != 0) continue;
         tb_prob p;
-        prob_make(&p, &time_shapes[c]);
+        prob_make(&p, &shapes[c]);
         tb_rows r;
         rows_make(&r, &p, 48);
         double e = run_check(&p, &r, v);
         set_version(v);
         double us = tb_time_us(fn_run, &p, v == 1 ? 1 : 3, v == 1 ? 3 : 20);
         char name[96];
-        version_name(name, sizeof name, time_shapes[c].name, v);
+        version_name(name, sizeof name, shapes[c].name, v);
         tb_result("attn_prefill", name, e, TOL, us, p.bytes, p.flops, 'c');
         rows_free(&r);
         prob_free(&p);
     }
 }
+
+static void run_timing(int v) { run_timing_on(time_shapes, sizeof time_shapes / sizeof time_shapes[0], v); }
 
 int main(void) {
     tb_seed();
@@ -458,16 +505,50 @@ int main(void) {
     for (int s = 0; s < 64; s++) mixed->seqs[s] = (tb_seq)S1(1, 2048);
     mixed->seqs[64] = (tb_seq)S1(1024, 1024);
 
+    if (getenv("TB_PREFILL_SWEEP")) { /* v5p bit for bit against v5, then both timed twice over the batch */
+        persist_bitwise();
+        g_rows = true;
+        persist_bitwise();
+        g_rows = false;
+        for (int rep = 0; rep < 2; rep++)
+            for (int m = 0; m < 3; m++) {
+                if (m == 2) unsetenv("TM_CUDA_PREFILL_PERSIST");
+                else setenv("TM_CUDA_PREFILL_PERSIST", m ? "1" : "0", 1);
+                run_timing_on(sweep_shapes, sizeof sweep_shapes / sizeof sweep_shapes[0], V_DEFAULT);
+            }
+        unsetenv("TM_CUDA_PREFILL_PERSIST");
+        return tb_finish("tb_attn_prefill");
+    }
     /* the default (v5: intra-warpgroup overlap, 128-key tiles for head_dim 128, 64 for 64), forced with either key
      * tile and as the launcher's default (variable unset) */
     const int v5[] = {5, V5_BN64, V_DEFAULT};
     run_checks(v5, 3, true);
     run_timing(5);
+    /* v5p: v5 as a persistent kernel, checked against the reference (the spike cases too: fastmax's redo) and bit for
+     * bit against v5, and timed */
+    persist_bitwise();
+    setenv("TM_CUDA_PREFILL_PERSIST", "1", 1);
+    run_checks(v5, 3, true);
+    g_spike = true;
+    run_checks(v5, 1, true);
+    g_spike = false;
+    run_timing(5);
+    g_rows = true;
+    persist_bitwise();
+    setenv("TM_CUDA_PREFILL_PERSIST", "1", 1);
+    const int vdp[] = {V_DEFAULT};
+    run_checks(vdp, 1, true);
+    run_timing(V_DEFAULT);
+    g_rows = false;
+    unsetenv("TM_CUDA_PREFILL_PERSIST");
     if (getenv("TB_PREFILL_QUICK")) { /* an A/B of builds: the default's checks, the spike checks, one more timing */
         g_spike = true;
         run_checks(v5, 1, true);
         g_spike = false;
         run_timing(5);
+        g_rows = true;
+        run_timing(V_DEFAULT);
+        g_rows = false;
         return tb_finish("tb_attn_prefill");
     }
     /* the running max moved on every growth (TM_CUDA_ATTN_PREFILL_LAZY=0) instead of past 2^8 */

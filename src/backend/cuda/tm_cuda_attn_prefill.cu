@@ -63,6 +63,10 @@
  * TM_CUDA_V5_FASTMAX=0 turns it off): P = 2^(x - m) against the max the masked tiles left, the row sums (which bound
  * every P) checked against 2^40, and a round that fails the check done again exactly at the next barrier: +3-5%.
  * (The lazy max, and TM_CUDA_ATTN_PREFILL_LAZY, then govern only the masked rounds and redone ones.)
+ * Twentieth session: v5p, v5 as a persistent kernel (one CTA an SM taking tile after tile from a counter, the next
+ * tile's first copies and Q overlapping this one's last round), taken for head_dim 128 from 8 tiles an SM
+ * (TM_CUDA_PREFILL_PERSIST=1/0 forces it on / off): bit for bit v5's output; 8B 4096 at batch 2 / 3 / 4 +2 / +3 / +3%
+ * (587 TFLOP/s at batch 4), 8 x 1024 +5%; at ~1 tile an SM (a 512-token chunk) it loses 3%, hence the threshold.
  * Measured and kept on branches only (docs/PERFORMANCE.md): K/V copied by tensor maps (v6: 257-303 TFLOP/s, one
  * box per 16-token block) and a producer warpgroup beside v5's consumers (v7: 379). */
 
@@ -205,9 +209,9 @@ struct prefill_geom {
 /* The epilogue of v2, v3 and v5, after every product: O / l in bf16 staged through the Q tile (swz layout; each warp its
  * own 16 rows), then 16-byte stores of the rows that are real (token, query head) pairs of this tile */
 template <int HD>
-__device__ __forceinline__ void store_o(const float (&o)[HD / 2], const float (&lrow)[2], uint32_t sQ, int warp,
-                                        int lane, int32_t row0, int32_t n_rows_tok, const tm_cuda_attn_args &a,
-                                        const prefill_geom &g, int32_t per_slot) {
+__device__ __forceinline__ void store_o_hu(const float (&o)[HD / 2], const float (&lrow)[2], uint32_t sQ, int warp,
+                                           int lane, int32_t row0, int32_t n_rows_tok, const tm_cuda_attn_args &a,
+                                           const prefill_geom &g, int32_t hu) {
     constexpr int CPR = HD / 8;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -223,10 +227,9 @@ __device__ __forceinline__ void store_o(const float (&o)[HD / 2], const float (&
         }
     }
     __syncwarp();
-    const int32_t e_hc = (int32_t)(blockIdx.x % (uint32_t)per_slot) % g.n_hc;
+    const int32_t e_hc = hu % g.n_hc;
     const int32_t e_heads = min(g.gh, g.group - e_hc * g.gh);
-    const size_t e_head0 = (size_t)((int32_t)(blockIdx.x % (uint32_t)per_slot) / g.n_hc) * (size_t)g.group +
-                           (size_t)e_hc * (size_t)g.gh;
+    const size_t e_head0 = (size_t)(hu / g.n_hc) * (size_t)g.group + (size_t)e_hc * (size_t)g.gh;
 #pragma unroll
     for (int it = 0; it < 16 * CPR / 32; it++) {
         const int i = lane + it * 32;
@@ -242,6 +245,14 @@ __device__ __forceinline__ void store_o(const float (&o)[HD / 2], const float (&
                          : "memory");
         }
     }
+}
+
+/* store_o_hu for a CTA whose tile is its blockIdx.x (hu: the tile's kv head and head chunk) */
+template <int HD>
+__device__ __forceinline__ void store_o(const float (&o)[HD / 2], const float (&lrow)[2], uint32_t sQ, int warp,
+                                        int lane, int32_t row0, int32_t n_rows_tok, const tm_cuda_attn_args &a,
+                                        const prefill_geom &g, int32_t per_slot) {
+    store_o_hu<HD>(o, lrow, sQ, warp, lane, row0, n_rows_tok, a, g, (int32_t)(blockIdx.x % (uint32_t)per_slot));
 }
 
 /* ---- v1: simple f32 kernel ----------------------------------------------------------------------- */
@@ -1240,6 +1251,378 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
     store_o<HD>(o, lrow, sQ, warp, lane, s_epi5[0], s_epi5[1], a, g, per_slot);
 }
 
+/* ---- v5p: v5 as a persistent kernel (from 8 tiles an SM; TM_CUDA_PREFILL_PERSIST=1/0) ------------------------ */
+
+/* One tile of v5p, as thread 0 finds it for the block (kept in shared memory, read where needed: the kernel has
+ * no registers to spare): the (sequence, tile) of a tile id (what blockIdx.x is to v5), what the rounds need of it
+ * and the addresses its copies start from. s < 0: no tile (the id is past the last one). */
+struct v5p_tile {
+    const uint16_t *kc;  /* K of the tile's kv head: the cache's (block 0) or the rows' (the sequence's first token) */
+    ptrdiff_t v_minus_k; /* V's elements from K's */
+    const int32_t *bt;   /* the sequence's block-table row */
+    const uint16_t *q;   /* Q of the tile's first token and first query head */
+    int32_t s, q0, t0, t1, n_kt, n_full, hu, kv_end, heads_here, base;
+};
+
+/* every thread of the block calls it (find_tile synchronises); thread 0 fills *dst */
+template <int NT, int HD, int BN, bool ROWS>
+__device__ __forceinline__ void v5p_find(const tm_cuda_attn_args &a, const prefill_geom &g, int32_t per_slot,
+                                         int32_t id, int32_t n_ids, v5p_tile *dst) {
+    int32_t s = -1, ti = 0;
+    const bool ok = id < n_ids && find_tile<NT, true>(a.query_start, a.n_seqs, g.tq, id / per_slot, &s, &ti);
+    if (threadIdx.x != 0) return;
+    v5p_tile t;
+    t.s = ok ? s : -1;
+    t.hu = id % per_slot;
+    t.q0 = t.t0 = t.t1 = t.base = t.n_kt = t.n_full = t.kv_end = t.heads_here = 0;
+    t.kc = ROWS ? a.k_rows : a.k_cache;
+    t.v_minus_k = 0;
+    t.bt = a.block_table;
+    t.q = a.q;
+    if (ok) {
+        t.q0 = a.query_start[s];
+        const int32_t ql = a.query_start[s + 1] - t.q0;
+        t.base = a.context_len[s] - ql;
+        t.t1 = ql - ti * g.tq;
+        t.t0 = max(t.t1 - g.tq, 0);
+        t.kv_end = t.base + t.t1;
+        t.n_kt = (t.kv_end + BN - 1) / BN;
+        t.n_full = (t.base + t.t0 + 1) / BN;
+        const int32_t kvh = t.hu / g.n_hc, hc = t.hu % g.n_hc;
+        t.heads_here = min(g.gh, g.group - hc * g.gh);
+        t.q = a.q + (size_t)(t.q0 + t.t0) * ((size_t)a.n_heads * HD) +
+              ((size_t)kvh * (size_t)g.group + (size_t)hc * (size_t)g.gh) * HD;
+        const size_t koff = ROWS ? (size_t)t.q0 * (size_t)a.kv_row_stride + (size_t)kvh * HD
+                                 : ((size_t)kvh << g.bs_log2) * HD;
+        t.kc = (ROWS ? a.k_rows : a.k_cache) + koff;
+        t.v_minus_k = ((ROWS ? a.v_rows : a.v_cache) + koff) - t.kc;
+        t.bt = a.block_table + (size_t)s * (size_t)a.max_blocks;
+    }
+    *dst = t;
+}
+
+/* v5 with the CTAs kept resident (a grid of one CTA an SM), each taking tile after tile: the first tile is its
+ * blockIdx.x, the next ones are claimed from a counter in `ctr` (zeroed by the launcher), so they go out in v5's
+ * order, heaviest first. What v5 pays once a tile -- a CTA's start, its Q tile and first K/V tile arriving with the
+ * tensor cores idle, the epilogue with no copy in flight -- overlaps the tile before: the copies of the next tile's
+ * first K/V tile go out in the last round of this one (the ring runs on across tiles), its Q rows right after this
+ * tile's last product that reads them, and the output is staged through a K slot of the ring that no copy is using.
+ * Rounds, softmax and products as v5 (head_dim 128, 128-key tiles, 3 stages), with v5's later changes (ported in the
+ * nineteenth session, measured in the twentieth): fastmax rounds and their redo (the K slot of the redone round is `prev` at the top
+ * of the next round and after the last one), the warp-uniform warpgroup index, exp_row and the block id loaded a call
+ * ahead (idpre; a tile's first K/V tile takes the per-row path). */
+template <int HD, int BN, int STAGES, bool ROWS>
+__global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5p(const tm_cuda_attn_args a, const prefill_geom g,
+                                                                  int32_t n_ids, int32_t *ctr) {
+    constexpr int NT = 256, BM = 128;
+    constexpr int CPR = HD / 8, LT = NT / 2, LRPP = LT / CPR, KV_ROWS = BN / LRPP;
+    constexpr int TILE = BN * HD * 2;
+    static_assert(HD == 128 && BN == 128 && STAGES == 3, "v5p: head_dim 128, 128-key tiles, 3 stages");
+
+    extern __shared__ uint8_t v5_smem[];
+    const uint32_t sQ = (smem_u32(v5_smem) + 1023u) & ~1023u; /* (HD/64, BM, 64) bf16, swizzled */
+    const uint32_t sK = sQ + BM * HD * 2;                      /* (STAGES, HD/64, BN, 64) */
+    const uint32_t sV = sK + STAGES * TILE;                    /* (STAGES, HD/64, BN, 64) */
+    __shared__ v5p_tile s_t[2]; /* the tile in hand and the next one */
+    __shared__ int32_t s_claim;
+    __shared__ float2 s_pin;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0); /* warp-uniform to ptxas, as in v5 */
+    const int32_t per_slot = a.n_kv_heads * g.n_hc;
+    v5p_find<NT, HD, BN, ROWS>(a, g, per_slot, (int32_t)blockIdx.x, n_ids, &s_t[0]);
+    __syncthreads();
+    if (s_t[0].s < 0) return;
+
+    /* Q rows of tile t: the whole tile (wgq < 0, every thread) or warpgroup wgq's 64 rows (its 128 threads);
+     * rows past the tile are zero-filled. No branch: it runs between a product's issue and its wait. */
+    auto load_q = [&](const v5p_tile &t, int wgq) {
+        const size_t ld = (size_t)a.n_heads * HD;
+        const int32_t n_tok = t.s >= 0 ? t.t1 - t.t0 : 0, heads = t.heads_here;
+        const uint16_t *q = t.q;
+        const int nthr = wgq < 0 ? NT : NT / 2, r0 = wgq < 0 ? 0 : wgq * 64, qt = wgq < 0 ? tid : tid & 127;
+#pragma unroll
+        for (int p = 0; p < BM * CPR / NT; p++) {
+            const int r = r0 + qt / CPR + p * (nthr / CPR), c = qt % CPR;
+            const int32_t tl = r / g.gh, hl = r % g.gh;
+            const bool ok = tl < g.tq && tl < n_tok && hl < heads;
+            const uint16_t *src = ok ? q + (size_t)tl * ld + (size_t)hl * HD + c * 8 : a.q;
+            cp_async16(sQ + sw128<BM>(r, c), src, ok);
+        }
+    };
+
+    /* warpgroup 1 makes every K/V copy, as in v5 */
+    const int ltid = tid - NT / 2;
+    const int cchunk = ltid % CPR, crow = ltid / CPR;
+    const bool loader = wg == 1;
+    const int32_t bsl = g.bs_log2, bmask = (1 << g.bs_log2) - 1;
+    const size_t blk_stride = ((size_t)a.n_kv_heads << bsl) * HD;
+    const uint32_t ld_kv = ROWS ? (uint32_t)a.kv_row_stride : (uint32_t)HD;
+    uint32_t nid = 0; /* idpre: the block id of the next call's rows */
+    /* K/V tile j of tile t (visited order: from the diagonal down) into ring slot `slot`; one commit group a call */
+    auto issue = [&](const v5p_tile &t, int32_t j, uint32_t slot) {
+        if (loader && j < t.n_kt) { /* n_kt is 0 when there is no tile */
+            const uint16_t *const kc = t.kc + cchunk * 8;
+            const ptrdiff_t v_minus_k = t.v_minus_k;
+            const int32_t *bt = t.bt;
+            const int32_t k0 = (t.n_kt - 1 - j) * BN;
+            const uint32_t st = slot * TILE;
+            if (j == 0) { /* the only tile that can reach past kv_end: zero-fill those keys */
+                const int32_t kv_end = t.kv_end;
+#pragma unroll
+                for (int p = 0; p < KV_ROWS; p++) {
+                    const int row = crow + p * LRPP;
+                    const int32_t key = k0 + row;
+                    const bool ok = key < kv_end;
+                    const size_t off = !ok  ? 0
+                                       : ROWS ? (size_t)key * ld_kv
+                                              : (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD;
+                    cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
+                    cp_async16(sV + st + sw128<BN>(row, cchunk), kc + off + v_minus_k, ok);
+                }
+            } else if (ROWS || g.rowg) { /* consecutive keys of one block (ROWS: consecutive tokens) */
+                const uint32_t key0 = (uint32_t)(k0 + crow * KV_ROWS);
+                const uint16_t *src = ROWS ? kc + (size_t)key0 * ld_kv
+                                           : kc + (size_t)(g.idpre ? nid : (uint32_t)__ldg(bt + (key0 >> bsl))) * blk_stride +
+                                                 (key0 & (uint32_t)bmask) * (uint32_t)HD;
+                auto row_off = [&](int p) {
+                    if constexpr (ROWS) return (size_t)p * ld_kv;
+                    else return p * HD;
+                };
+#pragma unroll
+                for (int p = 0; p < KV_ROWS; p++) {
+                    const int row = crow * KV_ROWS + p;
+                    cp_async16_all(sK + st + sw128<BN>(row, cchunk), src + row_off(p));
+                    cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + row_off(p) + v_minus_k);
+                }
+            } else {
+#pragma unroll
+                for (int p = 0; p < KV_ROWS; p++) {
+                    const int row = crow + p * LRPP;
+                    const uint32_t key = (uint32_t)(k0 + row);
+                    const uint32_t id = (uint32_t)__ldg(bt + (key >> bsl));
+                    const uint16_t *src = kc + (size_t)id * blk_stride + (key & (uint32_t)bmask) * (uint32_t)HD;
+                    cp_async16_all(sK + st + sw128<BN>(row, cchunk), src);
+                    cp_async16_all(sV + st + sw128<BN>(row, cchunk), src + v_minus_k);
+                }
+            }
+            /* idpre: the block id of this thread's rows in the tile's next K/V tile, for the next call (the first
+             * K/V tile of a tile takes the per-row path above) */
+            if constexpr (!ROWS)
+                if (g.idpre && g.rowg && j + 1 < t.n_kt)
+                    nid = (uint32_t)__ldg(bt + ((uint32_t)((t.n_kt - 2 - j) * BN + crow * KV_ROWS) >> bsl));
+        }
+        cp_async_commit();
+    };
+    load_q(s_t[0], -1);
+    issue(s_t[0], 0, 0); /* with Q in the first group */
+
+    const float sl2 = a.scale * 1.4426950408889634f;
+    const uint32_t qrows = sQ + (uint32_t)wg * 64 * 128;
+    float o[HD / 2];
+    float sc[BN / 2];
+    uint32_t pa[BN / 16][4];
+    float mrow[2], lrow[2], alpha[2];
+    int32_t lim[2];
+
+    const uint64_t dq0 = gmma_desc(qrows, 16, 1024);
+    auto issue_s = [&](uint32_t kS) {
+        const uint64_t dk0 = gmma_desc(kS, 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint64_t dq = dq0 + (uint64_t)(((kk >> 2) * (BM * 128) + (kk & 3) * 32) >> 4);
+            const uint64_t dk = dk0 + (uint64_t)(((kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4);
+            wgmma_64x128_ss(sc, dq, dk, kk > 0);
+        }
+        wgmma_commit();
+    };
+    auto issue_pv = [&](uint32_t vS) {
+        const uint64_t dv0 = gmma_desc(vS, BN * 128, 1024);
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            const uint64_t dv = dv0 + (uint64_t)((ks * 16 * 128) >> 4);
+            wgmma_64x128_rs(o, pa[ks], dv);
+        }
+        wgmma_commit();
+    };
+    auto softmax = [&](int32_t kt, auto mask_c) {
+        if constexpr (decltype(mask_c)::value) {
+            const int32_t kb = kt * BN + (lane & 3) * 2;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int32_t key = kb + n * 8 + e;
+                    if (key > lim[0]) sc[4 * n + e] = -INFINITY;
+                    if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mc = fmaxf(mrow[h], mx * sl2);
+            const bool upd = mc > mrow[h] + g.lazy;
+            const float mn = upd ? mc : mrow[h];
+            const float mu = mn == -INFINITY ? 0.0f : mn;
+            alpha[h] = ex2(upd ? mrow[h] - mu : 0.0f);
+            mrow[h] = mn;
+            const float sum = exp_row(sc, h, sl2, mu);
+            lrow[h] = lrow[h] * alpha[h] + sum;
+        }
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            pa[ks][0] = pack_bf16(sc[8 * ks + 0], sc[8 * ks + 1]);
+            pa[ks][1] = pack_bf16(sc[8 * ks + 2], sc[8 * ks + 3]);
+            pa[ks][2] = pack_bf16(sc[8 * ks + 4], sc[8 * ks + 5]);
+            pa[ks][3] = pack_bf16(sc[8 * ks + 6], sc[8 * ks + 7]);
+        }
+    };
+
+    /* O *= alpha only where some row of the warp has a new maximum (as v5's rescale_o) */
+    auto rescale_o = [&]() {
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int d = 0; d < HD / 8; d++) {
+                o[4 * d + 0] *= alpha[0];
+                o[4 * d + 1] *= alpha[0];
+                o[4 * d + 2] *= alpha[1];
+                o[4 * d + 3] *= alpha[1];
+            }
+        }
+    };
+    /* fastmax rounds, the check and the redo: as in v5 (the redo's S from the K slot of round jp, `prev` at the top
+     * of round jp + 1 or after the last round) */
+    float lsave[2] = {0.0f, 0.0f};
+    int ovf = 0;
+    auto softmax_fast = [&]() {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float mu = mrow[h] == -INFINITY ? 0.0f : mrow[h];
+            mrow[h] = mu;
+            const float sum = exp_row(sc, h, sl2, mu);
+            lsave[h] = lrow[h];
+            lrow[h] += sum;
+            ovf |= !(sum < 0x1p40f);
+        }
+    };
+
+    uint32_t slot = 0; /* ring slot of the round in hand: the rounds of all tiles are one sequence */
+    int par = 0;       /* s_t[par]: the tile in hand */
+    /* Tiles are claimed two ahead: the next one's addresses are needed in this tile's last round (its first K/V
+     * copies), and the claim of the one after it is an atomic whose round trip runs under this tile (thread 0
+     * holds it in a register until the tile's end). */
+    if (tid == 0) s_claim = (int32_t)gridDim.x + atomicAdd(ctr, 1);
+    int32_t pending = 0;
+    for (;;) {
+        __syncthreads(); /* s_claim visible */
+        v5p_find<NT, HD, BN, ROWS>(a, g, per_slot, s_claim, n_ids, &s_t[par ^ 1]);
+        if (tid == 0) pending = atomicAdd(ctr, 1);
+        __syncthreads(); /* s_t[par ^ 1] visible */
+
+        const int32_t n_kt = s_t[par].n_kt, n_mask = n_kt - s_t[par].n_full;
+        {
+            const int32_t t0 = s_t[par].t0, t1 = s_t[par].t1, base = s_t[par].base;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = warp * 16 + (lane >> 2) + h * 8;
+                const int32_t tl = r / g.gh;
+                lim[h] = (tl < g.tq && t0 + tl < t1) ? base + t0 + tl : base + t1 - 1;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+        mrow[0] = mrow[1] = -INFINITY;
+        lrow[0] = lrow[1] = 0.0f;
+        alpha[0] = alpha[1] = 1.0f;
+        uint32_t prev = 0;
+
+        auto redo = [&](int32_t jp, uint32_t kslot) {
+            lrow[0] = lsave[0];
+            lrow[1] = lsave[1];
+            ovf = 0;
+            fence_regs(sc);
+            wgmma_fence();
+            issue_s(sK + kslot * TILE);
+            wgmma_wait0();
+            fence_regs(sc);
+            softmax(n_kt - 1 - jp, std::false_type{});
+            rescale_o();
+            pack_p();
+        };
+        auto barrier_redo = [&](int32_t jp, uint32_t kslot) {
+            if (__shfl_sync(0xffffffffu, __syncthreads_or(ovf), 0)) redo(jp, kslot);
+        };
+        auto round = [&](int32_t j, auto mask_c, auto first_c, auto fast_c) {
+            cp_async_wait<0>(); /* this thread's copies of tile j (and Q) have landed */
+            fence_proxy_async();
+            if constexpr (decltype(fast_c)::value) barrier_redo(j - 1, prev);
+            else __syncthreads();
+            const uint32_t nslot = slot == STAGES - 1 ? 0 : slot + 1;
+            const bool more = j + 1 < n_kt; /* else: the next tile's first K/V tile */
+            issue(s_t[more ? par : par ^ 1], more ? j + 1 : 0, nslot);
+            fence_regs(sc);
+            fence_regs(o);
+            fence_regs_u(pa);
+            wgmma_fence();
+            issue_s(sK + slot * TILE);
+            if constexpr (!decltype(first_c)::value) {
+                issue_pv(sV + prev * TILE);
+                wgmma_wait1();
+            } else {
+                wgmma_wait0();
+            }
+            fence_regs(sc);
+            if constexpr (decltype(fast_c)::value) softmax_fast();
+            else softmax(n_kt - 1 - j, mask_c);
+            pin_after(s_pin, lrow[0], lrow[1]);
+            wgmma_wait0();
+            fence_regs(o);
+            fence_regs_u(pa);
+            if constexpr (!decltype(fast_c)::value) rescale_o();
+            pack_p();
+            prev = slot;
+            slot = nslot;
+        };
+        using yes = std::true_type;
+        using no = std::false_type;
+        round(0, yes{}, yes{}, no{});
+        int32_t j = 1;
+        for (; j < n_mask; j++) round(j, yes{}, no{}, no{});
+        if (g.fastmax) {
+            for (; j < n_kt; j++) round(j, no{}, no{}, yes{});
+            barrier_redo(n_kt - 1, prev);
+        } else {
+            for (; j < n_kt; j++) round(j, no{}, no{}, no{});
+        }
+        /* the last tile's O += P V; under it, this warpgroup's Q rows of the next tile (the last S is done) */
+        fence_regs(o);
+        fence_regs_u(pa);
+        wgmma_fence();
+        issue_pv(sV + prev * TILE);
+        load_q(s_t[par ^ 1], wg);
+        cp_async_commit();
+        wgmma_wait0();
+        fence_regs(o);
+        /* stage O through the K slot after the one the next tile's first copies went to: its last reader was the
+         * S product of this tile's second-to-last round, done by both warpgroups before the last round's barrier;
+         * the next copy into it goes out after the next round's barrier */
+        const uint32_t stage = sK + (slot == STAGES - 1 ? 0 : slot + 1) * TILE;
+        store_o_hu<HD>(o, lrow, stage, warp, lane, s_t[par].q0 + s_t[par].t0, s_t[par].t1 - s_t[par].t0, a, g,
+                       s_t[par].hu);
+        if (tid == 0) s_claim = (int32_t)gridDim.x + pending;
+        if (s_t[par ^ 1].s < 0) break;
+        par ^= 1;
+    }
+    cp_async_wait<0>();
+}
+
 /* ---- launchers ------------------------------------------------------------------------------------ */
 
 cudaError_t launch_v1(const tm_cuda_attn_args *a, cudaStream_t stream) {
@@ -1332,13 +1715,47 @@ cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+/* v5p: one CTA an SM (at most the tiles v5 would launch), the tile counter zeroed in a->work first. Taken when
+ * TM_CUDA_PREFILL_PERSIST=1, or when it is unset and there are at least V5P_MIN_TILES_PER_SM tiles an SM: the CTA
+ * start that v5p hides is paid once a tile, so it only adds up with many tiles an SM (TM_CUDA_PREFILL_PERSIST=0:
+ * always v5). Needs a work buffer for the counter; without one, v5. */
+constexpr int V5P_MIN_TILES_PER_SM = 8;
+
+template <bool ROWS>
+cudaError_t launch_v5p_or_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
+    constexpr int HD = 128, BN = 128, BM = 128, STAGES = 3;
+    const bool can = a->work && a->work_bytes >= sizeof(int32_t) && tm_aligned16(a->work);
+    if (!can || tm_env_is_0("TM_CUDA_PREFILL_PERSIST")) return launch_v5<HD, BN, ROWS>(a, stream);
+    prefill_geom g;
+    const int64_t n_ids = prefill_grid(a, BM, &g);
+    if (n_ids > INT32_MAX) return cudaErrorInvalidValue;
+    if (n_ids == 0) return cudaSuccess;
+    int dev = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    if (!tm_env_is_1("TM_CUDA_PREFILL_PERSIST") && n_ids < (int64_t)V5P_MIN_TILES_PER_SM * sms)
+        return launch_v5<HD, BN, ROWS>(a, stream);
+    const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024;
+    constexpr int KV_ROWS = BN / (128 / (HD / 8));
+    g.rowg = a->block_size >= KV_ROWS && !tm_env_is_0("TM_CUDA_V5_ROWG");
+    g.idpre = g.rowg && !tm_env_is_0("TM_CUDA_V5_IDPRE");
+    g.fastmax = !tm_env_is_0("TM_CUDA_V5_FASTMAX");
+    auto kern = attn_prefill_kernel_v5p<HD, BN, STAGES, ROWS>;
+    if ((e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess) return e;
+    if ((e = cudaMemsetAsync(a->work, 0, sizeof(int32_t), stream)) != cudaSuccess) return e;
+    const int64_t grid = n_ids < sms ? n_ids : sms;
+    kern<<<(unsigned)grid, 256, smem, stream>>>(*a, g, (int32_t)n_ids, (int32_t *)a->work);
+    return cudaGetLastError();
+}
+
 } /* namespace */
 
 extern "C" size_t tm_cuda_attn_prefill_work_bytes(int32_t n_tokens, int32_t n_heads, int32_t head_dim) {
     (void)n_tokens;
     (void)n_heads;
     (void)head_dim;
-    return 0;
+    return 256; /* v5p's tile counter */
 }
 
 extern "C" cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStream_t stream) {
@@ -1359,12 +1776,12 @@ extern "C" cudaError_t tm_cuda_attn_prefill(const tm_cuda_attn_args *a, cudaStre
          * (TM_CUDA_KV_ROWS=0: the cache) */
         if (a->k_rows && a->v_rows && tm_aligned16(a->k_rows) && tm_aligned16(a->v_rows) && a->kv_row_stride % 8 == 0 &&
             a->kv_row_stride >= a->n_kv_heads * a->head_dim && !tm_env_is_0("TM_CUDA_KV_ROWS"))
-            return hd128 ? launch_v5<128, 128, true>(a, stream) : launch_v5<64, 64, true>(a, stream);
+            return hd128 ? launch_v5p_or_v5<true>(a, stream) : launch_v5<64, 64, true>(a, stream);
         if (a->kv_fp8) return hd128 ? launch_v3<128>(a, stream) : launch_v3<64>(a, stream); /* fp8: v3 only */
         if (ver == 5) { /* key tile: TM_CUDA_ATTN_PREFILL_BN=64/128, else 128 for head_dim 128, 64 for 64 */
             const char *bn = getenv("TM_CUDA_ATTN_PREFILL_BN");
             const bool big = bn && strcmp(bn, "128") == 0 ? true : bn && strcmp(bn, "64") == 0 ? false : hd128;
-            if (hd128) return big ? launch_v5<128, 128>(a, stream) : launch_v5<128, 64>(a, stream);
+            if (hd128) return big ? launch_v5p_or_v5<false>(a, stream) : launch_v5<128, 64>(a, stream);
             return big ? launch_v5<64, 128>(a, stream) : launch_v5<64, 64>(a, stream);
         }
         if (ver == 3) return hd128 ? launch_v3<128>(a, stream) : launch_v3<64>(a, stream);
