@@ -505,6 +505,21 @@ int main(void) {
     for (int s = 0; s < 64; s++) mixed->seqs[s] = (tb_seq)S1(1, 2048);
     mixed->seqs[64] = (tb_seq)S1(1024, 1024);
 
+    const char *prof = getenv("TB_PREFILL_PROFILE"); /* a sweep shape by name, run 3 times unchecked (for ncu) */
+    for (size_t c = 0; prof && c < sizeof sweep_shapes / sizeof sweep_shapes[0]; c++) {
+        if (strcmp(prof, sweep_shapes[c].name) != 0) continue;
+        tb_prob p;
+        prob_make(&p, &sweep_shapes[c]);
+        set_version(V_DEFAULT);
+        for (int i = 0; i < 3; i++) fn_run(&p);
+        TB_CHECK(cudaDeviceSynchronize());
+        prob_free(&p);
+        return 0;
+    }
+    if (prof) {
+        fprintf(stderr, "tb_attn_prefill: no sweep shape named %s\n", prof);
+        return 1;
+    }
     if (getenv("TB_PREFILL_SWEEP")) { /* v5p bit for bit against v5, then both timed twice over the batch */
         persist_bitwise();
         g_rows = true;
