@@ -7,7 +7,8 @@ launches its step, and a launch may block until the device has room), the one la
 and 'w' (they wait for it and collect it). Steps are classed decode (no prompt tokens), prefill (only prompt
 tokens) or mixed; calls with nothing to charge ('-') are counted as idle.
 
-usage: step_trace.py TRACE [--json | --row]   (--row: one line, decode-only steps | steps with prompt tokens)"""
+usage: step_trace.py TRACE [--json | --row | --row-file F]   (--row: one line, decode-only steps | steps with prompt
+tokens; --row-file F: that line written to F, then the summary printed, so a caller reads the trace once)"""
 import json
 import sys
 
@@ -85,6 +86,12 @@ def main():
     if "--row" in sys.argv:
         print(row(r))
         return
+    if "--row-file" in sys.argv:
+        i = sys.argv.index("--row-file")
+        if i + 1 >= len(sys.argv):
+            sys.exit("step_trace.py: --row-file needs a file name")
+        with open(sys.argv[i + 1], "w") as fh:
+            fh.write(row(r) + "\n")
     print(f"wall {r['wall_s']:.3f} s in {sum(r['calls'].values())} calls {r['calls']}; idle {r['idle_s']:.3f} s")
     for k, v in sorted(r["classes"].items()):
         print(f"  {k:8s} {v['steps']:6d} steps {v['s']:8.3f} s {v['tokens']:9d} tokens {v['ms_per_step']:8.3f} ms/step")

@@ -50,11 +50,12 @@ tp_run() {
     --max-seqs 256 -b 8192 "$@" --json --step-trace "$OUT/$f.trace" >"$OUT/$f.json" 2>"$OUT/$f.err"
   kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
   cat "$OUT/$f.json"; tail -n 3 "$OUT/$f.err"
-  python3 bench/step_trace.py "$OUT/$f.trace" 2>&1 | head -n 4
+  rm -f "$OUT/$f.row"
+  python3 bench/step_trace.py "$OUT/$f.trace" --row-file "$OUT/$f.row" 2>&1 | head -n 4
   row "$label" "$(python3 -c "import json; j=json.load(open('$OUT/$f.json')); print(f\"{j['output_tok_s']:.0f} out tok/s, {j['requests_per_s']:.2f} req/s\")" 2>/dev/null || echo "no result")"
   row "  $f: power, SM clock" "$(python3 bench/smi_summary.py "$OUT/$f.smi" 2>/dev/null || echo "no samples")"
   # where the run's time went (bench/step_trace.py): decode-only steps and steps with prompt tokens
-  row "  $f: decode | with prompt tokens" "$(python3 bench/step_trace.py "$OUT/$f.trace" --row 2>/dev/null || echo "no trace")"
+  row "  $f: decode | with prompt tokens" "$(cat "$OUT/$f.row" 2>/dev/null || echo "no trace")"
 }
 # a `bench latency --json` file -> "tg X tok/s = Y% of floor Z; pp128 W tok/s" (floor: weight bytes at the copy ceiling)
 lat_summary() {

@@ -3,6 +3,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -252,6 +253,12 @@ def test_bench_throughput_step_trace(tmp_path):
     d = s["classes"].get("decode", {"steps": 0})
     line = st.row(s)
     assert line.startswith(f'{d["steps"]} steps ') and f'| {j["steps"] - d["steps"]} steps ' in line
+    # --row-file: that line written to a file, the summary printed, from one read of the trace
+    rf = tmp_path / "row.txt"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "step_trace.py"), str(trace), "--row-file", str(rf)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert rf.read_text() == line + "\n" and r.stdout.startswith("wall ")
     # pipelined kinds: 'l' is charged to the step it launches, 'c' and 'w' to the step launched before them
     s = st.summarize(["0.1 0.1 l 4 4 0 4 0", "0.3 0.2 c 4 4 0 4 0", "0.6 0.3 w 0 0 0 4 0", "1.0 0.4 s 2 9 8 2 0",
                       "1.1 0.1 - 0 0 0 0 0"])
