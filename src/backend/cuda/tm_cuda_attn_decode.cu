@@ -831,7 +831,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                 const float alpha = rescale ? fast_exp2(m_run - m_use) : 1.0f;
                 const float p0 = fast_exp2(x0 - m_use), p1 = fast_exp2(x1 - m_use);
                 const float p2 = fast_exp2(x2 - m_use), p3 = fast_exp2(x3 - m_use);
-                l_run = (rescale ? l_run * alpha : l_run) + ((p0 + p1) + (p2 + p3));
+                l_run = l_run * alpha + ((p0 + p1) + (p2 + p3)); /* alpha is exactly 1 without a rescale */
                 m_run = m_new;
                 /* P as the A operand (k = the slice's 16 tokens): a0 = tokens 2 t4 (+1), a2 = 8 + 2 t4 (+1) */
                 const uint32_t pa0 = FP8 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
