@@ -1,7 +1,9 @@
-/* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, v3, default v5) against a double reference, and timings. */
-/* TB_PREFILL_ONLY=5: only v5 (its checks and timings, with each switch, and over the step's keys as token rows: fresh
- * sequences, bf16 and fp8 caches) and stop. TB_PREFILL_QUICK=1: v5's checks, the spike checks and two timings only
- * (an A/B of builds in one device call). */
+/* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, v3, default v5 / v5p) against a double reference, and timings. */
+/* TB_PREFILL_ONLY=5: only v5 and v5p (their checks and timings, with each switch, and over the step's keys as token
+ * rows: fresh sequences, bf16 and fp8 caches) and stop. TB_PREFILL_QUICK=1: v5's and v5p's checks, the spike checks
+ * and a few timings only (an A/B of builds in one device call). TB_PREFILL_SWEEP=1: v5p bit for bit against v5, then
+ * v5, v5p and the launcher's choice timed twice over the batch. TB_PREFILL_PROFILE=<sweep shape>: that shape three
+ * times, unchecked (for ncu). */
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "tb_common.h"
 #include "core/tm_fp8.h"
