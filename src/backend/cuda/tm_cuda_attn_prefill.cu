@@ -894,6 +894,119 @@ __device__ __forceinline__ void wgmma_64x128_ss(float (&d)[64], uint64_t da, uin
 
 /* ---- v5: v3 with intra-warpgroup overlap, 128-key tiles, offset warpgroups (the default) ------------------ */
 
+/* ---- the pieces of a v5 round that v5 and v5p share: a warpgroup's 64 rows, S (sc), P (pa) and O (o) in the
+ * wgmma register layouts; every thread holds two rows (h = 0, 1: lane / 4 and lane / 4 + 8 of its warp's 16) ---- */
+
+/* S = Q K^T for this warpgroup's rows, issued (dq0: the Q rows' descriptor; kS: the K tile in shared memory); the
+ * descriptors' start address is the low field (address >> 4; shared memory < 256 KB), so the k-steps' descriptors
+ * are the tile's plus a constant */
+template <int HD, int BN, int BM>
+__device__ __forceinline__ void v5_issue_s(float (&sc)[BN / 2], uint64_t dq0, uint32_t kS) {
+    const uint64_t dk0 = gmma_desc(kS, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint64_t dq = dq0 + (uint64_t)(((kk >> 2) * (BM * 128) + (kk & 3) * 32) >> 4);
+        const uint64_t dk = dk0 + (uint64_t)(((kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4);
+        if constexpr (BN == 128) wgmma_64x128_ss(sc, dq, dk, kk > 0);
+        else wgmma_64x64_ss_acc(sc, dq, dk, kk > 0);
+    }
+    wgmma_commit();
+}
+
+/* O += P V, issued (vS: the V tile in shared memory, read N-major) */
+template <int HD, int BN>
+__device__ __forceinline__ void v5_issue_pv(float (&o)[HD / 2], const uint32_t (&pa)[BN / 16][4], uint32_t vS) {
+    const uint64_t dv0 = gmma_desc(vS, BN * 128, 1024);
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) {
+        const uint64_t dv = dv0 + (uint64_t)((ks * 16 * 128) >> 4);
+        if constexpr (HD == 128) wgmma_64x128_rs(o, pa[ks], dv);
+        else wgmma_64x64_rs(o, pa[ks], dv);
+    }
+    wgmma_commit();
+}
+
+/* the lazy-max softmax of a round: MASK (tiles crossing a diagonal or kv_end) masks keys past each row's lim,
+ * then new row max, alpha, P = exp2 in place, row sums (kt: the key tile, lane: this thread's lane) */
+template <int BN, bool MASK>
+__device__ __forceinline__ void v5_softmax(float (&sc)[BN / 2], float (&mrow)[2], float (&lrow)[2], float (&alpha)[2],
+                                           const int32_t (&lim)[2], int32_t kt, int lane, float sl2, float lazy) {
+    if constexpr (MASK) {
+        const int32_t kb = kt * BN + (lane & 3) * 2;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int32_t key = kb + n * 8 + e;
+                if (key > lim[0]) sc[4 * n + e] = -INFINITY;
+                if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        /* the running max moves only when it grows by more than `lazy` (log2 units): P may then reach 2^lazy,
+         * O and l share the stale max, so O / l is unchanged, and most rounds skip the O rescale */
+        const float mc = fmaxf(mrow[h], mx * sl2);
+        const bool upd = mc > mrow[h] + lazy; /* -inf + lazy = -inf: the first visible key always moves it */
+        const float mn = upd ? mc : mrow[h];
+        const float mu = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: p = 0, alpha = 0 */
+        /* ex2(0) = 1 exactly; a select on the argument, not on ex2: `upd ? ex2(..) : 1` compiles to a
+         * divergent branch around the ex2, and ptxas then waits for the P V product before the softmax */
+        alpha[h] = ex2(upd ? mrow[h] - mu : 0.0f);
+        mrow[h] = mn;
+        const float sum = exp_row(sc, h, sl2, mu);
+        lrow[h] = lrow[h] * alpha[h] + sum;
+    }
+}
+
+/* a fastmax round's softmax (prefill_geom.fastmax): P = 2^(x - m) against the row's stored m, no row max; l before
+ * the round kept in lsave (for a redo), ovf set where a partial row sum reaches 2^40 (or is inf / NaN) */
+template <int BN>
+__device__ __forceinline__ void v5_softmax_fast(float (&sc)[BN / 2], float (&mrow)[2], float (&lrow)[2],
+                                                float (&lsave)[2], int &ovf, float sl2) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float mu = mrow[h] == -INFINITY ? 0.0f : mrow[h];
+        mrow[h] = mu;
+        const float sum = exp_row(sc, h, sl2, mu);
+        lsave[h] = lrow[h];
+        lrow[h] += sum;
+        ovf |= !(sum < 0x1p40f);
+    }
+}
+
+/* P (bf16, the A operand of O += P V) from the exponentiated S */
+template <int BN>
+__device__ __forceinline__ void v5_pack_p(uint32_t (&pa)[BN / 16][4], const float (&sc)[BN / 2]) {
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) {
+        pa[ks][0] = pack_bf16(sc[8 * ks + 0], sc[8 * ks + 1]);
+        pa[ks][1] = pack_bf16(sc[8 * ks + 2], sc[8 * ks + 3]);
+        pa[ks][2] = pack_bf16(sc[8 * ks + 4], sc[8 * ks + 5]);
+        pa[ks][3] = pack_bf16(sc[8 * ks + 6], sc[8 * ks + 7]);
+    }
+}
+
+/* O *= alpha only where some row of the warp has a new maximum (alpha is exactly 1 elsewhere: ex2(0)) */
+template <int HD>
+__device__ __forceinline__ void v5_rescale_o(float (&o)[HD / 2], const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            o[4 * d + 0] *= alpha[0];
+            o[4 * d + 1] *= alpha[0];
+            o[4 * d + 2] *= alpha[1];
+            o[4 * d + 3] *= alpha[1];
+        }
+    }
+}
+
 /* v3's CTA (2 warpgroups x 64 rows, 256 threads, one barrier a round), with FlashAttention-3's intra-warpgroup
  * overlap: in round j a warpgroup issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to back, takes S_j back with
  * wgmma.wait_group 1 while the P V product still runs, does the softmax of S_j (mask, row max, exp2, row sums)
@@ -1071,87 +1184,15 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
     uint32_t pa[BN / 16][4];
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
 
-    /* descriptors: the start address is the low field (address >> 4, 14 bits; shared memory < 256 KB), so the
-     * k-steps' descriptors are the tile's plus a constant */
+    /* the round's pieces (shared with v5p, above the kernel) */
     const uint64_t dq0 = gmma_desc(qrows, 16, 1024);
-    auto issue_s = [&](uint32_t kS) {
-        const uint64_t dk0 = gmma_desc(kS, 16, 1024);
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            const uint64_t dq = dq0 + (uint64_t)(((kk >> 2) * (BM * 128) + (kk & 3) * 32) >> 4);
-            const uint64_t dk = dk0 + (uint64_t)(((kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4);
-            if constexpr (BN == 128) wgmma_64x128_ss(sc, dq, dk, kk > 0);
-            else wgmma_64x64_ss_acc(sc, dq, dk, kk > 0);
-        }
-        wgmma_commit();
-    };
-    auto issue_pv = [&](uint32_t vS) {
-        const uint64_t dv0 = gmma_desc(vS, BN * 128, 1024);
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) {
-            const uint64_t dv = dv0 + (uint64_t)((ks * 16 * 128) >> 4);
-            if constexpr (HD == 128) wgmma_64x128_rs(o, pa[ks], dv);
-            else wgmma_64x64_rs(o, pa[ks], dv);
-        }
-        wgmma_commit();
-    };
-    /* mask (MASK: tiles crossing a diagonal or kv_end), new row max, alpha, P = exp2 in place, row sums */
+    auto issue_s = [&](uint32_t kS) { v5_issue_s<HD, BN, BM>(sc, dq0, kS); };
+    auto issue_pv = [&](uint32_t vS) { v5_issue_pv<HD, BN>(o, pa, vS); };
     auto softmax = [&](int32_t kt, auto mask_c) {
-        if constexpr (decltype(mask_c)::value) {
-            const int32_t kb = kt * BN + (lane & 3) * 2;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int32_t key = kb + n * 8 + e;
-                    if (key > lim[0]) sc[4 * n + e] = -INFINITY;
-                    if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
-                }
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            /* the running max moves only when it grows by more than g.lazy (log2 units): P may then reach 2^lazy,
-             * O and l share the stale max, so O / l is unchanged, and most rounds skip the O rescale below */
-            const float mc = fmaxf(mrow[h], mx * sl2);
-            const bool upd = mc > mrow[h] + g.lazy; /* -inf + lazy = -inf: the first visible key always moves it */
-            const float mn = upd ? mc : mrow[h];
-            const float mu = mn == -INFINITY ? 0.0f : mn; /* nothing visible yet: p = 0, alpha = 0 */
-            /* ex2(0) = 1 exactly; a select on the argument, not on ex2: `upd ? ex2(..) : 1` compiles to a
-             * divergent branch around the ex2, and ptxas then waits for the P V product before the softmax */
-            alpha[h] = ex2(upd ? mrow[h] - mu : 0.0f);
-            mrow[h] = mn;
-            const float sum = exp_row(sc, h, sl2, mu);
-            lrow[h] = lrow[h] * alpha[h] + sum;
-        }
+        v5_softmax<BN, decltype(mask_c)::value>(sc, mrow, lrow, alpha, lim, kt, lane, sl2, g.lazy);
     };
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) {
-            pa[ks][0] = pack_bf16(sc[8 * ks + 0], sc[8 * ks + 1]);
-            pa[ks][1] = pack_bf16(sc[8 * ks + 2], sc[8 * ks + 3]);
-            pa[ks][2] = pack_bf16(sc[8 * ks + 4], sc[8 * ks + 5]);
-            pa[ks][3] = pack_bf16(sc[8 * ks + 6], sc[8 * ks + 7]);
-        }
-    };
-
-    /* O *= alpha only where some row of the warp has a new maximum (alpha is exactly 1 elsewhere: ex2(0)) */
-    auto rescale_o = [&]() {
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-            for (int d = 0; d < HD / 8; d++) {
-                o[4 * d + 0] *= alpha[0];
-                o[4 * d + 1] *= alpha[0];
-                o[4 * d + 2] *= alpha[1];
-                o[4 * d + 3] *= alpha[1];
-            }
-        }
-    };
+    auto pack_p = [&]() { v5_pack_p<BN>(pa, sc); };
+    auto rescale_o = [&]() { v5_rescale_o<HD>(o, alpha); };
 
     /* fastmax rounds (prefill_geom.fastmax; the unmasked tiles): P = 2^(x - m) against the row's stored m, with no
      * row max (no max tree, no shuffles, no rescale of O); the row sum bounds every P, so a thread whose partial sum
@@ -1159,17 +1200,7 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
      * warpgroup redo it exactly (redo). A row with nothing visible yet (m = -inf) takes m = 0. */
     float lsave[2] = {0.0f, 0.0f}; /* l before the last fastmax round's sums */
     int ovf = 0;
-    auto softmax_fast = [&]() {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float mu = mrow[h] == -INFINITY ? 0.0f : mrow[h];
-            mrow[h] = mu;
-            const float sum = exp_row(sc, h, sl2, mu);
-            lsave[h] = lrow[h];
-            lrow[h] += sum;
-            ovf |= !(sum < 0x1p40f);
-        }
-    };
+    auto softmax_fast = [&]() { v5_softmax_fast<BN>(sc, mrow, lrow, lsave, ovf, sl2); };
     /* round jp (a fastmax one) again, exactly: l as before it, S_jp once more (its K is still in the ring: the copy
      * issued in round jp + 1 refills tile jp - 1's slot, tile jp's is refilled a round later), the lazy-max softmax, O
      * rescaled, P_jp packed. Called at the top of round jp + 1 (or after the last), with no product in flight. */
@@ -1426,92 +1457,18 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5p(const tm_cuda_
     int32_t lim[2];
 
     const uint64_t dq0 = gmma_desc(qrows, 16, 1024);
-    auto issue_s = [&](uint32_t kS) {
-        const uint64_t dk0 = gmma_desc(kS, 16, 1024);
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            const uint64_t dq = dq0 + (uint64_t)(((kk >> 2) * (BM * 128) + (kk & 3) * 32) >> 4);
-            const uint64_t dk = dk0 + (uint64_t)(((kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4);
-            wgmma_64x128_ss(sc, dq, dk, kk > 0);
-        }
-        wgmma_commit();
-    };
-    auto issue_pv = [&](uint32_t vS) {
-        const uint64_t dv0 = gmma_desc(vS, BN * 128, 1024);
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) {
-            const uint64_t dv = dv0 + (uint64_t)((ks * 16 * 128) >> 4);
-            wgmma_64x128_rs(o, pa[ks], dv);
-        }
-        wgmma_commit();
-    };
+    auto issue_s = [&](uint32_t kS) { v5_issue_s<HD, BN, BM>(sc, dq0, kS); };
+    auto issue_pv = [&](uint32_t vS) { v5_issue_pv<HD, BN>(o, pa, vS); };
     auto softmax = [&](int32_t kt, auto mask_c) {
-        if constexpr (decltype(mask_c)::value) {
-            const int32_t kb = kt * BN + (lane & 3) * 2;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int32_t key = kb + n * 8 + e;
-                    if (key > lim[0]) sc[4 * n + e] = -INFINITY;
-                    if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
-                }
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mc = fmaxf(mrow[h], mx * sl2);
-            const bool upd = mc > mrow[h] + g.lazy;
-            const float mn = upd ? mc : mrow[h];
-            const float mu = mn == -INFINITY ? 0.0f : mn;
-            alpha[h] = ex2(upd ? mrow[h] - mu : 0.0f);
-            mrow[h] = mn;
-            const float sum = exp_row(sc, h, sl2, mu);
-            lrow[h] = lrow[h] * alpha[h] + sum;
-        }
+        v5_softmax<BN, decltype(mask_c)::value>(sc, mrow, lrow, alpha, lim, kt, lane, sl2, g.lazy);
     };
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) {
-            pa[ks][0] = pack_bf16(sc[8 * ks + 0], sc[8 * ks + 1]);
-            pa[ks][1] = pack_bf16(sc[8 * ks + 2], sc[8 * ks + 3]);
-            pa[ks][2] = pack_bf16(sc[8 * ks + 4], sc[8 * ks + 5]);
-            pa[ks][3] = pack_bf16(sc[8 * ks + 6], sc[8 * ks + 7]);
-        }
-    };
-
-    /* O *= alpha only where some row of the warp has a new maximum (as v5's rescale_o) */
-    auto rescale_o = [&]() {
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-            for (int d = 0; d < HD / 8; d++) {
-                o[4 * d + 0] *= alpha[0];
-                o[4 * d + 1] *= alpha[0];
-                o[4 * d + 2] *= alpha[1];
-                o[4 * d + 3] *= alpha[1];
-            }
-        }
-    };
+    auto pack_p = [&]() { v5_pack_p<BN>(pa, sc); };
+    auto rescale_o = [&]() { v5_rescale_o<HD>(o, alpha); };
     /* fastmax rounds, the check and the redo: as in v5 (the redo's S from the K slot of round jp, `prev` at the top
      * of round jp + 1 or after the last round) */
     float lsave[2] = {0.0f, 0.0f};
     int ovf = 0;
-    auto softmax_fast = [&]() {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float mu = mrow[h] == -INFINITY ? 0.0f : mrow[h];
-            mrow[h] = mu;
-            const float sum = exp_row(sc, h, sl2, mu);
-            lsave[h] = lrow[h];
-            lrow[h] += sum;
-            ovf |= !(sum < 0x1p40f);
-        }
-    };
+    auto softmax_fast = [&]() { v5_softmax_fast<BN>(sc, mrow, lrow, lsave, ovf, sl2); };
 
     uint32_t slot = 0; /* ring slot of the round in hand: the rounds of all tiles are one sequence */
     int par = 0;       /* s_t[par]: the tile in hand */
