@@ -604,6 +604,22 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint3
 
 /* byte offset of 16-byte chunk `chunk` of row `row` in a (ROWS, HD) bf16 tile in wgmma's 128-byte-swizzle layout:
  * 64-column blocks of ROWS x 128 B one after the other, chunks XOR row & 7 inside a block (block bases 1 KB aligned) */
+/* the causal mask of a wgmma S tile (v3, v5, v5p): key tile kt; this thread's two rows see keys up to lim[0],
+ * lim[1]; its S elements of n-tile n are keys kt * BN + 8 n + 2 (lane % 4) (+1) */
+template <int BN>
+__device__ __forceinline__ void mask_keys(float (&sc)[BN / 2], const int32_t (&lim)[2], int32_t kt, int lane) {
+    const int32_t kb = kt * BN + (lane & 3) * 2;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int32_t key = kb + n * 8 + e;
+            if (key > lim[0]) sc[4 * n + e] = -INFINITY;
+            if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
+        }
+    }
+}
+
 template <int ROWS> __device__ __forceinline__ uint32_t sw128(int row, int chunk) {
     return (uint32_t)((chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
@@ -799,18 +815,7 @@ __global__ void __launch_bounds__(256, MINB) attn_prefill_kernel_v3(const tm_cud
         wgmma_wait0();
         fence_regs(sc);
 
-        if (kt >= n_full) {
-            const int32_t kb = kt * BN + (lane & 3) * 2;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int32_t key = kb + n * 8 + e;
-                    if (key > lim[0]) sc[4 * n + e] = -INFINITY;
-                    if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
-                }
-            }
-        }
+        if (kt >= n_full) mask_keys<BN>(sc, lim, kt, lane);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float mx = -INFINITY;
@@ -931,18 +936,7 @@ __device__ __forceinline__ void v5_issue_pv(float (&o)[HD / 2], const uint32_t (
 template <int BN, bool MASK>
 __device__ __forceinline__ void v5_softmax(float (&sc)[BN / 2], float (&mrow)[2], float (&lrow)[2], float (&alpha)[2],
                                            const int32_t (&lim)[2], int32_t kt, int lane, float sl2, float lazy) {
-    if constexpr (MASK) {
-        const int32_t kb = kt * BN + (lane & 3) * 2;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int32_t key = kb + n * 8 + e;
-                if (key > lim[0]) sc[4 * n + e] = -INFINITY;
-                if (key > lim[1]) sc[4 * n + 2 + e] = -INFINITY;
-            }
-        }
-    }
+    if constexpr (MASK) mask_keys<BN>(sc, lim, kt, lane);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float mx = -INFINITY;
