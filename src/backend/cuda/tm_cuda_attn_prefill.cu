@@ -1377,7 +1377,7 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5p(const tm_cuda_
     };
 
     /* warpgroup 1 makes every K/V copy, as in v5. The copy paths repeat v5's on purpose: taken into one device
-     * function for both kernels they left v5's SASS as it was but made v5p's 5-7% longer and v5p 2% slower
+     * function for both kernels they left v5's SASS as it was but made v5p's 5-8% longer and v5p 2% slower
      * (twentieth session, same call) */
     const int ltid = tid - NT / 2;
     const int cchunk = ltid % CPR, crow = ltid / CPR;
