@@ -68,6 +68,11 @@
  *   copied with one block id a pass and one wide multiply-add an address, no zero-fill operand. ~230 instead of
  *   ~340 instructions a warp a stage, 116 registers; 512 x 1024..2047 under a sustained load 376-380 -> 370-371 us,
  *   +1.2% out tok/s (docs/PERFORMANCE.md).
+ *   Twentieth session, the bf16 cache the same way (ST: W8 or bf16; only the padded fp8 ring keeps S = Q K^T): K
+ *   rows by ldmatrix.x4 in the A operand's order, the threshold vote, P transposed back by movmatrix as the A
+ *   operand of O += P V, whose rows 8..15 (zero, P's zero rows) are carried from product to product instead of
+ *   zeroed every stage, and the whole-stage copies: 126 instead of 138 registers at head_dim 128, 1B 64 x 4096
+ *   150.5-151.8 -> 148.4-148.8 us (the description of S = Q K^T above is what the padded fp8 ring still does).
  *
  * Splits (v2, v3): the launcher picks n_splits (grid.x) from the number of (sequence, kv head, chunk) CTAs and
  * the GPU's resident CTA slots: when the CTAs fill the slots, the count whose last wave is fullest (1 when the
@@ -205,21 +210,12 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t 
                  : "memory");
 }
 
-/* D = A B + C for m16n8k16 (bf16 in, f32 accumulate) where rows 8..15 of A are zero and rows 8..15 of C/D are
- * not kept: a0 = A[g][2t..2t+1], a2 = A[g][2t+8..2t+9]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g];
- * c0 = C[g][2t], c1 = C[g][2t+1]   (g = lane / 4, t = lane % 4) */
-__device__ __forceinline__ void mma_rows8(float &c0, float &c1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-    float j0 = 0.0f, j1 = 0.0f; /* rows 8..15: zero in, discarded out */
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c0), "+f"(c1), "+f"(j0), "+f"(j1)
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-
-/* mma_rows8 with f16 operands (the fp8 cache's path) */
+/* D = A B + C for m16n8k16 (f16 in, f32 accumulate; the padded fp8 ring's S = Q K^T) where rows 8..15 of A are
+ * zero and rows 8..15 of C/D are not kept: a0 = A[g][2t..2t+1], a2 = A[g][2t+8..2t+9]; b0 = B[2t..2t+1][g],
+ * b1 = B[2t+8..2t+9][g]; c0 = C[g][2t], c1 = C[g][2t+1]   (g = lane / 4, t = lane % 4) */
 __device__ __forceinline__ void mma_rows8_f16(float &c0, float &c1, uint32_t a0, uint32_t a2, uint32_t b0,
                                               uint32_t b1) {
-    float j0 = 0.0f, j1 = 0.0f;
+    float j0 = 0.0f, j1 = 0.0f; /* rows 8..15: zero in, discarded out */
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c0), "+f"(c1), "+f"(j0), "+f"(j1)
@@ -557,7 +553,6 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     const float sl = p.scale_log2;
     const uint32_t ring_s = smem_u32(smem);
     /* per-lane ldmatrix offsets (bytes) inside a warp's 16-token slice */
-    const uint32_t k_off = (uint32_t)((((lane & 7) + (lane >> 4) * 8) * C::RS + ((lane >> 3) & 1) * 8) * 2);
     const uint32_t v_off = (uint32_t)((((lane & 7) + ((lane >> 3) & 1) * 8) * C::RS + (lane >> 4) * 8) * 2);
     /* the ring in bytes: a shared row (ROWB), a K (or V) stage (STAGEB); copies of 16 bytes = CHE elements of ES
      * bytes, TPRx threads per row of CHx chunks, RPPx rows per pass, PASSESx passes per stage */
@@ -783,73 +778,56 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                     } else {
                         pv16(sv, movm_t(pack_bf16x2(p0, p1)), movm_t(pack_bf16x2(p2, p3)));
                     }
-                    continue;
-                }
-                /* fp8: this warp's raw K and V rows (16 tokens, RS8 bytes apart) */
-                const unsigned char *k8 = smem + (sk - ring_s), *v8 = smem + (sv - ring_s);
-                /* S = Q K^T: n-tile 0 = tokens 0..7 of the slice, n-tile 1 = tokens 8..15 */
-                float s0[2] = {0.0f, 0.0f}, s1[2] = {0.0f, 0.0f};
-                float s2[2] = {0.0f, 0.0f}, s3[2] = {0.0f, 0.0f}; /* fp8: the odd ks in chains of their own */
+                } else { /* the padded fp8 ring (fp8, head_dim other than 128): S = Q K^T */
+                    /* fp8: this warp's raw K and V rows (16 tokens, RS8 bytes apart) */
+                    const unsigned char *k8 = smem + (sk - ring_s), *v8 = smem + (sv - ring_s);
+                    /* S = Q K^T: n-tile 0 = tokens 0..7 of the slice, n-tile 1 = tokens 8..15 */
+                    float s0[2] = {0.0f, 0.0f}, s1[2] = {0.0f, 0.0f};
+                    float s2[2] = {0.0f, 0.0f}, s3[2] = {0.0f, 0.0f}; /* fp8: the odd ks in chains of their own */
 #pragma unroll
-                for (int ks = 0; ks < HD / 16; ks++) {
-                    if constexpr (FP8) { /* token g (8 + g): the 4 bytes of step ks as (b0, b1), Q permuted alike */
+                    for (int ks = 0; ks < HD / 16; ks++) {
+                        /* token g (8 + g): the 4 bytes of step ks as (b0, b1), Q permuted alike */
                         uint32_t w0, w1;
                         w0 = *(const uint32_t *)(k8 + g * ROWB + ks * 16 + 4 * t4);
                         w1 = *(const uint32_t *)(k8 + (g + 8) * ROWB + ks * 16 + 4 * t4);
                         float *c0 = (ks & 1) ? s2 : s0, *c1 = (ks & 1) ? s3 : s1;
-                        mma_rows8_f16(c0[0], c0[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(w0), tm_fp8x2_hi_to_f16x2(w0));
-                        mma_rows8_f16(c1[0], c1[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(w1), tm_fp8x2_hi_to_f16x2(w1));
-                    } else {
-                        uint32_t b0r, b1r, b2r, b3r;
-                        ldsm_x4(sk + k_off + (uint32_t)(ks * 32), b0r, b1r, b2r, b3r);
-                        mma_rows8(s0[0], s0[1], qa0[ks], qa2[ks], b0r, b1r);
-                        mma_rows8(s1[0], s1[1], qa0[ks], qa2[ks], b2r, b3r);
+                        mma_rows8_f16(c0[0], c0[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(w0),
+                                      tm_fp8x2_hi_to_f16x2(w0));
+                        mma_rows8_f16(c1[0], c1[1], qa0[ks], qa2[ks], tm_fp8x2_lo_to_f16x2(w1),
+                                      tm_fp8x2_hi_to_f16x2(w1));
                     }
-                }
-                if constexpr (FP8) {
                     s0[0] += s2[0];
                     s0[1] += s2[1];
                     s1[0] += s3[0];
                     s1[1] += s3[1];
-                }
-                /* lane holds row g, tokens 2 t4, 2 t4 + 1 (s0) and 8 + 2 t4, 9 + 2 t4 (s1) */
-                const int ta = wt0 + 2 * t4, tbk = ta + 8;
-                const float x0 = ta < c1 ? s0[0] * sl : -INFINITY;
-                const float x1 = ta + 1 < c1 ? s0[1] * sl : -INFINITY;
-                const float x2 = tbk < c1 ? s1[0] * sl : -INFINITY;
-                const float x3 = tbk + 1 < c1 ? s1[1] * sl : -INFINITY;
-                float mx = fmaxf(fmaxf(x0, x1), fmaxf(x2, x3));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-                /* lazy running max (dec_params.lazy): row g keeps its max until a score passes it by more than 2^8, so
-                 * P <= 256 and O and l share the stale max (O / l is the same softmax); a warp none of whose rows
-                 * moved skips the rescale of l and O (alpha = 1) */
-                const bool grow = p.lazy ? mx > m_run + 8.0f : mx > m_run;
-                const float m_new = grow ? mx : m_run;
-                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                const bool rescale = __any_sync(FULL, grow);
-                const float alpha = rescale ? fast_exp2(m_run - m_use) : 1.0f;
-                const float p0 = fast_exp2(x0 - m_use), p1 = fast_exp2(x1 - m_use);
-                const float p2 = fast_exp2(x2 - m_use), p3 = fast_exp2(x3 - m_use);
-                l_run = l_run * alpha + ((p0 + p1) + (p2 + p3)); /* alpha is exactly 1 without a rescale */
-                m_run = m_new;
-                /* P as the A operand (k = the slice's 16 tokens): a0 = tokens 2 t4 (+1), a2 = 8 + 2 t4 (+1) */
-                const uint32_t pa0 = FP8 ? pack_f16x2(p0, p1) : pack_bf16x2(p0, p1);
-                const uint32_t pa2 = FP8 ? pack_f16x2(p2, p3) : pack_bf16x2(p2, p3);
-                if constexpr (FP8) { /* alpha of heads 2 t4, 2 t4 + 1 from the lanes holding rows 2 t4, 2 t4 + 1 */
+                    /* lane holds row g, tokens 2 t4, 2 t4 + 1 (s0) and 8 + 2 t4, 9 + 2 t4 (s1) */
+                    const int ta = wt0 + 2 * t4, tbk = ta + 8;
+                    const float x0 = ta < c1 ? s0[0] * sl : -INFINITY;
+                    const float x1 = ta + 1 < c1 ? s0[1] * sl : -INFINITY;
+                    const float x2 = tbk < c1 ? s1[0] * sl : -INFINITY;
+                    const float x3 = tbk + 1 < c1 ? s1[1] * sl : -INFINITY;
+                    float mx = fmaxf(fmaxf(x0, x1), fmaxf(x2, x3));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+                    /* lazy running max (dec_params.lazy): row g keeps its max until a score passes it by more than
+                     * 2^8, so P <= 256 and O and l share the stale max (O / l is the same softmax); a warp none of
+                     * whose rows moved skips the rescale of l and O (alpha = 1) */
+                    const bool grow = p.lazy ? mx > m_run + 8.0f : mx > m_run;
+                    const float m_new = grow ? mx : m_run;
+                    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                    const bool rescale = __any_sync(FULL, grow);
+                    const float alpha = rescale ? fast_exp2(m_run - m_use) : 1.0f;
+                    const float p0 = fast_exp2(x0 - m_use), p1 = fast_exp2(x1 - m_use);
+                    const float p2 = fast_exp2(x2 - m_use), p3 = fast_exp2(x3 - m_use);
+                    l_run = l_run * alpha + ((p0 + p1) + (p2 + p3)); /* alpha is exactly 1 without a rescale */
+                    m_run = m_new;
+                    /* P as the A operand (k = the slice's 16 tokens): a0 = tokens 2 t4 (+1), a2 = 8 + 2 t4 (+1) */
+                    const uint32_t pa0 = pack_f16x2(p0, p1), pa2 = pack_f16x2(p2, p3);
+                    /* alpha of heads 2 t4, 2 t4 + 1 from the lanes holding rows 2 t4, 2 t4 + 1 */
                     if (rescale) { /* warp-uniform */
                         rescale_t(__shfl_sync(FULL, alpha, 8 * t4), __shfl_sync(FULL, alpha, 8 * t4 + 4));
                     }
                     pv8(sv, v8, pa0, pa2);
-                } else {
-                    if (rescale) { /* warp-uniform */
-#pragma unroll
-                        for (int j = 0; j < HD / 8; j++) {
-                            acc[j][0] *= alpha;
-                            acc[j][1] *= alpha;
-                        }
-                    }
-                    pv16(sv, pa0, pa2);
                 }
             }
         }
