@@ -602,8 +602,6 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint3
            ((uint64_t)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
 }
 
-/* byte offset of 16-byte chunk `chunk` of row `row` in a (ROWS, HD) bf16 tile in wgmma's 128-byte-swizzle layout:
- * 64-column blocks of ROWS x 128 B one after the other, chunks XOR row & 7 inside a block (block bases 1 KB aligned) */
 /* the causal mask of a wgmma S tile (v3, v5, v5p): key tile kt; this thread's two rows see keys up to lim[0],
  * lim[1]; its S elements of n-tile n are keys kt * BN + 8 n + 2 (lane % 4) (+1) */
 template <int BN>
@@ -620,6 +618,8 @@ __device__ __forceinline__ void mask_keys(float (&sc)[BN / 2], const int32_t (&l
     }
 }
 
+/* byte offset of 16-byte chunk `chunk` of row `row` in a (ROWS, HD) bf16 tile in wgmma's 128-byte-swizzle layout:
+ * 64-column blocks of ROWS x 128 B one after the other, chunks XOR row & 7 inside a block (block bases 1 KB aligned) */
 template <int ROWS> __device__ __forceinline__ uint32_t sw128(int row, int chunk) {
     return (uint32_t)((chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
@@ -1333,9 +1333,9 @@ __device__ __forceinline__ void v5p_find(const tm_cuda_attn_args &a, const prefi
  * first K/V tile go out in the last round of this one (the ring runs on across tiles), its Q rows right after this
  * tile's last product that reads them, and the output is staged through a K slot of the ring that no copy is using.
  * Rounds, softmax and products as v5 (head_dim 128, 128-key tiles, 3 stages), with v5's later changes (ported in the
- * nineteenth session, measured in the twentieth): fastmax rounds and their redo (the K slot of the redone round is `prev` at the top
- * of the next round and after the last one), the warp-uniform warpgroup index, exp_row and the block id loaded a call
- * ahead (idpre; a tile's first K/V tile takes the per-row path). */
+ * nineteenth session, measured in the twentieth): fastmax rounds and their redo (the K slot of the redone round is
+ * `prev` at the top of the next round and after the last one), the warp-uniform warpgroup index, exp_row and the
+ * block id loaded a call ahead (idpre; a tile's first K/V tile takes the per-row path). */
 template <int HD, int BN, int STAGES, bool ROWS>
 __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5p(const tm_cuda_attn_args a, const prefill_geom g,
                                                                   int32_t n_ids, int32_t *ctr) {
@@ -1649,23 +1649,41 @@ cudaError_t launch_v3(const tm_cuda_attn_args *a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <int HD, int BN, bool ROWS = false>
-cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
-    constexpr int BM = 128, STAGES = BN == 128 && HD == 128 ? 3 : 4;
-    prefill_geom g;
-    const int64_t grid = prefill_grid(a, BM, &g);
-    if (grid > INT32_MAX) return cudaErrorInvalidValue;
-    if (grid == 0) return cudaSuccess;
-    const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024; /* hd 128, BN 128: 230400 B */
+/* v5's ring depth: 3 stages of 128-key tiles at head_dim 128 (shared memory), else 4 */
+template <int HD, int BN> constexpr int v5_stages() { return BN == 128 && HD == 128 ? 3 : 4; }
+
+/* v5's and v5p's tiling and switches: returns the tile count (v5's grid) with *g filled, and *smem, the dynamic shared
+ * memory a CTA takes */
+template <int HD, int BN>
+int64_t v5_setup(const tm_cuda_attn_args *a, prefill_geom *g, size_t *smem) {
+    constexpr int BM = 128, STAGES = v5_stages<HD, BN>();
+    const int64_t n = prefill_grid(a, BM, g);
+    *smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024; /* hd 128, BN 128: 230400 B */
     constexpr int KV_ROWS = BN / (128 / (HD / 8)); /* rows a copying thread of warpgroup 1 takes in a tile */
-    g.rowg = a->block_size >= KV_ROWS && !tm_env_is_0("TM_CUDA_V5_ROWG");
-    g.idpre = g.rowg && !tm_env_is_0("TM_CUDA_V5_IDPRE");
-    g.fastmax = !tm_env_is_0("TM_CUDA_V5_FASTMAX");
-    auto kern = attn_prefill_kernel_v5<HD, BN, STAGES, ROWS>;
+    g->rowg = a->block_size >= KV_ROWS && !tm_env_is_0("TM_CUDA_V5_ROWG");
+    g->idpre = g->rowg && !tm_env_is_0("TM_CUDA_V5_IDPRE");
+    g->fastmax = !tm_env_is_0("TM_CUDA_V5_FASTMAX");
+    return n;
+}
+
+/* v5 over `grid` tiles (one CTA a tile), set up by v5_setup */
+template <int HD, int BN, bool ROWS>
+cudaError_t run_v5(const tm_cuda_attn_args *a, const prefill_geom &g, int64_t grid, size_t smem, cudaStream_t stream) {
+    auto kern = attn_prefill_kernel_v5<HD, BN, v5_stages<HD, BN>(), ROWS>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     kern<<<(unsigned)grid, 256, smem, stream>>>(*a, g);
     return cudaGetLastError();
+}
+
+template <int HD, int BN, bool ROWS = false>
+cudaError_t launch_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
+    prefill_geom g;
+    size_t smem = 0;
+    const int64_t grid = v5_setup<HD, BN>(a, &g, &smem);
+    if (grid > INT32_MAX) return cudaErrorInvalidValue;
+    if (grid == 0) return cudaSuccess;
+    return run_v5<HD, BN, ROWS>(a, g, grid, smem, stream);
 }
 
 /* v5p: one CTA an SM (at most the tiles v5 would launch), the tile counter zeroed in a->work first. Taken when
@@ -1676,25 +1694,21 @@ constexpr int V5P_MIN_TILES_PER_SM = 8;
 
 template <bool ROWS>
 cudaError_t launch_v5p_or_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
-    constexpr int HD = 128, BN = 128, BM = 128, STAGES = 3;
-    const bool can = a->work && a->work_bytes >= sizeof(int32_t) && tm_aligned16(a->work);
-    if (!can || tm_env_is_0("TM_CUDA_PREFILL_PERSIST")) return launch_v5<HD, BN, ROWS>(a, stream);
+    constexpr int HD = 128, BN = 128;
     prefill_geom g;
-    const int64_t n_ids = prefill_grid(a, BM, &g);
+    size_t smem = 0;
+    const int64_t n_ids = v5_setup<HD, BN>(a, &g, &smem);
     if (n_ids > INT32_MAX) return cudaErrorInvalidValue;
     if (n_ids == 0) return cudaSuccess;
+    const bool can = a->work && a->work_bytes >= sizeof(int32_t) && tm_aligned16(a->work);
+    if (!can || tm_env_is_0("TM_CUDA_PREFILL_PERSIST")) return run_v5<HD, BN, ROWS>(a, g, n_ids, smem, stream);
     int dev = 0, sms = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
     if (!tm_env_is_1("TM_CUDA_PREFILL_PERSIST") && n_ids < (int64_t)V5P_MIN_TILES_PER_SM * sms)
-        return launch_v5<HD, BN, ROWS>(a, stream);
-    const size_t smem = (size_t)(BM + 2 * STAGES * BN) * HD * 2 + 1024;
-    constexpr int KV_ROWS = BN / (128 / (HD / 8));
-    g.rowg = a->block_size >= KV_ROWS && !tm_env_is_0("TM_CUDA_V5_ROWG");
-    g.idpre = g.rowg && !tm_env_is_0("TM_CUDA_V5_IDPRE");
-    g.fastmax = !tm_env_is_0("TM_CUDA_V5_FASTMAX");
-    auto kern = attn_prefill_kernel_v5p<HD, BN, STAGES, ROWS>;
+        return run_v5<HD, BN, ROWS>(a, g, n_ids, smem, stream);
+    auto kern = attn_prefill_kernel_v5p<HD, BN, v5_stages<HD, BN>(), ROWS>;
     if ((e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess) return e;
     if ((e = cudaMemsetAsync(a->work, 0, sizeof(int32_t), stream)) != cudaSuccess) return e;
     const int64_t grid = n_ids < sms ? n_ids : sms;
