@@ -491,7 +491,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     int *tbl = (int *)(smem + (W8 ? C::W8_RING : FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (DEC_TBL, fp8: DEC_TBL8) */
     /* fp8: a lane's K and V bytes are words of WW x 4 bytes (W8: 8-byte loads) */
     constexpr int WW = W8 ? 2 : 1;
-    /* the scores transposed, S^T = K Q^T (W8 and bf16; the padded fp8 ring keeps S = Q K^T): see w8_m */
+    /* the scores transposed, S^T = K Q^T (W8 and bf16; the padded fp8 ring keeps S = Q K^T): see st_m */
     constexpr bool ST = W8 || !FP8;
     const int kvh = yi / p.hchunks, hc = yi % p.hchunks;
     const int h0 = kvh * p.group + hc * DEC_ROWS, rows = min(DEC_ROWS, p.group - hc * DEC_ROWS);
@@ -524,14 +524,15 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
             }
         }
     }
-    float m_run = -INFINITY, l_run = 0.0f; /* row g's running max (log2 domain) and this lane's partial sum */
-    /* W8: S^T = K Q^T (A = the slice's 16 tokens x 16 dims, every row in use; B = Q^T, 8 heads), half the products of
-     * S = Q K^T with its 8 zero rows, and no zero registers for them. A lane holds tokens g, g + 8 of heads 2 t4,
-     * 2 t4 + 1: w8_m is those heads' running max, w8_l the lane's partial sums; P^T reaches the P V product's B
-     * layout by one movmatrix a token half */
-    float w8_m[2] = {-INFINITY, -INFINITY}, w8_l[2] = {0.0f, 0.0f};
+    /* the padded fp8 ring (S = Q K^T): row g's running max (log2 domain) and this lane's partial sum */
+    float m_run = -INFINITY, l_run = 0.0f;
+    /* ST (W8 and bf16): S^T = K Q^T (A = the slice's 16 tokens x 16 dims, every row in use; B = Q^T, 8 heads), half
+     * the products of S = Q K^T with its 8 zero rows, and no zero registers for them. A lane holds tokens g, g + 8 of
+     * heads 2 t4, 2 t4 + 1: st_m is those heads' running max, st_l the lane's partial sums; P^T (W8) or P (bf16)
+     * reaches the P V product's layout by one movmatrix a token half */
+    float st_m[2] = {-INFINITY, -INFINITY}, st_l[2] = {0.0f, 0.0f};
     /* and per head: the max used (0 while nothing is visible), and the raw score past which the max moves */
-    float w8_mu[2] = {0.0f, 0.0f}, w8_th[2] = {-INFINITY, -INFINITY};
+    float st_mu[2] = {0.0f, 0.0f}, st_th[2] = {-INFINITY, -INFINITY};
     /* bf16: O[g][8 j + 2 t4 (+1)]; [2], [3] are the product's rows 8..15, which P's zero rows keep at 0: carried from
      * product to product, so no register is zeroed for them in every stage */
     float acc[FP8 ? 1 : HD / 8][4];
@@ -703,7 +704,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
             if (wt0 < c1) {                                       /* warp-uniform */
                 const uint32_t sk = ring_s + (uint32_t)((st % DEC_NST) * 2 * STAGEB + warp * 16 * ROWB);
                 const uint32_t sv = sk + (uint32_t)STAGEB;
-                if constexpr (ST) { /* S^T = K Q^T: see w8_m */
+                if constexpr (ST) { /* S^T = K Q^T: see st_m */
                     float ce[4] = {0.0f, 0.0f, 0.0f, 0.0f}, co[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* even / odd ks */
                     if constexpr (W8) {
 #pragma unroll
@@ -725,7 +726,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                         }
                     }
                     /* lane: tokens g (s0, s1) and g + 8 (s2, s3) of the slice, heads 2 t4 (s0, s2) and 2 t4 + 1;
-                     * raw scores (w8_th is in their units); only the last stage of a split masks */
+                     * raw scores (st_th is in their units); only the last stage of a split masks */
                     float s0 = ce[0] + co[0], s1 = ce[1] + co[1], s2 = ce[2] + co[2], s3 = ce[3] + co[3];
                     if (wt0 + 16 > c1) { /* warp-uniform */
                         const bool va = wt0 + g < c1, vb = wt0 + g + 8 < c1;
@@ -736,7 +737,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                     }
                     /* a head's max is taken (over the 8 lanes holding its tokens) only when some score passes what
                      * the lazy max allows: every lane then moves the same heads by the same amount */
-                    if (__any_sync(FULL, fmaxf(s0, s2) > w8_th[0] || fmaxf(s1, s3) > w8_th[1])) {
+                    if (__any_sync(FULL, fmaxf(s0, s2) > st_th[0] || fmaxf(s1, s3) > st_th[1])) {
                         float mx0 = fmaxf(s0, s2), mx1 = fmaxf(s1, s3);
 #pragma unroll
                         for (int o = 4; o < 32; o <<= 1) {
@@ -747,13 +748,13 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
                             const float mx = h ? mx1 : mx0;
-                            const float n = mx > w8_th[h] ? mx * sl : w8_m[h]; /* the new max, log2 domain */
+                            const float n = mx > st_th[h] ? mx * sl : st_m[h]; /* the new max, log2 domain */
                             const float mu = n == -INFINITY ? 0.0f : n;
-                            al[h] = fast_exp2(w8_m[h] - mu);
-                            w8_m[h] = n;
-                            w8_mu[h] = mu;
-                            w8_th[h] = (p.lazy ? n + 8.0f : n) / sl;
-                            w8_l[h] *= al[h];
+                            al[h] = fast_exp2(st_m[h] - mu);
+                            st_m[h] = n;
+                            st_mu[h] = mu;
+                            st_th[h] = (p.lazy ? n + 8.0f : n) / sl;
+                            st_l[h] *= al[h];
                         }
                         if constexpr (W8) {
                             rescale_t(al[0], al[1]);
@@ -767,10 +768,10 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
                             }
                         }
                     }
-                    const float p0 = fast_exp2(fmaf(s0, sl, -w8_mu[0])), p1 = fast_exp2(fmaf(s1, sl, -w8_mu[1]));
-                    const float p2 = fast_exp2(fmaf(s2, sl, -w8_mu[0])), p3 = fast_exp2(fmaf(s3, sl, -w8_mu[1]));
-                    w8_l[0] += p0 + p2;
-                    w8_l[1] += p1 + p3;
+                    const float p0 = fast_exp2(fmaf(s0, sl, -st_mu[0])), p1 = fast_exp2(fmaf(s1, sl, -st_mu[1]));
+                    const float p2 = fast_exp2(fmaf(s2, sl, -st_mu[0])), p3 = fast_exp2(fmaf(s3, sl, -st_mu[1]));
+                    st_l[0] += p0 + p2;
+                    st_l[1] += p1 + p3;
                     /* (token g; heads 2 t4, 2 t4 + 1) transposed to (head g; tokens 2 t4, 2 t4 + 1): W8, P^T as the B
                      * operand of O^T += V^T P^T; bf16, P as the A operand of O += P V */
                     if constexpr (W8) {
@@ -839,14 +840,14 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     if constexpr (ST) { /* heads 2 t4, 2 t4 + 1: their sums over the 8 lanes of their tokens */
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) {
-            w8_l[0] += __shfl_xor_sync(FULL, w8_l[0], o);
-            w8_l[1] += __shfl_xor_sync(FULL, w8_l[1], o);
+            st_l[0] += __shfl_xor_sync(FULL, st_l[0], o);
+            st_l[1] += __shfl_xor_sync(FULL, st_l[1], o);
         }
         if (g == 0) {
-            red_m[warp * DEC_ROWS + 2 * t4] = w8_m[0];
-            red_m[warp * DEC_ROWS + 2 * t4 + 1] = w8_m[1];
-            red_l[warp * DEC_ROWS + 2 * t4] = w8_l[0];
-            red_l[warp * DEC_ROWS + 2 * t4 + 1] = w8_l[1];
+            red_m[warp * DEC_ROWS + 2 * t4] = st_m[0];
+            red_m[warp * DEC_ROWS + 2 * t4 + 1] = st_m[1];
+            red_l[warp * DEC_ROWS + 2 * t4] = st_l[0];
+            red_l[warp * DEC_ROWS + 2 * t4 + 1] = st_l[1];
         }
     } else {
         float l_row = l_run + __shfl_xor_sync(FULL, l_run, 1);
