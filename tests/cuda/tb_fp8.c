@@ -133,9 +133,9 @@ static void check_gemv(int64_t rows, int64_t cols, int n) {
     set_version(2);
     /* a group of three (q, k, v-like: the gate twice, with different scales, and the up weights): each output
      * bit-identical to the single product with that job's scale */
-    const tm_cuda_gemv_job jobs[3] = {{wg_d, rows, NULL, NULL, sg, ACT_SCALE},
-                                      {wu_d, rows, bias_d, NULL, su, ACT_SCALE},
-                                      {wg_d, rows, NULL, NULL, 2.0f * sg, ACT_SCALE}};
+    const tm_cuda_gemv_job jobs[3] = {{wg_d, rows, NULL, NULL, sg, ACT_SCALE, NULL, 0},
+                                      {wu_d, rows, bias_d, NULL, su, ACT_SCALE, NULL, 0},
+                                      {wg_d, rows, NULL, NULL, 2.0f * sg, ACT_SCALE, NULL, 0}};
     tm_cuda_gemv_job gj[3];
     float *single = tb_xmalloc(no * 4);
     size_t diff = 0;

@@ -244,7 +244,7 @@ static void check_group(int32_t t, int64_t cols, const int64_t *rows, int nj, bo
             for (int n = MAX_N; n >= 1; n--) { /* n = 8 first: the other n compare with it */
                 tm_cuda_gemv_job jobs[MAX_JOBS];
                 for (int j = 0; j < nj; j++) {
-                    jobs[j] = (tm_cuda_gemv_job){w_d[j], rows[j], f32 && j != 1 ? bias_d[j] : NULL, out_g[j], 0, 0};
+                    jobs[j] = (tm_cuda_gemv_job){w_d[j], rows[j], f32 && j != 1 ? bias_d[j] : NULL, out_g[j], 0, 0, NULL, 0};
                     tb_poison(out_g[j], (size_t)MAX_N * (size_t)rows[j] * 4);
                     tb_poison(out_s[j], (size_t)MAX_N * (size_t)rows[j] * 4);
                 }
@@ -358,7 +358,7 @@ static void check_chain(bool pdl) {
     set_pdl(pdl);
     cudaStream_t s;
     TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const tm_cuda_gemv_job jobs[2] = {{w1_d, f, NULL, h_d, 0, 0}, {w3_d, e, b3_d, g_d, 0, 0}};
+    const tm_cuda_gemv_job jobs[2] = {{w1_d, f, NULL, h_d, 0, 0, NULL, 0}, {w3_d, e, b3_d, g_d, 0, 0, NULL, 0}};
     for (int graph = 0; graph < 2; graph++) {
         tb_poison(h_d, (size_t)n * f * 2);
         tb_poison(g_d, (size_t)n * e * 2);
@@ -792,9 +792,9 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             tb_poison(kc_d, ncache * 2);
             tb_poison(vc_d, ncache * 2);
             TB_CHECK(cudaDeviceSynchronize());
-            rope_run r = {{{w_d[0], rq, c->bias ? b_d[0] : NULL, o_d[0], 0, 0},
-                           {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL, 0, 0},
-                           {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL, 0, 0}},
+            rope_run r = {{{w_d[0], rq, c->bias ? b_d[0] : NULL, o_d[0], 0, 0, NULL, 0},
+                           {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL, 0, 0, NULL, 0},
+                           {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL, 0, 0, NULL, 0}},
                           t, cols, x_d, n,
                           {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d, false, NULL, 0, NULL, NULL},
                           ncache * 2, mode == 2};
@@ -826,7 +826,7 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             tb_poison(vc2_d, ncache * 2);
             TB_CHECK(cudaDeviceSynchronize());
             tm_cuda_gemv_job gj[3];
-            for (int j = 0; j < 3; j++) gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0};
+            for (int j = 0; j < 3; j++) gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0, NULL, 0};
             TB_CHECK(tm_cuda_gemv_group(gj, 3, t, cols, x_d, n, false, s));
             tm_cuda_rope_args ra = {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, o2_d[0], o2_d[1], o2_d[2],
                                     kc2_d, vc2_d, false, NULL, 0, NULL, NULL};
@@ -933,7 +933,8 @@ static int fused_refusals(void) {
     int64_t *sl = tb_dev(64);
     TB_CHECK(cudaMemset(pos, 0, 64));
     TB_CHECK(cudaMemset(sl, 0xFF, 64)); /* slot -1: the valid call writes no cache entry */
-    tm_cuda_gemv_job jobs[3] = {{w, 4 * 64, NULL, o, 0, 0}, {w, 2 * 64, NULL, NULL, 0, 0}, {w, 2 * 64, NULL, NULL, 0, 0}};
+    tm_cuda_gemv_job jobs[3] = {{w, 4 * 64, NULL, o, 0, 0, NULL, 0}, {w, 2 * 64, NULL, NULL, 0, 0, NULL, 0},
+                                {w, 2 * 64, NULL, NULL, 0, 0, NULL, 0}};
     tm_cuda_rope_args ra = {1, 4, 2, 64, 64, 16, false, nw, pos, sl, NULL, NULL, NULL, (uint16_t *)res,
                             (uint16_t *)res, false, NULL, 0, NULL, NULL};
     bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaSuccess;
@@ -1000,7 +1001,7 @@ static void check_args(void) {
     bad += tm_cuda_gemv_swiglu(w, NULL, TM_DT_BF16, 4, 8, x, 1, o, NULL, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_gemv(w, TM_DT_BF16, 0, 8, x, 1, NULL, o, true, NULL, 0) != cudaSuccess; /* nothing to do */
     tm_cuda_gemv_job jobs[MAX_JOBS + 1];
-    for (int j = 0; j <= MAX_JOBS; j++) jobs[j] = (tm_cuda_gemv_job){w, 2, NULL, o, 0, 0};
+    for (int j = 0; j <= MAX_JOBS; j++) jobs[j] = (tm_cuda_gemv_job){w, 2, NULL, o, 0, 0, NULL, 0};
     bad += tm_cuda_gemv_group(jobs, 0, TM_DT_BF16, 8, x, 1, true, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_gemv_group(jobs, MAX_JOBS + 1, TM_DT_BF16, 8, x, 1, true, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_gemv_group(NULL, 1, TM_DT_BF16, 8, x, 1, true, 0) != cudaErrorInvalidValue;
@@ -1069,7 +1070,7 @@ static void run_timed(void *p) {
         tm_cuda_gemv_job jobs[3];
         size_t wo = 0, oo = 0;
         for (int j = 0; j < 3; j++) {
-            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0};
+            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0, NULL, 0};
             wo += rb * (size_t)a->rows[j];
             oo += (size_t)a->n * (size_t)a->rows[j] * 2;
         }
@@ -1091,7 +1092,7 @@ static void run_timed(void *p) {
         tm_cuda_gemv_job jobs[3];
         size_t wo = 0, oo = 0;
         for (int j = 0; j < 3; j++) {
-            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0};
+            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0, NULL, 0};
             wo += rb * (size_t)a->rows[j];
             oo += (size_t)a->n * (size_t)a->rows[j] * (a->out_f32 ? 4 : 2);
         }
@@ -1147,6 +1148,126 @@ static double time_graph_us(targ *a, bool pdl) {
     return graph_replay_us(g, a->stream) / GRAPH_CALLS;
 }
 
+/* ---- norm-in: the product norms its raw input as it reads it ------------------------------------------------- */
+
+/* A group of one job and a SwiGLU pair with norm-in against the double reference on the normed input (x rounded to
+ * bf16 is the raw residual; xn = x * norm_w / rms(x)), at n = 1..8 (row b of an n-row call equals the 8-row call's);
+ * the o/down epilogue's raw mode (gemv_add_rmsnorm with norm_w NULL): the same residual as the norming mode, bit for
+ * bit, and norm_out = that residual rounded to bf16; a type that cannot norm (q4_K) answers NotSupported. */
+static void check_nin(int32_t t, int64_t rows, int64_t cols) {
+    if (!tb_budget_ok()) return;
+    char tag[96];
+    snprintf(tag, sizeof tag, "%s %lldx%lld", type_name(t), (long long)rows, (long long)cols);
+    tb_case("gemv norm-in %s", tag);
+    const float eps = 1e-5f;
+    uint16_t *xh = tb_xmalloc((size_t)MAX_N * cols * 2);          /* (8, cols) raw residual, bf16 */
+    float *xf = tb_xmalloc((size_t)MAX_N * cols * sizeof(float)); /* (8, cols) its values */
+    float *xn = tb_xmalloc((size_t)MAX_N * cols * sizeof(float)); /* (8, cols) normed */
+    float *nw = tb_xmalloc((size_t)cols * sizeof(float));         /* (cols) */
+    tb_fill_bf16(xh, xf, (size_t)MAX_N * cols, 3.0f);
+    tb_fill_f32(nw, (size_t)cols, 0.5f);
+    for (int64_t j = 0; j < cols; j++) nw[j] += 1.0f;
+    for (int b = 0; b < MAX_N; b++) {
+        double ss = 0.0;
+        for (int64_t j = 0; j < cols; j++) ss += (double)xf[b * cols + j] * (double)xf[b * cols + j];
+        const double sc = 1.0 / sqrt(ss / (double)cols + (double)eps);
+        for (int64_t j = 0; j < cols; j++) xn[b * cols + j] = (float)((double)xf[b * cols + j] * nw[j] * sc);
+    }
+    uint8_t *wg = make_weights(t, rows, cols, false), *wu = make_weights(t, rows, cols, false);
+    float *wgf = dequant_all(t, wg, rows, cols), *wuf = dequant_all(t, wu, rows, cols);
+    double *rg = tb_xmalloc((size_t)MAX_N * rows * sizeof(double)), *ru = tb_xmalloc((size_t)MAX_N * rows * sizeof(double));
+    ref_gemv(wgf, xn, NULL, rows, cols, MAX_N, rg);
+    ref_gemv(wuf, xn, NULL, rows, cols, MAX_N, ru);
+    const size_t rb = row_bytes_of(t, cols);
+    void *wg_d = tb_upload(wg, rb * (size_t)rows), *wu_d = tb_upload(wu, rb * (size_t)rows);
+    uint16_t *x_d = tb_upload(xh, (size_t)MAX_N * cols * 2);
+    float *nw_d = tb_upload(nw, (size_t)cols * sizeof(float));
+    uint16_t *o_d = tb_dev((size_t)MAX_N * rows * 2);
+    uint16_t *o8 = tb_xmalloc((size_t)MAX_N * rows * 2), *on = tb_xmalloc((size_t)MAX_N * rows * 2);
+    float *got = tb_xmalloc((size_t)MAX_N * rows * sizeof(float)), *want = tb_xmalloc((size_t)MAX_N * rows * sizeof(float));
+    char name[160];
+    for (int sw = 0; sw < 2; sw++) {
+        double worst = 0.0;
+        int not_inv = 0;
+        for (int n = MAX_N; n >= 1; n--) {
+            tb_poison(o_d, (size_t)MAX_N * rows * 2);
+            if (sw) {
+                TB_RUN(tm_cuda_gemv_swiglu_nin(wg_d, wu_d, t, rows, cols, x_d, n, o_d, nw_d, eps, 0));
+            } else {
+                const tm_cuda_gemv_job job = {wg_d, rows, NULL, o_d, 0, 0, nw_d, eps};
+                TB_RUN(tm_cuda_gemv_group(&job, 1, t, cols, x_d, n, false, 0));
+            }
+            tb_download(on, o_d, (size_t)n * rows * 2);
+            for (int64_t i = 0; i < n * rows; i++) {
+                got[i] = tb_bf16_to_f32(on[i]);
+                const double g = rg[i], u = ru[i];
+                want[i] = (float)(sw ? g / (1.0 + exp(-g)) * u : g);
+            }
+            const double e = tb_rel_err(got, want, (size_t)(n * rows));
+            if (!isnan(worst) && (isnan(e) || e > worst)) worst = e;
+            if (n == MAX_N)
+                memcpy(o8, on, (size_t)MAX_N * rows * 2);
+            else
+                not_inv += memcmp(o8, on, (size_t)n * rows * 2) != 0;
+        }
+        snprintf(name, sizeof name, "%s %s n1-8", sw ? "swiglu" : "group", tag);
+        tb_result("gemv_nin", name, worst, 1e-2, 0, 0, 0, 'm');
+        snprintf(name, sizeof name, "%s %s: %d n differ from n=8", sw ? "swiglu" : "group", tag, not_inv);
+        tb_result("gemv_nin", name, not_inv ? 1.0 : 0.0, 0.0, 0, 0, 0, 'm');
+    }
+    /* the raw epilogue: rows = cols here (o-like), residual as the norming mode leaves it, norm_out its bf16 */
+    if (rows == cols && rows % 8 == 0) {
+        float *res = tb_xmalloc((size_t)MAX_N * rows * sizeof(float));
+        tb_fill_f32(res, (size_t)MAX_N * rows, 2.0f);
+        float *res_a = tb_upload(res, (size_t)MAX_N * rows * 4), *res_b = tb_upload(res, (size_t)MAX_N * rows * 4);
+        uint16_t *no_a = tb_dev((size_t)MAX_N * rows * 2), *no_b = tb_dev((size_t)MAX_N * rows * 2);
+        void *sc = tb_dev(TM_CUDA_GEMV_NORM_SCRATCH_BYTES);
+        TB_CHECK(cudaMemset(sc, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES));
+        tb_poison(no_b, (size_t)MAX_N * rows * 2);
+        TB_RUN(tm_cuda_gemv_add_rmsnorm(wg_d, t, rows, cols, x_d, MAX_N, NULL, NULL, res_a, nw_d, eps, no_a, sc, NULL, 0));
+        TB_RUN(tm_cuda_gemv_add_rmsnorm(wg_d, t, rows, cols, x_d, MAX_N, NULL, NULL, res_b, NULL, eps, no_b, NULL, NULL, 0));
+        float *ra = tb_xmalloc((size_t)MAX_N * rows * 4), *rbh = tb_xmalloc((size_t)MAX_N * rows * 4);
+        tb_download(ra, res_a, (size_t)MAX_N * rows * 4);
+        tb_download(rbh, res_b, (size_t)MAX_N * rows * 4);
+        tb_download(on, no_b, (size_t)MAX_N * rows * 2);
+        int bad = memcmp(ra, rbh, (size_t)MAX_N * rows * 4) != 0;
+        for (int64_t i = 0; i < MAX_N * rows; i++) bad += on[i] != tb_f32_to_bf16(rbh[i]);
+        snprintf(name, sizeof name, "raw epilogue %s: %d differ", tag, bad);
+        tb_result("gemv_nin", name, bad ? 1.0 : 0.0, 0.0, 0, 0, 0, 'm');
+        free(res);
+        free(ra);
+        free(rbh);
+        void *bufs[] = {res_a, res_b, no_a, no_b, sc};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) TB_CHECK(cudaFree(bufs[i]));
+    }
+    if (t == TM_DT_BF16) { /* a type that cannot norm its input says so, having launched nothing */
+        uint8_t *wq = make_weights(TM_DT_Q4_K, 256, 256, false);
+        void *wq_d = tb_upload(wq, row_bytes_of(TM_DT_Q4_K, 256) * 256);
+        const tm_cuda_gemv_job job = {wq_d, 256, NULL, o_d, 0, 0, nw_d, eps};
+        const cudaError_t e = tm_cuda_gemv_group(&job, 1, TM_DT_Q4_K, 256, x_d, 1, false, 0);
+        snprintf(name, sizeof name, "q4_K norm-in refused (%s)", cudaGetErrorName(e));
+        tb_result("gemv_nin", name, e == cudaErrorNotSupported ? 0.0 : 1.0, 0.0, 0, 0, 0, 'm');
+        free(wq);
+        TB_CHECK(cudaFree(wq_d));
+    }
+    free(xh);
+    free(xf);
+    free(xn);
+    free(nw);
+    free(wg);
+    free(wu);
+    free(wgf);
+    free(wuf);
+    free(rg);
+    free(ru);
+    free(o8);
+    free(on);
+    free(got);
+    free(want);
+    void *bufs[] = {wg_d, wu_d, x_d, nw_d, o_d};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) TB_CHECK(cudaFree(bufs[i]));
+}
+
 /* ---- a decode layer's GEMV chain ------------------------------------------------------------------------------- */
 
 static void timed_result(const char *kern, const char *name, double us, double bytes, double flops, bool key);
@@ -1187,7 +1308,8 @@ static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t
     TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     for (int l = 0; l < layers; l++) {
         const tm_cuda_gemv_job qkv[3] = {
-            {w[l][0], qd, NULL, q, 0, 0}, {w[l][1], kvd, NULL, kv, 0, 0}, {w[l][2], kvd, NULL, kv + kvd, 0, 0}};
+            {w[l][0], qd, NULL, q, 0, 0, NULL, 0}, {w[l][1], kvd, NULL, kv, 0, 0, NULL, 0},
+            {w[l][2], kvd, NULL, kv + kvd, 0, 0, NULL, 0}};
         TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s));
         TB_CHECK(tm_cuda_gemv_group(qkv, 3, t, dim, xn, 1, false, s));
         TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s)); /* in attention's place */
@@ -1395,8 +1517,145 @@ static void time_fused(int fused_kind, int32_t t, const int64_t *rows, int64_t c
     }
 }
 
+/* microseconds of one replay of an instantiated graph (median of 9 after 2 warm-ups) */
+static double exec_replay_us(cudaGraphExec_t ge, cudaStream_t s) {
+    cudaEvent_t e0, e1;
+    TB_CHECK(cudaEventCreate(&e0));
+    TB_CHECK(cudaEventCreate(&e1));
+    for (int i = 0; i < 2; i++) TB_CHECK(cudaGraphLaunch(ge, s));
+    enum { REPS = 9 };
+    float ms[REPS];
+    for (int i = 0; i < REPS; i++) {
+        TB_CHECK(cudaEventRecord(e0, s));
+        TB_CHECK(cudaGraphLaunch(ge, s));
+        TB_CHECK(cudaEventRecord(e1, s));
+        TB_CHECK(cudaEventSynchronize(e1));
+        TB_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    qsort(ms, REPS, sizeof(float), tb_cmp_f);
+    TB_CHECK(cudaEventDestroy(e0));
+    TB_CHECK(cudaEventDestroy(e1));
+    return (double)ms[REPS / 2] * 1000.0;
+}
+
+/* One batch-1 layer's products and norms (no attention: o reads q) as the backend runs them, three ways, `layers`
+ * layers of distinct random weights in one graph each (default PDL): the separate add+RMSNorm kernels (the default
+ * until norm-in), the o / down epilogue that norms in its last block (TM_CUDA_FUSE_NORM=1), and norm-in (the o / down
+ * epilogue passes the residual on raw, q|k|v and gate/up norm it as they read it). From the same state, the final
+ * residuals compared; then each timed, alternating. */
+static void time_norm_chain(const char *label, int64_t dim, int64_t qd, int64_t kvd, int64_t ffn, int layers) {
+    if (!tb_budget_ok()) return;
+    tb_case("norm chain %s", label);
+    enum { MAX_LAYERS = 32, NW = 7, WAYS = 3 };
+    if (layers > MAX_LAYERS) layers = MAX_LAYERS;
+    const int32_t t = TM_DT_BF16;
+    const float eps = 1e-5f;
+    /* q, k, v, o, gate, up, down: (rows, cols) */
+    const int64_t rows[NW] = {qd, kvd, kvd, dim, ffn, ffn, dim}, cols[NW] = {dim, dim, dim, qd, dim, dim, ffn};
+    uint16_t *w[MAX_LAYERS][NW];
+    double layer_bytes = 0;
+    for (int k = 0; k < NW; k++) layer_bytes += (double)(rows[k] * cols[k] * 2);
+    for (int l = 0; l < layers; l++)
+        for (int k = 0; k < NW; k++) {
+            w[l][k] = tb_dev((size_t)(rows[k] * cols[k] * 2));
+            TB_CHECK(tm_cuda_fill_random(w[l][k], t, (size_t)(rows[k] * cols[k]), (uint64_t)(l * 16 + k + 101),
+                                         (float)(1.0 / sqrt((double)cols[k])), 0.0f, 0));
+        }
+    float *res = tb_dev((size_t)dim * 4), *res0 = tb_dev((size_t)dim * 4), *nw = tb_dev((size_t)dim * 4); /* (dim) */
+    uint16_t *xn = tb_dev((size_t)dim * 2), *zo = tb_dev((size_t)dim * 2), *po = tb_dev((size_t)dim * 2); /* (dim) */
+    uint16_t *qo = tb_dev((size_t)qd * 2), *ko = tb_dev((size_t)kvd * 2), *vo = tb_dev((size_t)kvd * 2);
+    uint16_t *h = tb_dev((size_t)ffn * 2); /* (ffn) */
+    void *scratch = tb_dev(TM_CUDA_GEMV_NORM_SCRATCH_BYTES);
+    TB_CHECK(cudaMemset(scratch, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES));
+    TB_CHECK(tm_cuda_fill_random(res0, TM_DT_F32, (size_t)dim, 7, 1.0f, 0.0f, 0));
+    TB_CHECK(tm_cuda_fill_random(nw, TM_DT_F32, (size_t)dim, 9, 0.25f, 0.0f, 0));
+    TB_CHECK(cudaMemset(zo, 0, (size_t)dim * 2));
+    {   /* norm weights 0.75..1.25 */
+        float *hw = tb_xmalloc((size_t)dim * 4);
+        tb_download(hw, nw, (size_t)dim * 4);
+        for (int64_t j = 0; j < dim; j++) hw[j] += 1.0f;
+        TB_CHECK(cudaMemcpy(nw, hw, (size_t)dim * 4, cudaMemcpyHostToDevice));
+        free(hw);
+    }
+    cudaStream_t s;
+    TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    TB_CHECK(cudaDeviceSynchronize());
+    cudaGraphExec_t ge[WAYS];
+    static const char *const way_name[WAYS] = {"norm kernels", "norm in last block", "norm-in"};
+    for (int way = 0; way < WAYS; way++) {
+        const bool nin = way == 2;
+        cudaGraph_t g;
+        TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        for (int l = 0; l < layers; l++) {
+            const tm_cuda_gemv_job qkv[3] = {{w[l][0], qd, NULL, qo, 0, 0, nin ? nw : NULL, eps},
+                                             {w[l][1], kvd, NULL, ko, 0, 0, nin ? nw : NULL, eps},
+                                             {w[l][2], kvd, NULL, vo, 0, 0, nin ? nw : NULL, eps}};
+            TB_CHECK(tm_cuda_gemv_group(qkv, 3, t, dim, xn, 1, false, s));
+            if (way == 0) {
+                TB_CHECK(tm_cuda_gemv(w[l][3], t, dim, qd, qo, 1, NULL, po, false, NULL, s));
+                TB_CHECK(tm_cuda_add_rmsnorm(res, po, nw, eps, 1, (int32_t)dim, xn, s));
+            } else {
+                TB_CHECK(tm_cuda_gemv_add_rmsnorm(w[l][3], t, dim, qd, qo, 1, NULL, NULL, res, nin ? NULL : nw, eps, xn,
+                                                  nin ? NULL : scratch, NULL, s));
+            }
+            if (nin)
+                TB_CHECK(tm_cuda_gemv_swiglu_nin(w[l][4], w[l][5], t, ffn, dim, xn, 1, h, nw, eps, s));
+            else
+                TB_CHECK(tm_cuda_gemv_swiglu(w[l][4], w[l][5], t, ffn, dim, xn, 1, h, NULL, s));
+            if (way == 0) {
+                TB_CHECK(tm_cuda_gemv(w[l][6], t, dim, ffn, h, 1, NULL, po, false, NULL, s));
+                TB_CHECK(tm_cuda_add_rmsnorm(res, po, nw, eps, 1, (int32_t)dim, xn, s));
+            } else {
+                TB_CHECK(tm_cuda_gemv_add_rmsnorm(w[l][6], t, dim, ffn, h, 1, NULL, NULL, res, nin ? NULL : nw, eps, xn,
+                                                  nin ? NULL : scratch, NULL, s));
+            }
+        }
+        TB_CHECK(cudaStreamEndCapture(s, &g));
+        TB_CHECK(cudaGraphInstantiate(&ge[way], g, 0));
+        TB_CHECK(cudaGraphDestroy(g));
+    }
+    /* the same state through each way: xn = the first norm (norm-in: the raw residual) */
+    float *rr[WAYS];
+    char name[128];
+    for (int way = 0; way < WAYS; way++) {
+        TB_CHECK(cudaMemcpy(res, res0, (size_t)dim * 4, cudaMemcpyDeviceToDevice));
+        TB_CHECK(cudaMemset(qo, 0, (size_t)qd * 2));
+        if (way == 2)
+            TB_CHECK(tm_cuda_gemv_add_rmsnorm(w[0][3], t, dim, qd, qo, 1, NULL, NULL, res, NULL, eps, xn, NULL, NULL,
+                                              s)); /* qo zero: res unchanged, xn = bf16(res) */
+        else
+            TB_CHECK(tm_cuda_add_rmsnorm(res, zo, nw, eps, 1, (int32_t)dim, xn, s));
+        TB_CHECK(cudaGraphLaunch(ge[way], s));
+        TB_CHECK(cudaStreamSynchronize(s));
+        rr[way] = tb_xmalloc((size_t)dim * 4);
+        tb_download(rr[way], res, (size_t)dim * 4);
+        if (way) {
+            snprintf(name, sizeof name, "%s %s vs norm kernels: residual", label, way_name[way]);
+            tb_result("gemv_nin", name, tb_rel_err(rr[way], rr[0], (size_t)dim), 1e-2, 0, 0, 0, 'm');
+        }
+    }
+    const double floor_us = layer_bytes / (tb_env_d("TM_CEIL_COPY_GBS", 4300.0) * 1e3);
+    for (int rep = 0; rep < 2; rep++)
+        for (int way = 0; way < WAYS; way++) {
+            snprintf(name, sizeof name, "%s %s (floor %.1f us)", label, way_name[way], floor_us);
+            timed_result("gemv_chain", name, exec_replay_us(ge[way], s) / layers, layer_bytes, 0.0, true);
+        }
+    for (int way = 0; way < WAYS; way++) {
+        TB_CHECK(cudaGraphExecDestroy(ge[way]));
+        free(rr[way]);
+    }
+    TB_CHECK(cudaStreamDestroy(s));
+    for (int l = 0; l < layers; l++)
+        for (int k = 0; k < NW; k++) TB_CHECK(cudaFree(w[l][k]));
+    void *bufs[] = {res, res0, nw, xn, zo, po, qo, ko, vo, h, scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) TB_CHECK(cudaFree(bufs[i]));
+}
+
 static void time_all(void) {
     const int all = M_SINGLE | M_GRAPH | M_PDL | M_KEY;
+    /* the norms of a layer three ways (norm-in against the norm kernels) */
+    time_norm_chain("1b", 2048, 2048, 512, 8192, 16);
+    time_norm_chain("8b", 4096, 4096, 1024, 14336, 8);
     /* a decode layer's GEMV chain (1B: 16 layers = 1.9 GB, 8B: 8 layers = 3.5 GB of weights) */
     time_layer_chain("1b", 2048, 2048, 512, 8192, 16);
     time_layer_chain("8b", 4096, 4096, 1024, 14336, 8);
@@ -1469,6 +1728,17 @@ int main(int argc, char **argv) {
     (void)argv;
     tb_guard_init(25.0);
     tb_seed();
+    if (getenv("TB_NIN_ONLY")) { /* norm-in: its checks and the norm chain only */
+        const int32_t nt[] = {TM_DT_BF16, TM_DT_F16, TM_DT_F32};
+        for (size_t i = 0; i < sizeof nt / sizeof nt[0]; i++) {
+            check_nin(nt[i], 2048, 2048);
+            check_nin(nt[i], 96, 4104);
+        }
+        time_norm_chain("1b", 2048, 2048, 512, 8192, 16);
+        time_norm_chain("8b", 4096, 4096, 1024, 14336, 8);
+        for (int i = 0; i < g_nkeys; i++) printf("# key %s\n", g_keys[i]);
+        return tb_finish("tb_gemv");
+    }
     check_args();
     check_all();
     printf("# checks of single products done in %.1f s\n", tb_elapsed_s());
@@ -1477,6 +1747,11 @@ int main(int argc, char **argv) {
     printf("# fused checks done in %.1f s\n", tb_elapsed_s());
     check_chain(false);
     check_chain(true);
+    const int32_t nin_types[] = {TM_DT_BF16, TM_DT_F16, TM_DT_F32};
+    for (size_t i = 0; i < sizeof nin_types / sizeof nin_types[0]; i++) {
+        check_nin(nin_types[i], 2048, 2048);
+        check_nin(nin_types[i], 96, 4104); /* odd widths: lanes with fewer units, the tail steps */
+    }
     printf("# all checks done in %.1f s\n", tb_elapsed_s());
     fflush(stdout);
     if (argc < 2) time_all(); /* any argument: checks only */

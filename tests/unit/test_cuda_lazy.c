@@ -1,6 +1,7 @@
 /* test_cuda_lazy.c -- the cuda backend's records of bf16 outputs left unwritten (tm_cuda_lazy.h), on the host: the
  * order in which the forward pass of an fp8 model writes and reads its buffers remakes only the last norm's output
- * (for the output projection), a record whose source was overwritten reports the loss, and the records run out. */
+ * (for the output projection), a record whose source was overwritten reports the loss, and the records run out;
+ * norm-in's raw records: found in place by the products that norm their input, remade for any other reader. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -108,10 +109,55 @@ static void test_lost_and_full(void **st) {
     assert_int_equal(s.remakes + s.lost, 1);
 }
 
+/* norm-in (bf16 weights at a decode step): o and down add into x and leave x rounded in xb with a raw record; q|k|v
+ * and gate/up peek at it and read xb raw (no remake); the output projection's get_rows reads xb: remade then */
+static void test_raw_records(void **st) {
+    (void)st;
+    sim s = {0};
+    tm_lazy_reset(&s.l);
+    tm_lazy_rec r;
+    assert_false(tm_lazy_peek_raw(&s.l, xb, &r)); /* the first layer's plain norm wrote xb: nothing recorded */
+    for (int l = 0; l < 2; l++) {
+        wr(&s, q); /* q|k|v, reading xb (raw from layer 1 on: peeked, not read) */
+        wr(&s, att);
+        rd(&s, att);
+        wr(&s, x);  /* o's epilogue: x += o */
+        wr(&s, xb); /* ... and xb = bf16(x) */
+        assert_true(tm_lazy_add(&s.l, (tm_lazy_rec){.buf = xb, .src = x, .w = &ffn_norm[l], .eps = 1e-5f, .n = 1,
+                                                    .dim = 64, .raw = true}));
+        assert_true(tm_lazy_peek_raw(&s.l, xb, &r)); /* gate/up norms xb as it reads it */
+        assert_ptr_equal(r.w, &ffn_norm[l]);
+        assert_ptr_equal(r.src, x);
+        assert_true(tm_lazy_peek_raw(&s.l, xb, &r)); /* still there: the peek leaves it */
+        wr(&s, hb);
+        rd(&s, hb);
+        wr(&s, x); /* down's epilogue */
+        wr(&s, xb);
+        assert_true(tm_lazy_add(&s.l, (tm_lazy_rec){.buf = xb, .src = x, .w = l == 1 ? &out_norm : &attn_norm[l + 1],
+                                                    .eps = 1e-5f, .n = 1, .dim = 64, .raw = true}));
+    }
+    assert_int_equal(s.remakes, 0);
+    rd(&s, xb); /* get_rows: the final norm made from x */
+    assert_int_equal(s.remakes, 1);
+    assert_ptr_equal(s.remade_w, &out_norm);
+    assert_false(tm_lazy_peek_raw(&s.l, xb, &r)); /* made: no record left */
+    /* a non-raw record (fp8: xb left unwritten) is never taken as raw; a raw one whose source is gone is not either */
+    assert_true(tm_lazy_add(&s.l, (tm_lazy_rec){.buf = xb, .src = x, .w = &attn_norm[0], .n = 1, .dim = 64}));
+    assert_false(tm_lazy_peek_raw(&s.l, xb, &r));
+    wr(&s, xb);
+    assert_true(tm_lazy_add(&s.l, (tm_lazy_rec){.buf = xb, .src = x, .w = &attn_norm[0], .n = 1, .dim = 64,
+                                                .raw = true}));
+    wr(&s, x);
+    assert_false(tm_lazy_peek_raw(&s.l, xb, &r));
+    rd(&s, xb);
+    assert_int_equal(s.lost, 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_order),
         cmocka_unit_test(test_lost_and_full),
+        cmocka_unit_test(test_raw_records),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

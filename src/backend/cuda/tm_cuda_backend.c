@@ -116,8 +116,11 @@ typedef struct cu_backend {
     float *host_stage;           /* (stage_elems) pinned staging for to_host / from_host */
     size_t stage_bytes;
     /* fused GEMV epilogues (off with TM_CUDA_NO_FUSE=1). The add+RMSNorm epilogue is opt-in
-     * (TM_CUDA_FUSE_NORM=1): its last-block tail measured slower than the separate norm kernel on the H200 */
-    bool no_fuse, fuse_norm;
+     * (TM_CUDA_FUSE_NORM=1): its last-block tail measured slower than the separate norm kernel on the H200.
+     * norm_in (TM_CUDA_NORM_IN=0: off): with f32/f16/bf16 weights at n <= TM_CUDA_GEMV_MAX_N the o and down GEMVs
+     * add into the residual and pass it on raw, and the next GEMV norms it as it reads it (no norm kernel) */
+    bool no_fuse, fuse_norm, norm_in;
+    int norm_in_sel;             /* 0: both norms, 1: the one after down only (default), 2: after o only */
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
     /* quantized weights at 9..tm_cuda_qgemm_max_n rows: tm_cuda_qgemm (TM_CUDA_QGEMM=0: dequantize + cuBLASLt) */
     bool no_qgemm;
@@ -208,6 +211,25 @@ static void lazy_add(cu_backend *c, const void *buf, const void *src, const tm_w
                      int32_t dim) {
     if (!tm_lazy_add(&c->lazy, (tm_lazy_rec){.buf = buf, .src = src, .w = w, .eps = eps, .n = n, .dim = dim}))
         cu_fail(c, cudaErrorInvalidValue, "more deferred bf16 outputs than records"); /* the forward has at most two */
+}
+
+/* buf (n, dim) holds src (f32) rounded to bf16 where the norm of src (weight w) belongs: a product with norm-in
+ * reads it as it is (nin_take), any other reader gets the norm made first (lazy_read) */
+static void lazy_add_raw(cu_backend *c, const void *buf, const void *src, const tm_weight *w, float eps, int32_t n,
+                         int32_t dim) {
+    if (!tm_lazy_add(&c->lazy, (tm_lazy_rec){.buf = buf, .src = src, .w = w, .eps = eps, .n = n, .dim = dim,
+                                             .raw = true}))
+        cu_fail(c, cudaErrorInvalidValue, "more deferred bf16 outputs than records");
+}
+
+/* the weight types whose GEMV takes norm-in */
+static bool nin_type(int32_t t) { return t == TM_DT_F32 || t == TM_DT_F16 || t == TM_DT_BF16; }
+
+/* x holds a raw residual (lazy_add_raw) and a GEMV of weight type t at n rows can norm it as it reads it: *r is the
+ * record (left in place) */
+static bool nin_take(cu_backend *c, const void *x, int32_t t, int32_t n, tm_lazy_rec *r) {
+    return c->norm_in && !c->no_fuse && n >= 1 && n <= TM_CUDA_GEMV_MAX_N && nin_type(t) &&
+           tm_lazy_peek_raw(&c->lazy, x, r);
 }
 
 /* Captured graphs hold raw device addresses (metadata, scratch, KV pool, rope table): whenever one of those is
@@ -855,15 +877,27 @@ static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs,
         group = jobs[j].w->type == jobs[0].w->type && jobs[j].w->cols == jobs[0].w->cols &&
                 jobs[j].out_f32 == jobs[0].out_f32;
     if (group) {
-        lazy_read(c, x);
+        tm_lazy_rec nr;
+        const bool nin = nin_take(c, x, (int32_t)jobs[0].w->type, n, &nr);
+        if (!nin) lazy_read(c, x);
         tm_cuda_gemv_job gj[TM_CUDA_GEMV_MAX_JOBS];
         for (int32_t j = 0; j < n_jobs; j++) {
             gj[j] = gemv_job(jobs[j].w, jobs[j].bias, jobs[j].out);
+            if (nin) {
+                gj[j].norm_w = nr.w->data;
+                gj[j].norm_eps = nr.eps;
+            }
             buf_mark(c, jobs[j].out, jobs[j].out_f32);
         }
-        cu_fail(c, tm_cuda_gemv_group(gj, n_jobs, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n, jobs[0].out_f32,
-                                      c->stream),
-                "gemv_group");
+        cudaError_t e = tm_cuda_gemv_group(gj, n_jobs, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n,
+                                           jobs[0].out_f32, c->stream);
+        if (e == cudaErrorNotSupported && nin) { /* the launcher cannot norm (alignment, TM_CUDA_GEMV_V=1) */
+            lazy_read(c, x);
+            for (int32_t j = 0; j < n_jobs; j++) gj[j].norm_w = NULL;
+            e = tm_cuda_gemv_group(gj, n_jobs, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n, jobs[0].out_f32,
+                                   c->stream);
+        }
+        cu_fail(c, e, "gemv_group");
         return;
     }
     /* large batches of fp8 weights (q, k, v): x rounded to e4m3 once for all of them */
@@ -895,6 +929,15 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
     if (cu_failed(c)) return;
     buf_mark(c, out, false);
     if (n <= TM_CUDA_GEMV_MAX_N) {
+        tm_lazy_rec nr;
+        if (gate->type == up->type && nin_take(c, x, (int32_t)gate->type, n, &nr)) {
+            cudaError_t e = tm_cuda_gemv_swiglu_nin(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols,
+                                                    x, n, out, nr.w->data, nr.eps, c->stream);
+            if (e != cudaErrorNotSupported) {
+                cu_fail(c, e, "gemv_swiglu");
+                return;
+            }
+        }
         lazy_read(c, x);
         tm_cuda_fp8_scales f8;
         cu_fail(c, tm_cuda_gemv_swiglu(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x, n, out,
@@ -993,19 +1036,24 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
                                   const tm_weight *norm_w, float eps, void *norm_out) {
     cu_backend *c = cu(be);
     const tm_weight *w = job->w;
-    if (c->no_fuse || !c->fuse_norm || !c->norm_scratch || n < 1 || n > TM_CUDA_GEMV_MAX_N || job->out_f32 ||
-        norm_w->cols != w->rows)
+    /* raw: the residual passed on for the next GEMV to norm (norm-in), no norm here */
+    const bool down = w->cols > w->rows; /* down (ffn -> dim) before the next layer's q|k|v, else o before gate/up */
+    const bool raw = c->norm_in && nin_type((int32_t)w->type) && (c->norm_in_sel == 0 || (c->norm_in_sel == 1) == down);
+    if (c->no_fuse || (!c->fuse_norm && !raw) || (!raw && !c->norm_scratch) || n < 1 || n > TM_CUDA_GEMV_MAX_N ||
+        job->out_f32 || norm_w->cols != w->rows || w->rows > INT32_MAX)
         return false;
     if (cu_failed(c)) return true; /* ops do nothing after an error */
     lazy_read(c, x);
     lazy_write(c, residual);
     tm_cuda_fp8_scales f8;
     cudaError_t e = tm_cuda_gemv_add_rmsnorm(w->data, (int32_t)w->type, w->rows, w->cols, x, n,
-                                             job->bias ? job->bias->data : NULL, NULL, residual, norm_w->data, eps,
-                                             norm_out, c->norm_scratch, fp8_of(w, NULL, &f8), c->stream);
+                                             job->bias ? job->bias->data : NULL, NULL, residual,
+                                             raw ? NULL : norm_w->data, eps, norm_out, raw ? NULL : c->norm_scratch,
+                                             fp8_of(w, NULL, &f8), c->stream);
     if (e == cudaErrorNotSupported) return false;
     cu_fail(c, e, "gemv_add_rmsnorm");
     buf_mark(c, norm_out, false);
+    if (raw) lazy_add_raw(c, norm_out, residual, norm_w, eps, n, (int32_t)w->rows);
     return true;
 }
 
@@ -1063,9 +1111,17 @@ static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const 
         if (jobs[j].out_f32 || jobs[j].w->type != jobs[0].w->type || jobs[j].w->cols != jobs[0].w->cols) return false;
     if (cu_failed(c)) return true;
     if (!rope_table(c, a)) return true;
-    lazy_read(c, x);
+    tm_lazy_rec nr;
+    const bool nin = nin_take(c, x, (int32_t)jobs[0].w->type, n, &nr);
+    if (!nin) lazy_read(c, x);
     tm_cuda_gemv_job gj[3];
-    for (int32_t j = 0; j < 3; j++) gj[j] = gemv_job(jobs[j].w, jobs[j].bias, j == 0 ? q : NULL);
+    for (int32_t j = 0; j < 3; j++) {
+        gj[j] = gemv_job(jobs[j].w, jobs[j].bias, j == 0 ? q : NULL);
+        if (nin) {
+            gj[j].norm_w = nr.w->data;
+            gj[j].norm_eps = nr.eps;
+        }
+    }
     tm_cuda_rope_args r = {
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
@@ -1581,6 +1637,10 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     c->attn_out8_off = env_is("TM_CUDA_ATTN_OUT8", "0");
     c->rows_layer = -1;
     c->fuse_norm = env_is("TM_CUDA_FUSE_NORM", "1");
+    c->norm_in = !env_is("TM_CUDA_NORM_IN", "0");
+    /* unset or "attn": the norm after down only (measured faster; after o the separate norm kernel lets gate/up
+     * load under it); "1": both; "ffn": after o only */
+    c->norm_in_sel = env_is("TM_CUDA_NORM_IN", "1") ? 0 : env_is("TM_CUDA_NORM_IN", "ffn") ? 2 : 1;
     if ((e = cudaMalloc(&c->norm_scratch, TM_CUDA_GEMV_NORM_SCRATCH_BYTES)) != cudaSuccess ||
         (e = cudaMemsetAsync(c->norm_scratch, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES, c->stream)) != cudaSuccess) {
         cudaGetLastError();

@@ -66,6 +66,8 @@
 namespace {
 
 constexpr int kThreadsV1 = 128;
+
+bool aligned16_ptr(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 constexpr int kMaxWarps = 4;
 constexpr int kMaxJobs = TM_CUDA_GEMV_MAX_JOBS;
 
@@ -149,10 +151,16 @@ template <class T, int N> __host__ __device__ constexpr int unroll_for() {
     return N <= 2 ? T::UNROLL : N <= 4 ? (T::UNROLL > 1 ? T::UNROLL / 2 : 1) : 1;
 }
 
-/* acc[i][b] += dot(unit u of weight row i, x[b]) for the NR rows of the block, all N batch rows */
-template <class T, int N, int NR>
+/* the dense types, whose products can read a norm's input raw (norm-in: x * norm_w, the sum of squares beside) */
+template <class T> __host__ __device__ constexpr bool nin_ok() { return !T::HAS_SCALE && !tmq::act_fp8<T>::value; }
+
+/* acc[i][b] += dot(unit u of weight row i, x[b]) for the NR rows of the block, all N batch rows. NIN (norm-in): x
+ * is a raw residual; each element is multiplied by nw (the norm's weight) before the product, and its square is
+ * added to ss[b] (the norm's scale is applied to the sums after the whole row) */
+template <class T, int N, int NR, bool NIN = false>
 __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u, const uint16_t *x,
-                                         int64_t cols, float (&acc)[NR][N], float x_inv) {
+                                         int64_t cols, float (&acc)[NR][N], float x_inv, const float *nw = nullptr,
+                                         float *ss = nullptr) {
     float s[NR][T::RUNS], m[NR][T::RUNS];
     if constexpr (T::HAS_SCALE) {
 #pragma unroll
@@ -205,6 +213,22 @@ __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u
                     for (int i = 0; i < NR; i++) acc[i][b] = fmaf(q[i][j], xq[b][j], acc[i][b]);
                 }
             }
+        } else if constexpr (NIN) {
+            static_assert(nin_ok<T>(), "norm-in is for the dense types");
+            const float4 wa = __ldg(reinterpret_cast<const float4 *>(nw + off));
+            const float4 wb = __ldg(reinterpret_cast<const float4 *>(nw + off + 4));
+            const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int b = 0; b < N; b++) {
+                    const float xr = tmq::bf16_at(xv[b], j);
+                    ss[b] = fmaf(xr, xr, ss[b]);
+                    const float xf = xr * wv[j];
+#pragma unroll
+                    for (int i = 0; i < NR; i++) acc[i][b] = fmaf(q[i][j], xf, acc[i][b]);
+                }
+            }
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -228,10 +252,10 @@ __device__ __forceinline__ void gemv_pdl_wait() {
 
 /* K units per lane at once: units u, u + stride, ..., all < nu (the caller checks). pdl_wait: wait for the
  * previous kernel after the weight loads are issued and before x is read */
-template <class T, int N, int NR, int K>
+template <class T, int N, int NR, int K, bool NIN = false>
 __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u, int stride,
                                           const uint16_t *x, int64_t cols, float (&acc)[NR][N], float x_inv,
-                                          bool pdl_wait = false) {
+                                          bool pdl_wait = false, const float *nw = nullptr, float *ss = nullptr) {
     typename T::Raw raw[K][NR];
 #pragma unroll
     for (int k = 0; k < K; k++) {
@@ -240,7 +264,7 @@ __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u,
     }
     if (pdl_wait) gemv_pdl_wait();
 #pragma unroll
-    for (int k = 0; k < K; k++) unit_dot<T, N, NR>(raw[k], u + k * stride, x, cols, acc, x_inv);
+    for (int k = 0; k < K; k++) unit_dot<T, N, NR, NIN>(raw[k], u + k * stride, x, cols, acc, x_inv, nw, ss);
 }
 
 /* resident 4-warp blocks per SM asked of the register allocator: 8 (<= 64 registers) at n = 1, i.e. 32 warps per
@@ -264,9 +288,12 @@ struct v2_args {
      * are scaled by sc[j] = scale_j * act_scale (sc_up: the SwiGLU up weights') */
     float x_inv, sc_up;
     float sc[kMaxJobs];
+    /* norm-in (template NIN): x is a raw residual, the product reads rmsnorm(x) * nin_w */
+    const float *nin_w;           /* (cols) f32 */
+    float nin_eps;
     /* EPI_NORM (one job; out[0] may be NULL) */
     float *residual;              /* (n, rows) f32 */
-    const float *norm_w;          /* (rows) f32 */
+    const float *norm_w;          /* (rows) f32, or NULL: norm_out gets the raw residual, rounded to bf16 */
     uint16_t *norm_out;           /* (n, rows) bf16 */
     unsigned int *counter;        /* blocks done; 0 between launches */
     float eps;
@@ -366,7 +393,7 @@ __device__ __forceinline__ float2 rope_cs(int32_t pos, float inv_freq) {
     return make_float2((float)cs, (float)sn);
 }
 
-template <class T, int N, int EPI>
+template <class T, int N, int EPI, bool NIN>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel_v2(const v2_args a) {
     constexpr bool SWIGLU = EPI == EPI_SWIGLU;
     constexpr int R = SWIGLU ? 1 : 2;    /* output rows per block */
@@ -418,19 +445,22 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     /* under PDL the first step's weight loads are issued before the wait (weights are never written by earlier
      * kernels), so they are in flight while the previous kernel finishes */
     bool wait = a.pdl;
+    float ss[N]; /* NIN: this lane's share of each batch row's sum of squares */
+#pragma unroll
+    for (int b = 0; b < N; b++) ss[b] = 0.0f;
     for (; u + (U - 1) * stride < nu; u += U * stride) {
-        gemv_step<T, N, NR, U>(wr, u, stride, x, cols, acc, a.x_inv, wait);
+        gemv_step<T, N, NR, U, NIN>(wr, u, stride, x, cols, acc, a.x_inv, wait, a.nin_w, ss);
         wait = false;
     }
     if (wait) gemv_pdl_wait();
     if constexpr (U >= 4) {
         if (u + stride < nu) {
-            gemv_step<T, N, NR, 2>(wr, u, stride, x, cols, acc, a.x_inv);
+            gemv_step<T, N, NR, 2, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
             u += 2 * stride;
         }
     }
     if constexpr (U >= 2) {
-        if (u < nu) gemv_step<T, N, NR, 1>(wr, u, stride, x, cols, acc, a.x_inv);
+        if (u < nu) gemv_step<T, N, NR, 1, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
     }
     if constexpr (tmq::act_fp8<T>::value) { /* W8A8: the products of e4m3 values, times both scales */
 #pragma unroll
@@ -442,6 +472,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     }
 
     __shared__ float red[kMaxWarps][NR][N];
+    __shared__ float red_ss[NIN ? kMaxWarps : 1][N];
 #pragma unroll
     for (int i = 0; i < NR; i++) {
 #pragma unroll
@@ -450,7 +481,25 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             if (lane == 0) red[warp][i][b] = v;
         }
     }
+    if constexpr (NIN) {
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            const float v = warp_sum(ss[b]);
+            if (lane == 0) red_ss[warp][b] = v;
+        }
+    }
     __syncthreads();
+    /* NIN: batch row b's 1 / rms (the same in every block: every block sums whole rows in the same order) */
+    auto nin_scale = [&](int b) -> float {
+        if constexpr (NIN) {
+            float t = 0.0f;
+            for (int w = 0; w < nwarps; w++) t += red_ss[w][b];
+            return 1.0f / sqrtf(t / (float)cols + a.nin_eps);
+        } else {
+            (void)b;
+            return 1.0f;
+        }
+    };
     if constexpr (EPI == EPI_NORM) {
         /* o = bf16(sum + bias) as tm_cuda_gemv stores it; residual += o as tm_cuda_add_rmsnorm adds it */
         if (threadIdx.x < R * N) {
@@ -461,11 +510,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
                 const uint16_t o = bf16_bits(s + (bias ? bias[r] : 0.0f));
                 const int64_t idx = (int64_t)b * rows + r;
                 if (out) ((uint16_t *)out)[idx] = o;
-                a.residual[idx] = a.residual[idx] + tmq::bf16f(o);
+                const float nr = a.residual[idx] + tmq::bf16f(o);
+                a.residual[idx] = nr;
+                if (!a.norm_w) a.norm_out[idx] = bf16_bits(nr); /* raw: the next product norms it (norm-in) */
             }
-            __threadfence();
+            if (a.norm_w) __threadfence();
         }
-        norm_finish<N>(a, rows);
+        if (a.norm_w) norm_finish<N>(a, rows);
         return;
     }
     if constexpr (EPI == EPI_ROPE) {
@@ -477,6 +528,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             for (int w = 0; w < nwarps; w++) {
                 s0 += red[w][0][b];
                 s1 += red[w][1][b];
+            }
+            if constexpr (NIN) {
+                const float sc = nin_scale(b);
+                s0 *= sc;
+                s1 *= sc;
             }
             const uint16_t o0 = bf16_bits(s0 + (bias ? bias[r0] : 0.0f));
             const uint16_t o1 = bf16_bits(s1 + (bias ? bias[r0 + 1] : 0.0f));
@@ -516,6 +572,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
                 s += red[w][i][b];
                 if (SWIGLU) s2 += red[w][1][b];
             }
+            if constexpr (NIN) {
+                const float sc = nin_scale(b);
+                s *= sc;
+                s2 *= sc;
+            }
             if (SWIGLU)
                 store_out(out, false, (int64_t)b * rows + r, silu_mul(s, s2));
             else
@@ -534,7 +595,19 @@ int warps_for(int units, int unroll) {
     return w < 1 ? 1 : w > kMaxWarps ? kMaxWarps : w;
 }
 
+template <class T, int EPI, bool NIN>
+cudaError_t launch_v2_nin(const v2_args &a, int n, int blocks, cudaStream_t stream);
+
 template <class T, int EPI> cudaError_t launch_v2(const v2_args &a, int n, int blocks, cudaStream_t stream) {
+    if (a.nin_w) {
+        if constexpr (nin_ok<T>() && EPI != EPI_NORM) return launch_v2_nin<T, EPI, true>(a, n, blocks, stream);
+        return cudaErrorNotSupported;
+    }
+    return launch_v2_nin<T, EPI, false>(a, n, blocks, stream);
+}
+
+template <class T, int EPI, bool NIN>
+cudaError_t launch_v2_nin(const v2_args &a, int n, int blocks, cudaStream_t stream) {
     /* TM_CUDA_GEMV_WIDE=1: the first version's rule (>= 2 units per lane), for A/B timing */
     const int unroll = tm_env_is_1("TM_CUDA_GEMV_WIDE") ? 2 : T::UNROLL;
     const int units = a.cols / (T::RUNS * 8); /* RUNS runs of 8 */
@@ -542,7 +615,7 @@ template <class T, int EPI> cudaError_t launch_v2(const v2_args &a, int n, int b
     cudaError_t e = cudaErrorInvalidValue;
     switch (n) {
 #define TM_GEMV_N(NN)                                                                                              \
-    case NN: e = tm_launch_ex(a.pdl, gemv_kernel_v2<T, NN, EPI>, grid, block, 0, stream, a); break;
+    case NN: e = tm_launch_ex(a.pdl, gemv_kernel_v2<T, NN, EPI, NIN>, grid, block, 0, stream, a); break;
         TM_GEMV_N(1)
         TM_GEMV_N(2)
         TM_GEMV_N(3)
@@ -590,6 +663,11 @@ bool fp8_scales_ok(int32_t type, const tm_cuda_gemv_job &j, bool swiglu, float u
  * gate, with w_up the up weights and up_scale their fp8 scale). Jobs with 0 rows are skipped. */
 cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, float up_scale, int32_t type,
                      int64_t cols, const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
+    /* norm-in: every job alike, 16-byte aligned weights; v1 does not take it */
+    for (int32_t j = 0; jobs && j < n_jobs; j++)
+        if (jobs[j].norm_w != jobs[0].norm_w || jobs[j].norm_eps != jobs[0].norm_eps) return cudaErrorInvalidValue;
+    const bool nin = jobs && n_jobs >= 1 && jobs[0].norm_w;
+    if (nin && (!aligned16_ptr(jobs[0].norm_w) || tm_env_is_1("TM_CUDA_GEMV_V"))) return cudaErrorNotSupported;
     tmq::info ti;
     if (!jobs || n_jobs < 1 || n_jobs > kMaxJobs || !x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 ||
         cols > INT32_MAX || !tmq::type_info(type, &ti) || cols % ti.qk || (swiglu && (n_jobs != 1 || !w_up)))
@@ -609,6 +687,7 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
             all_v2 = v2_ok(type, jobs[j].w, swiglu ? w_up : jobs[j].w, cols, x) &&
                      (type != TM_DT_FP8_E4M3 || jobs[j].act_scale == jobs[0].act_scale);
     if (!all_v2) {
+        if (nin) return cudaErrorNotSupported;
         for (int32_t j = 0; j < n_jobs; j++) {
             if (jobs[j].rows == 0) continue;
             cudaError_t e = (n_jobs > 1 && !tm_env_is_1("TM_CUDA_GEMV_V"))
@@ -655,6 +734,8 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     a.cols = (int)cols;
     a.out_f32 = swiglu ? false : out_f32;
     a.pdl = tm_pdl_gemv_on();
+    a.nin_w = jobs[0].norm_w;
+    a.nin_eps = jobs[0].norm_eps;
     switch (type) {
 #define TMQ_LAUNCH(T)                                                                                              \
     return swiglu ? launch_v2<T, EPI_SWIGLU>(a, n, (int)blocks, stream) : launch_v2<T, EPI_PLAIN>(a, n, (int)blocks, stream)
@@ -699,6 +780,11 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
         a.sc[j] = a.sc[0];
     }
     if (type == TM_DT_FP8_E4M3) a.x_inv = 1.0f / jobs[0].act_scale;
+    for (int32_t j = 1; j < n_jobs; j++)
+        if (jobs[j].norm_w != jobs[0].norm_w || jobs[j].norm_eps != jobs[0].norm_eps) return cudaErrorInvalidValue;
+    if (jobs[0].norm_w && !aligned16_ptr(jobs[0].norm_w)) return cudaErrorNotSupported;
+    a.nin_w = jobs[0].norm_w;
+    a.nin_eps = jobs[0].norm_eps;
     a.w_up = NULL;
     a.x = x;
     a.row_bytes = cols / ti.qk * ti.bytes;
@@ -720,7 +806,7 @@ bool aligned(const void *p, uintptr_t k) { return ((uintptr_t)p & (k - 1)) == 0;
 extern "C" cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
                                     int32_t n, const float *bias, void *out, bool out_f32,
                                     const tm_cuda_fp8_scales *fp8, cudaStream_t stream) {
-    const tm_cuda_gemv_job job = {w, rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f};
+    const tm_cuda_gemv_job job = {w, rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f, NULL, 0.0f};
     return gemv_run(&job, 1, NULL, 0.0f, type, cols, x, n, out_f32, false, stream);
 }
 
@@ -732,16 +818,25 @@ extern "C" cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t 
 extern "C" cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
                                            int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
                                            const tm_cuda_fp8_scales *fp8, cudaStream_t stream) {
-    const tm_cuda_gemv_job job = {w_gate, rows, NULL, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f};
+    const tm_cuda_gemv_job job = {w_gate, rows, NULL, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f, NULL, 0.0f};
     return gemv_run(&job, 1, w_up, fp8 ? fp8->w_up : 0.0f, type, cols, x, n, false, true, stream);
+}
+
+extern "C" cudaError_t tm_cuda_gemv_swiglu_nin(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
+                                               int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
+                                               const float *norm_w, float eps, cudaStream_t stream) {
+    if (!norm_w) return cudaErrorInvalidValue;
+    tm_cuda_gemv_job job = {w_gate, rows, NULL, out, 0.0f, 0.0f, norm_w, eps};
+    return gemv_run(&job, 1, w_up, 0.0f, type, cols, x, n, false, true, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, int64_t cols,
                                                 const uint16_t *x, int32_t n, const float *bias, uint16_t *out,
                                                 float *residual, const float *norm_w, float eps, uint16_t *norm_out,
                                                 void *scratch, const tm_cuda_fp8_scales *fp8, cudaStream_t stream) {
-    if (!w || !residual || !norm_w || !norm_out || !scratch || rows <= 0) return cudaErrorInvalidValue;
-    if (rows % 8 || !aligned(residual, 16) || !aligned(norm_w, 16) || !aligned(norm_out, 16) || !aligned(scratch, 4))
+    if (!w || !residual || !norm_out || (norm_w && !scratch) || rows <= 0) return cudaErrorInvalidValue;
+    if (rows % 8 || !aligned(residual, 16) || (norm_w && !aligned(norm_w, 16)) || !aligned(norm_out, 16) ||
+        (norm_w && !aligned(scratch, 4)))
         return cudaErrorNotSupported;
     v2_args a = {};
     a.residual = residual;
@@ -749,7 +844,7 @@ extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int
     a.norm_out = norm_out;
     a.counter = (unsigned int *)scratch;
     a.eps = eps;
-    const tm_cuda_gemv_job job = {w, rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f};
+    const tm_cuda_gemv_job job = {w, rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f, NULL, 0.0f};
     return fused_run<EPI_NORM>(a, &job, 1, type, cols, x, n, stream);
 }
 

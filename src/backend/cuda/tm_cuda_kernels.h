@@ -136,6 +136,10 @@ cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols
 cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows, int64_t cols,
                                 const uint16_t *x, int32_t n, uint16_t *out, const tm_cuda_fp8_scales *fp8,
                                 cudaStream_t stream);
+/* tm_cuda_gemv_swiglu with norm-in (see tm_cuda_gemv_job): x raw, normed with norm_w (cols) and eps */
+cudaError_t tm_cuda_gemv_swiglu_nin(const void *w_gate, const void *w_up, int32_t type, int64_t rows, int64_t cols,
+                                    const uint16_t *x, int32_t n, uint16_t *out, const float *norm_w, float eps,
+                                    cudaStream_t stream);
 /* Up to TM_CUDA_GEMV_MAX_JOBS tm_cuda_gemv products sharing type, cols and x in one launch (Q, K and V of a layer):
  * out_j (n, rows_j) = x · w_jᵀ (+ bias_j). jobs is a host array, read during the call (a captured graph keeps
  * its values); jobs with rows 0 are skipped. Every output row is bit-identical to tm_cuda_gemv on that job.
@@ -147,6 +151,13 @@ typedef struct tm_cuda_gemv_job {
     const float *bias;            /* (rows) f32 or NULL */
     void *out;                    /* (n, rows) f32 when out_f32 else bf16 */
     float scale, act_scale;       /* fp8_e4m3 weights: the tm_weight's scales (a group shares act_scale) */
+    /* norm-in (tm_cuda_gemv_group, tm_cuda_gemv_qkv_rope; f32, f16 and bf16 weights, else cudaErrorNotSupported):
+     * when norm_w is set, x holds a raw residual rounded to bf16 (tm_cuda_gemv_add_rmsnorm with norm_w NULL) and
+     * the product reads rmsnorm(x) * norm_w instead: out = (x · (norm_w ⊙ w)ᵀ) / rms(x) (+ bias), rms over x's
+     * cols, each block summing whole rows of x in one order (so every output row sees the same scale). Every job
+     * of a launch carries the same norm_w and norm_eps. */
+    const float *norm_w;          /* (cols) f32, or NULL */
+    float norm_eps;
 } tm_cuda_gemv_job;
 cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream);
@@ -175,7 +186,8 @@ cudaError_t tm_cuda_qgemm(const void *w, int32_t type, int64_t rows, int64_t col
  * done on a device counter; the last block to finish computes the norm over whole rows (a fixed-order tree sum,
  * so results are deterministic) and resets the counter. scratch: TM_CUDA_GEMV_NORM_SCRATCH_BYTES of device
  * memory, zeroed once when allocated; every launch leaves it zeroed. One scratch per stream (launches that can
- * run concurrently must not share one). */
+ * run concurrently must not share one). norm_w NULL: no norm; norm_out receives the raw residual after the add,
+ * rounded to bf16, for a product with norm-in (tm_cuda_gemv_job.norm_w) to norm; scratch is then unused. */
 #define TM_CUDA_GEMV_NORM_SCRATCH_BYTES 256
 cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
                                      int32_t n, const float *bias, uint16_t *out, float *residual,

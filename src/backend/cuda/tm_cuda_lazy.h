@@ -5,7 +5,11 @@
  * it: from `src` (a norm's f32 input after its add, with the norm's weight; or the [gate | up] product, for the
  * SwiGLU). The backend calls tm_lazy_write for every buffer an op writes (a record of that buffer is void; a record
  * made from it can no longer be remade) and tm_lazy_read before an op reads a buffer as bf16. Pure bookkeeping, no
- * CUDA: the unit tests run it on the host (test_cuda_lazy). */
+ * CUDA: the unit tests run it on the host (test_cuda_lazy).
+ *
+ * A norm's record may also be "raw": its producer wrote the residual itself (rounded to bf16) where the norm's
+ * output belongs, for a product that norms its input as it reads it (norm-in, tm_cuda_gemv_job.norm_w);
+ * tm_lazy_peek_raw finds such a record without dropping it, so that any other reader still gets the norm made. */
 #ifndef TM_CUDA_LAZY_H
 #define TM_CUDA_LAZY_H
 
@@ -22,6 +26,7 @@ typedef struct tm_lazy_rec {
     const void *src;      /* what remakes it; NULL once it was overwritten */
     const tm_weight *w;   /* the norm's weight (src f32 (n, dim)); NULL: the SwiGLU of src (n, 2 dim) bf16 */
     float eps;
+    bool raw;             /* a norm's: buf holds src rounded to bf16 (norm-in), not nothing */
     int32_t n, dim;
 } tm_lazy_rec;
 
@@ -54,6 +59,16 @@ static inline tm_lazy_state tm_lazy_read(tm_lazy *l, const void *p, tm_lazy_rec 
             return out->src ? TM_LAZY_REMAKE : TM_LAZY_LOST;
         }
     return TM_LAZY_NONE;
+}
+
+/* a raw norm record of p whose source is still there (left in place); false if none */
+static inline bool tm_lazy_peek_raw(const tm_lazy *l, const void *p, tm_lazy_rec *out) {
+    for (int k = 0; k < TM_LAZY_MAX && p; k++)
+        if (l->rec[k].buf == p && l->rec[k].raw && l->rec[k].w && l->rec[k].src) {
+            *out = l->rec[k];
+            return true;
+        }
+    return false;
 }
 
 /* r.buf was left unwritten (after tm_lazy_write of it); false when every record is taken */
