@@ -66,8 +66,6 @@
 namespace {
 
 constexpr int kThreadsV1 = 128;
-
-bool aligned16_ptr(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 constexpr int kMaxWarps = 4;
 constexpr int kMaxJobs = TM_CUDA_GEMV_MAX_JOBS;
 
@@ -667,7 +665,7 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     for (int32_t j = 0; jobs && j < n_jobs; j++)
         if (jobs[j].norm_w != jobs[0].norm_w || jobs[j].norm_eps != jobs[0].norm_eps) return cudaErrorInvalidValue;
     const bool nin = jobs && n_jobs >= 1 && jobs[0].norm_w;
-    if (nin && (!aligned16_ptr(jobs[0].norm_w) || tm_env_is_1("TM_CUDA_GEMV_V"))) return cudaErrorNotSupported;
+    if (nin && (!tm_aligned16(jobs[0].norm_w) || tm_env_is_1("TM_CUDA_GEMV_V"))) return cudaErrorNotSupported;
     tmq::info ti;
     if (!jobs || n_jobs < 1 || n_jobs > kMaxJobs || !x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 ||
         cols > INT32_MAX || !tmq::type_info(type, &ti) || cols % ti.qk || (swiglu && (n_jobs != 1 || !w_up)))
@@ -782,7 +780,7 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     if (type == TM_DT_FP8_E4M3) a.x_inv = 1.0f / jobs[0].act_scale;
     for (int32_t j = 1; j < n_jobs; j++)
         if (jobs[j].norm_w != jobs[0].norm_w || jobs[j].norm_eps != jobs[0].norm_eps) return cudaErrorInvalidValue;
-    if (jobs[0].norm_w && !aligned16_ptr(jobs[0].norm_w)) return cudaErrorNotSupported;
+    if (jobs[0].norm_w && !tm_aligned16(jobs[0].norm_w)) return cudaErrorNotSupported;
     a.nin_w = jobs[0].norm_w;
     a.nin_eps = jobs[0].norm_eps;
     a.w_up = NULL;
