@@ -48,6 +48,14 @@
  *    of tm_cuda_rope.cu's f32 angle (double sincospi), and stores 4 bytes: q to its output, k (rotated) and v to
  *    the cache slot of token b (none when slot < 0), the unrotated k and v to their outputs when those are set.
  *
+ * Norm-in (template NIN; tm_cuda_gemv_job.norm_w, tm_cuda_gemv_swiglu_nin; f32/f16/bf16 weights): x is a raw
+ * residual rounded to bf16 (EPI_NORM with a.norm_w NULL writes it: residual += o, norm_out = bf16(residual), no
+ * counter, no last block) and the product reads rmsnorm(x) * nin_w instead. unit_dot multiplies each x element by
+ * the norm weight (read through L1: every block of an SM reads the same cols) and adds its square to the lane's
+ * ss[b]; ss is reduced with the sums, and the epilogue scales the sums by 1 / sqrt(ss / cols + eps) before the
+ * bias, SwiGLU or RoPE. Every block covers whole rows of x with the same lane -> unit map and order, so all see
+ * the same scale. Quantized and fp8 weights return cudaErrorNotSupported (fp8 rounds x before the scale is known).
+ *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
  * falls back to one launch per job (each job exactly as tm_cuda_gemv would run it).
