@@ -1110,10 +1110,8 @@ static void run_timed(void *p) {
     }
 }
 
-/* microseconds of one replay of graph g on s (median of 9 after 2 warm-ups); g and its instance are destroyed */
-static double graph_replay_us(cudaGraph_t g, cudaStream_t s) {
-    cudaGraphExec_t ge;
-    TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
+/* microseconds of one replay of an instantiated graph on s (median of 9 after 2 warm-ups) */
+static double exec_replay_us(cudaGraphExec_t ge, cudaStream_t s) {
     cudaEvent_t e0, e1;
     TB_CHECK(cudaEventCreate(&e0));
     TB_CHECK(cudaEventCreate(&e1));
@@ -1131,9 +1129,17 @@ static double graph_replay_us(cudaGraph_t g, cudaStream_t s) {
     qsort(ms, REPS, sizeof(float), tb_cmp_f);
     TB_CHECK(cudaEventDestroy(e0));
     TB_CHECK(cudaEventDestroy(e1));
+    return (double)ms[REPS / 2] * 1000.0;
+}
+
+/* microseconds of one replay of graph g on s (median of 9 after 2 warm-ups); g and its instance are destroyed */
+static double graph_replay_us(cudaGraph_t g, cudaStream_t s) {
+    cudaGraphExec_t ge;
+    TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    const double us = exec_replay_us(ge, s);
     TB_CHECK(cudaGraphExecDestroy(ge));
     TB_CHECK(cudaGraphDestroy(g));
-    return (double)ms[REPS / 2] * 1000.0;
+    return us;
 }
 
 /* per-call microseconds of `calls` back-to-back calls captured in one CUDA graph (median of replays) */
@@ -1517,36 +1523,37 @@ static void time_fused(int fused_kind, int32_t t, const int64_t *rows, int64_t c
     }
 }
 
-/* microseconds of one replay of an instantiated graph (median of 9 after 2 warm-ups) */
-static double exec_replay_us(cudaGraphExec_t ge, cudaStream_t s) {
-    cudaEvent_t e0, e1;
-    TB_CHECK(cudaEventCreate(&e0));
-    TB_CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < 2; i++) TB_CHECK(cudaGraphLaunch(ge, s));
-    enum { REPS = 9 };
-    float ms[REPS];
-    for (int i = 0; i < REPS; i++) {
-        TB_CHECK(cudaEventRecord(e0, s));
-        TB_CHECK(cudaGraphLaunch(ge, s));
-        TB_CHECK(cudaEventRecord(e1, s));
-        TB_CHECK(cudaEventSynchronize(e1));
-        TB_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
+typedef struct norm_chain_bufs {
+    float *res;          /* (dim) f32 residual */
+    const float *nw;     /* (dim) norm weight */
+    uint16_t *xn, *po;   /* (dim) the norm's output (norm-in: the raw residual); the product before the add */
+    void *scratch;       /* the last-block norm's counter */
+    float eps;
+} norm_chain_bufs;
+
+/* o (down = false) or down followed by the next norm, as norm chain way `way` runs it: 0 the product then the norm
+ * kernel, 1 the last-block norm epilogue, 2 norm-in after both, 3 norm-in after down only (the backend's default) */
+static void add_norm(int way, bool down, const void *w, int64_t dim, int64_t cols, const uint16_t *x,
+                     const norm_chain_bufs *c, cudaStream_t s) {
+    const bool raw = way == 2 || (way == 3 && down);
+    if (way == 0 || (way == 3 && !down)) {
+        TB_CHECK(tm_cuda_gemv(w, TM_DT_BF16, dim, cols, x, 1, NULL, c->po, false, NULL, s));
+        TB_CHECK(tm_cuda_add_rmsnorm(c->res, c->po, c->nw, c->eps, 1, (int32_t)dim, c->xn, s));
+    } else {
+        TB_CHECK(tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, dim, cols, x, 1, NULL, NULL, c->res, raw ? NULL : c->nw, c->eps,
+                                          c->xn, raw ? NULL : c->scratch, NULL, s));
     }
-    qsort(ms, REPS, sizeof(float), tb_cmp_f);
-    TB_CHECK(cudaEventDestroy(e0));
-    TB_CHECK(cudaEventDestroy(e1));
-    return (double)ms[REPS / 2] * 1000.0;
 }
 
 /* One batch-1 layer's products and norms (no attention: o reads q) as the backend runs them, three ways, `layers`
- * layers of distinct random weights in one graph each (default PDL): the separate add+RMSNorm kernels (the default
- * until norm-in), the o / down epilogue that norms in its last block (TM_CUDA_FUSE_NORM=1), and norm-in (the o / down
- * epilogue passes the residual on raw, q|k|v and gate/up norm it as they read it). From the same state, the final
- * residuals compared; then each timed, alternating. */
+ * layers of distinct random weights in one graph each (default PDL), four ways (add_norm): the separate add+RMSNorm
+ * kernels, the o / down epilogue that norms in its last block (TM_CUDA_FUSE_NORM=1), norm-in after both (the o /
+ * down epilogue passes the residual on raw, q|k|v and gate/up norm it as they read it), and norm-in after down only
+ * (the backend's default). From the same state, the final residuals compared; then each timed, alternating. */
 static void time_norm_chain(const char *label, int64_t dim, int64_t qd, int64_t kvd, int64_t ffn, int layers) {
     if (!tb_budget_ok()) return;
     tb_case("norm chain %s", label);
-    enum { MAX_LAYERS = 32, NW = 7, WAYS = 3 };
+    enum { MAX_LAYERS = 32, NW = 7, WAYS = 4 };
     if (layers > MAX_LAYERS) layers = MAX_LAYERS;
     const int32_t t = TM_DT_BF16;
     const float eps = 1e-5f;
@@ -1581,50 +1588,34 @@ static void time_norm_chain(const char *label, int64_t dim, int64_t qd, int64_t 
     TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     TB_CHECK(cudaDeviceSynchronize());
     cudaGraphExec_t ge[WAYS];
-    static const char *const way_name[WAYS] = {"norm kernels", "norm in last block", "norm-in"};
+    static const char *const way_name[WAYS] = {"norm kernels", "norm in last block", "norm-in", "norm-in after down"};
+    const norm_chain_bufs nc = {res, nw, xn, po, scratch, eps};
     for (int way = 0; way < WAYS; way++) {
-        const bool nin = way == 2;
         cudaGraph_t g;
         TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
         for (int l = 0; l < layers; l++) {
+            const bool nin = way >= 2 && l > 0; /* layer 0 reads the first norm (below), made as in the other ways */
             const tm_cuda_gemv_job qkv[3] = {{w[l][0], qd, NULL, qo, 0, 0, nin ? nw : NULL, eps},
                                              {w[l][1], kvd, NULL, ko, 0, 0, nin ? nw : NULL, eps},
                                              {w[l][2], kvd, NULL, vo, 0, 0, nin ? nw : NULL, eps}};
             TB_CHECK(tm_cuda_gemv_group(qkv, 3, t, dim, xn, 1, false, s));
-            if (way == 0) {
-                TB_CHECK(tm_cuda_gemv(w[l][3], t, dim, qd, qo, 1, NULL, po, false, NULL, s));
-                TB_CHECK(tm_cuda_add_rmsnorm(res, po, nw, eps, 1, (int32_t)dim, xn, s));
-            } else {
-                TB_CHECK(tm_cuda_gemv_add_rmsnorm(w[l][3], t, dim, qd, qo, 1, NULL, NULL, res, nin ? NULL : nw, eps, xn,
-                                                  nin ? NULL : scratch, NULL, s));
-            }
-            if (nin)
+            add_norm(way, false, w[l][3], dim, qd, qo, &nc, s);
+            if (way == 2)
                 TB_CHECK(tm_cuda_gemv_swiglu_nin(w[l][4], w[l][5], t, ffn, dim, xn, 1, h, nw, eps, s));
             else
                 TB_CHECK(tm_cuda_gemv_swiglu(w[l][4], w[l][5], t, ffn, dim, xn, 1, h, NULL, s));
-            if (way == 0) {
-                TB_CHECK(tm_cuda_gemv(w[l][6], t, dim, ffn, h, 1, NULL, po, false, NULL, s));
-                TB_CHECK(tm_cuda_add_rmsnorm(res, po, nw, eps, 1, (int32_t)dim, xn, s));
-            } else {
-                TB_CHECK(tm_cuda_gemv_add_rmsnorm(w[l][6], t, dim, ffn, h, 1, NULL, NULL, res, nin ? NULL : nw, eps, xn,
-                                                  nin ? NULL : scratch, NULL, s));
-            }
+            add_norm(way, true, w[l][6], dim, ffn, h, &nc, s);
         }
         TB_CHECK(cudaStreamEndCapture(s, &g));
         TB_CHECK(cudaGraphInstantiate(&ge[way], g, 0));
         TB_CHECK(cudaGraphDestroy(g));
     }
-    /* the same state through each way: xn = the first norm (norm-in: the raw residual) */
+    /* the same state through each way: xn = the first norm */
     float *rr[WAYS];
     char name[128];
     for (int way = 0; way < WAYS; way++) {
         TB_CHECK(cudaMemcpy(res, res0, (size_t)dim * 4, cudaMemcpyDeviceToDevice));
-        TB_CHECK(cudaMemset(qo, 0, (size_t)qd * 2));
-        if (way == 2)
-            TB_CHECK(tm_cuda_gemv_add_rmsnorm(w[0][3], t, dim, qd, qo, 1, NULL, NULL, res, NULL, eps, xn, NULL, NULL,
-                                              s)); /* qo zero: res unchanged, xn = bf16(res) */
-        else
-            TB_CHECK(tm_cuda_add_rmsnorm(res, zo, nw, eps, 1, (int32_t)dim, xn, s));
+        TB_CHECK(tm_cuda_add_rmsnorm(res, zo, nw, eps, 1, (int32_t)dim, xn, s));
         TB_CHECK(cudaGraphLaunch(ge[way], s));
         TB_CHECK(cudaStreamSynchronize(s));
         rr[way] = tb_xmalloc((size_t)dim * 4);
