@@ -98,6 +98,19 @@ elif [ -f "$OUT/ceilings.txt" ]; then
 fi
 COPY=${TM_CEIL_COPY_GBS:-4300}
 
+# the text of $OUT/PREFIX_cpu.json against $OUT/PREFIX_cuda.json (one `run --json` each): greedy_cpu_gpu PREFIX
+greedy_cpu_gpu() {
+  python3 - "$OUT" "$1" <<'EOF'
+import json, sys
+try:
+    a, b = (json.load(open(f"{sys.argv[1]}/{sys.argv[2]}_{d}.json"))["text"] for d in ("cpu", "cuda"))
+except Exception as e:
+    print(f"no result ({e})"); sys.exit()
+n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print("same greedy text" if a == b else f"texts part after {n} of {len(a)} characters")
+EOF
+}
+
 if want e2e; then
   for shape in llama3.2-1b llama3-8b; do
     echo "== bench latency dummy:$shape:bf16 (batch 1)"
@@ -140,6 +153,13 @@ print(("same greedy text in all " if ok else "DIFFERENT greedy text or missing: 
 EOF
 )
   row "greedy 1B under TM_CUDA_PDL=0/gemv/1" "$r"
+  # norm-in (the norm after down applied by the next q|k|v GEMV as it reads): the GPU's greedy text against the
+  # CPU backend's on the same host-made bf16 weights
+  for dev in cpu cuda; do
+    TM_DUMMY_HOST=1 timeout 120 $TM run -m dummy:llama3.2-1b:bf16 --device $dev -n 40 --temp 0 --ignore-eos --json \
+      -p "norm in as it reads" 2>"$OUT/nin_greedy_$dev.err" | tail -n 1 >"$OUT/nin_greedy_$dev.json"
+  done
+  row "greedy 1B bf16 (norm-in): GPU vs CPU" "$(greedy_cpu_gpu nin_greedy)"
   # GGUF-quantized weights decoded by 16 sequences together: the tensor-core kernel that decodes the weights in
   # registers (tm_cuda_qgemm) against dequantize + cuBLASLt (TM_CUDA_QGEMM=0); host-made q4_K weights
   for q in 1 0; do
@@ -163,19 +183,6 @@ EOF
   tp_run tp_8b_fp8 dummy:llama3-8b:bf16 "e2e throughput 8B bf16, fp8 KV, ${n}x1024/1024" --kv-cache-dtype fp8
   }
 fi
-
-# the text of $OUT/PREFIX_cpu.json against $OUT/PREFIX_cuda.json (one `run --json` each): greedy_cpu_gpu PREFIX
-greedy_cpu_gpu() {
-  python3 - "$OUT" "$1" <<'EOF'
-import json, sys
-try:
-    a, b = (json.load(open(f"{sys.argv[1]}/{sys.argv[2]}_{d}.json"))["text"] for d in ("cpu", "cuda"))
-except Exception as e:
-    print(f"no result ({e})"); sys.exit()
-n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-print("same greedy text" if a == b else f"texts part after {n} of {len(a)} characters")
-EOF
-}
 
 if want fp8; then
   # fp8 weights (W8A8, per-tensor scales: dummy:<shape>:fp8): batch-1 decode against its floor (the fp8 weight
