@@ -244,7 +244,8 @@ static void check_group(int32_t t, int64_t cols, const int64_t *rows, int nj, bo
             for (int n = MAX_N; n >= 1; n--) { /* n = 8 first: the other n compare with it */
                 tm_cuda_gemv_job jobs[MAX_JOBS];
                 for (int j = 0; j < nj; j++) {
-                    jobs[j] = (tm_cuda_gemv_job){w_d[j], rows[j], f32 && j != 1 ? bias_d[j] : NULL, out_g[j], 0, 0, NULL, 0};
+                    jobs[j] = (tm_cuda_gemv_job){w_d[j], rows[j], f32 && j != 1 ? bias_d[j] : NULL, out_g[j], 0, 0,
+                                                 NULL, 0};
                     tb_poison(out_g[j], (size_t)MAX_N * (size_t)rows[j] * 4);
                     tb_poison(out_s[j], (size_t)MAX_N * (size_t)rows[j] * 4);
                 }
@@ -826,7 +827,8 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             tb_poison(vc2_d, ncache * 2);
             TB_CHECK(cudaDeviceSynchronize());
             tm_cuda_gemv_job gj[3];
-            for (int j = 0; j < 3; j++) gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0, NULL, 0};
+            for (int j = 0; j < 3; j++)
+                gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0, NULL, 0};
             TB_CHECK(tm_cuda_gemv_group(gj, 3, t, cols, x_d, n, false, s));
             tm_cuda_rope_args ra = {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, o2_d[0], o2_d[1], o2_d[2],
                                     kc2_d, vc2_d, false, NULL, 0, NULL, NULL};
@@ -1181,7 +1183,8 @@ static void check_nin(int32_t t, int64_t rows, int64_t cols) {
     }
     uint8_t *wg = make_weights(t, rows, cols, false), *wu = make_weights(t, rows, cols, false);
     float *wgf = dequant_all(t, wg, rows, cols), *wuf = dequant_all(t, wu, rows, cols);
-    double *rg = tb_xmalloc((size_t)MAX_N * rows * sizeof(double)), *ru = tb_xmalloc((size_t)MAX_N * rows * sizeof(double));
+    double *rg = tb_xmalloc((size_t)MAX_N * rows * sizeof(double));  /* (8, rows) gate reference */
+    double *ru = tb_xmalloc((size_t)MAX_N * rows * sizeof(double));  /* (8, rows) up reference */
     ref_gemv(wgf, xn, NULL, rows, cols, MAX_N, rg);
     ref_gemv(wuf, xn, NULL, rows, cols, MAX_N, ru);
     const size_t rb = row_bytes_of(t, cols);
@@ -1190,7 +1193,8 @@ static void check_nin(int32_t t, int64_t rows, int64_t cols) {
     float *nw_d = tb_upload(nw, (size_t)cols * sizeof(float));
     uint16_t *o_d = tb_dev((size_t)MAX_N * rows * 2);
     uint16_t *o8 = tb_xmalloc((size_t)MAX_N * rows * 2), *on = tb_xmalloc((size_t)MAX_N * rows * 2);
-    float *got = tb_xmalloc((size_t)MAX_N * rows * sizeof(float)), *want = tb_xmalloc((size_t)MAX_N * rows * sizeof(float));
+    float *got = tb_xmalloc((size_t)MAX_N * rows * sizeof(float));  /* (8, rows) */
+    float *want = tb_xmalloc((size_t)MAX_N * rows * sizeof(float)); /* (8, rows) */
     char name[160];
     for (int sw = 0; sw < 2; sw++) {
         double worst = 0.0;
@@ -1230,8 +1234,10 @@ static void check_nin(int32_t t, int64_t rows, int64_t cols) {
         void *sc = tb_dev(TM_CUDA_GEMV_NORM_SCRATCH_BYTES);
         TB_CHECK(cudaMemset(sc, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES));
         tb_poison(no_b, (size_t)MAX_N * rows * 2);
-        TB_RUN(tm_cuda_gemv_add_rmsnorm(wg_d, t, rows, cols, x_d, MAX_N, NULL, NULL, res_a, nw_d, eps, no_a, sc, NULL, 0));
-        TB_RUN(tm_cuda_gemv_add_rmsnorm(wg_d, t, rows, cols, x_d, MAX_N, NULL, NULL, res_b, NULL, eps, no_b, NULL, NULL, 0));
+        TB_RUN(tm_cuda_gemv_add_rmsnorm(wg_d, t, rows, cols, x_d, MAX_N, NULL, NULL, res_a, nw_d, eps, no_a, sc, NULL,
+                                        0));
+        TB_RUN(tm_cuda_gemv_add_rmsnorm(wg_d, t, rows, cols, x_d, MAX_N, NULL, NULL, res_b, NULL, eps, no_b, NULL, NULL,
+                                        0));
         float *ra = tb_xmalloc((size_t)MAX_N * rows * 4), *rbh = tb_xmalloc((size_t)MAX_N * rows * 4);
         tb_download(ra, res_a, (size_t)MAX_N * rows * 4);
         tb_download(rbh, res_b, (size_t)MAX_N * rows * 4);
@@ -1540,8 +1546,8 @@ static void add_norm(int way, bool down, const void *w, int64_t dim, int64_t col
         TB_CHECK(tm_cuda_gemv(w, TM_DT_BF16, dim, cols, x, 1, NULL, c->po, false, NULL, s));
         TB_CHECK(tm_cuda_add_rmsnorm(c->res, c->po, c->nw, c->eps, 1, (int32_t)dim, c->xn, s));
     } else {
-        TB_CHECK(tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, dim, cols, x, 1, NULL, NULL, c->res, raw ? NULL : c->nw, c->eps,
-                                          c->xn, raw ? NULL : c->scratch, NULL, s));
+        TB_CHECK(tm_cuda_gemv_add_rmsnorm(w, TM_DT_BF16, dim, cols, x, 1, NULL, NULL, c->res, raw ? NULL : c->nw,
+                                          c->eps, c->xn, raw ? NULL : c->scratch, NULL, s));
     }
 }
 

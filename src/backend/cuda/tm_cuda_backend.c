@@ -117,8 +117,9 @@ typedef struct cu_backend {
     size_t stage_bytes;
     /* fused GEMV epilogues (off with TM_CUDA_NO_FUSE=1). The add+RMSNorm epilogue is opt-in
      * (TM_CUDA_FUSE_NORM=1): its last-block tail measured slower than the separate norm kernel on the H200.
-     * norm_in (TM_CUDA_NORM_IN=0: off): with f32/f16/bf16 weights at n <= TM_CUDA_GEMV_MAX_N the o and down GEMVs
-     * add into the residual and pass it on raw, and the next GEMV norms it as it reads it (no norm kernel) */
+     * norm_in (TM_CUDA_NORM_IN=0: off): with f32/f16/bf16 weights at n <= TM_CUDA_GEMV_MAX_N the down GEMV (and
+     * with TM_CUDA_NORM_IN=1 the o GEMV too) adds into the residual and passes it on raw, and the next GEMV norms
+     * it as it reads it (no norm kernel) */
     bool no_fuse, fuse_norm, norm_in;
     int norm_in_sel;             /* 0: both norms, 1: the one after down only (default), 2: after o only */
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
@@ -1038,7 +1039,8 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
     const tm_weight *w = job->w;
     /* raw: the residual passed on for the next GEMV to norm (norm-in), no norm here */
     const bool down = w->cols > w->rows; /* down (ffn -> dim) before the next layer's q|k|v, else o before gate/up */
-    const bool raw = c->norm_in && nin_type((int32_t)w->type) && (c->norm_in_sel == 0 || (c->norm_in_sel == 1) == down);
+    const bool raw =
+        c->norm_in && nin_type((int32_t)w->type) && (c->norm_in_sel == 0 || (c->norm_in_sel == 1) == down);
     if (c->no_fuse || (!c->fuse_norm && !raw) || (!raw && !c->norm_scratch) || n < 1 || n > TM_CUDA_GEMV_MAX_N ||
         job->out_f32 || norm_w->cols != w->rows || w->rows > INT32_MAX)
         return false;
