@@ -722,9 +722,10 @@ static size_t rope_errs(int n, int H, int KV, int hd, int rdim, size_t rq, size_
  * replayed 3 times (without). Against a CPU reference (double GEMV, rounded to bf16, rotated in double with the
  * f32 angle; k, v in the cache slots; slots outside the mapping and the padding token's keep their poison) and
  * against the unfused pair (tm_cuda_gemv_group + tm_cuda_rope_kv_write): v cache and k, v outputs bit-identical,
- * q and the k cache within 1 bf16 step. */
-static void check_fused_rope(int32_t t, const qkv_shape *c) {
-    tb_case("gemv_qkv_rope %s %s", type_name(t), c->name);
+ * q and the k cache within 1 bf16 step. nin: x is a raw residual and both paths norm it as they read it (norm-in,
+ * tm_cuda_gemv_job.norm_w); the reference is on the normed x. */
+static void check_fused_rope(int32_t t, const qkv_shape *c, bool nin) {
+    tb_case("gemv_qkv_rope %s %s%s", type_name(t), c->name, nin ? " norm-in" : "");
     const int H = c->H, KV = c->KV, hd = c->hd, rdim = c->rope_dim, bs = 16, nblk = 5;
     const int64_t cols = c->cols, rq = (int64_t)H * hd, rk = (int64_t)KV * hd, rows[3] = {rq, rk, rk};
     const size_t nx = (size_t)MAX_N * (size_t)cols, n_slots = (size_t)nblk * bs, ncache = n_slots * (size_t)rk;
@@ -745,7 +746,21 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
     uint16_t *xh = tb_xmalloc(nx * 2);
     float *xf = tb_xmalloc(nx * sizeof(float));
     tb_fill_bf16(xh, xf, nx, 1.0f);
-    for (int j = 0; j < 3; j++) ref_gemv(wf[j], xf, c->bias ? bias[j] : NULL, rows[j], cols, MAX_N, rd[j]);
+    const float eps = 1e-5f;
+    float *nw = tb_xmalloc((size_t)cols * sizeof(float)); /* (cols) norm-in's weight */
+    tb_fill_f32(nw, (size_t)cols, 0.5f);
+    for (int64_t j = 0; j < cols; j++) nw[j] += 1.0f;
+    float *xr = tb_xmalloc(nx * sizeof(float)); /* (8, cols) the reference's input: x, or x normed */
+    for (int b = 0; b < MAX_N; b++) {
+        double ss = 0.0;
+        for (int64_t j = 0; j < cols; j++) ss += (double)xf[b * cols + j] * (double)xf[b * cols + j];
+        const double sc = 1.0 / sqrt(ss / (double)cols + (double)eps);
+        for (int64_t j = 0; j < cols; j++)
+            xr[b * cols + j] = nin ? (float)((double)xf[b * cols + j] * nw[j] * sc) : xf[b * cols + j];
+    }
+    float *nw_d = tb_upload(nw, (size_t)cols * sizeof(float));
+    const float *nwj = nin ? nw_d : NULL;
+    for (int j = 0; j < 3; j++) ref_gemv(wf[j], xr, c->bias ? bias[j] : NULL, rows[j], cols, MAX_N, rd[j]);
     float *inv = tb_xmalloc((size_t)(rdim / 2 + 1) * sizeof(float));
     for (int j = 0; j < rdim / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / rdim);
     int32_t pos[MAX_N];
@@ -793,9 +808,9 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             tb_poison(kc_d, ncache * 2);
             tb_poison(vc_d, ncache * 2);
             TB_CHECK(cudaDeviceSynchronize());
-            rope_run r = {{{w_d[0], rq, c->bias ? b_d[0] : NULL, o_d[0], 0, 0, NULL, 0},
-                           {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL, 0, 0, NULL, 0},
-                           {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL, 0, 0, NULL, 0}},
+            rope_run r = {{{w_d[0], rq, c->bias ? b_d[0] : NULL, o_d[0], 0, 0, nwj, eps},
+                           {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL, 0, 0, nwj, eps},
+                           {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL, 0, 0, nwj, eps}},
                           t, cols, x_d, n,
                           {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d, false, NULL, 0, NULL, NULL},
                           ncache * 2, mode == 2};
@@ -828,7 +843,7 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             TB_CHECK(cudaDeviceSynchronize());
             tm_cuda_gemv_job gj[3];
             for (int j = 0; j < 3; j++)
-                gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0, NULL, 0};
+                gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0, nwj, eps};
             TB_CHECK(tm_cuda_gemv_group(gj, 3, t, cols, x_d, n, false, s));
             tm_cuda_rope_args ra = {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, o2_d[0], o2_d[1], o2_d[2],
                                     kc2_d, vc2_d, false, NULL, 0, NULL, NULL};
@@ -864,20 +879,21 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
             }
         }
     }
-    snprintf(name, sizeof name, "%s %s n1-8 fp8 k/v-cache", type_name(t), c->name);
+    const char *tag = nin ? " norm-in" : "";
+    snprintf(name, sizeof name, "%s %s%s n1-8 fp8 k/v-cache", type_name(t), c->name, tag);
     if (bad8) printf("# %s %s: %zu fp8 cache bytes differ from the e4m3 rounding of the bf16 cache\n", type_name(t),
                      c->name, bad8);
     tb_result("gemv_qkv_rope", name, bad8 ? 1.0 : 0.0, 0, 0, 0, 0, 'm');
-    snprintf(name, sizeof name, "%s %s n1-8 q", type_name(t), c->name);
+    snprintf(name, sizeof name, "%s %s%s n1-8 q", type_name(t), c->name, tag);
     tb_result("gemv_qkv_rope", name, worst_q, 1e-2, 0, 0, 0, 'm');
-    snprintf(name, sizeof name, "%s %s n1-8 k-cache", type_name(t), c->name);
+    snprintf(name, sizeof name, "%s %s%s n1-8 k-cache", type_name(t), c->name, tag);
     tb_result("gemv_qkv_rope", name, worst_k, 1e-2, 0, 0, 0, 'm');
-    snprintf(name, sizeof name, "%s %s n1-8 v-cache", type_name(t), c->name);
+    snprintf(name, sizeof name, "%s %s%s n1-8 v-cache", type_name(t), c->name, tag);
     tb_result("gemv_qkv_rope", name, worst_v, 1e-2, 0, 0, 0, 'm');
     if (bad || ulps > 1)
         printf("# %s %s: %zu exact mismatches (poison, v/k/v-out vs unfused), q/k %d bf16 steps from unfused\n",
                type_name(t), c->name, bad, ulps);
-    snprintf(name, sizeof name, "%s %s exact+reps+graph", type_name(t), c->name);
+    snprintf(name, sizeof name, "%s %s%s exact+reps+graph", type_name(t), c->name, tag);
     tb_result("gemv_qkv_rope", name, (double)bad + (ulps > 1 ? (double)ulps : 0.0), 0, 0, 0, 0, 'm');
     TB_CHECK(cudaStreamDestroy(s));
     for (int j = 0; j < 3; j++) {
@@ -893,6 +909,7 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
         free(o2h[j]);
     }
     TB_CHECK(cudaFree(x_d));
+    TB_CHECK(cudaFree(nw_d));
     TB_CHECK(cudaFree(inv_d));
     TB_CHECK(cudaFree(pos_d));
     TB_CHECK(cudaFree(slot_d));
@@ -902,6 +919,8 @@ static void check_fused_rope(int32_t t, const qkv_shape *c) {
     TB_CHECK(cudaFree(vc2_d));
     free(xh);
     free(xf);
+    free(nw);
+    free(xr);
     free(inv);
     free(perm);
     free(kc);
@@ -984,7 +1003,9 @@ static void check_fused(void) {
                                 {"odd 3/1x10 rot6 +b", 3, 1, 10, 6, 128, true},
                                 {"8b 32/8x128", 32, 8, 128, 128, 4096, false}};
         for (int k = 0; k < 5; k++)
-            if (k < 4 || t != TM_DT_Q4_1) check_fused_rope(t, &sh[k]);
+            if (k < 4 || t != TM_DT_Q4_1) check_fused_rope(t, &sh[k], false);
+        if (t == TM_DT_BF16) /* norm-in (the backend's default q|k|v after down): bf16, with and without bias */
+            for (int k = 1; k < 4; k++) check_fused_rope(t, &sh[k], true);
     }
 }
 
@@ -1731,6 +1752,9 @@ int main(int argc, char **argv) {
             check_nin(nt[i], 2048, 2048);
             check_nin(nt[i], 96, 4104);
         }
+        const qkv_shape sh[] = {{"1b 32/8x64", 32, 8, 64, 64, 2048, false},
+                                {"partial 4/2x64 rot32 +b", 4, 2, 64, 32, 256, true}};
+        for (int k = 0; k < 2; k++) check_fused_rope(TM_DT_BF16, &sh[k], true);
         time_norm_chain("1b", 2048, 2048, 512, 8192, 16);
         time_norm_chain("8b", 4096, 4096, 1024, 14336, 8);
         for (int i = 0; i < g_nkeys; i++) printf("# key %s\n", g_keys[i]);
