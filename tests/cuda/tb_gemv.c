@@ -61,6 +61,17 @@ static void ref_gemv(const float *wf, const float *xf, const float *bias, int64_
         }
 }
 
+/* out (n, dim) = rmsnorm of each row of x (n, dim) times w, in double: x * (1 / sqrt(mean(x^2) + eps)) * w */
+static void ref_rmsnorm(const float *x, const float *w, double eps, int n, int64_t dim, float *out) {
+    for (int b = 0; b < n; b++) {
+        const float *xr = x + (size_t)b * dim;
+        double ss = 0.0;
+        for (int64_t i = 0; i < dim; i++) ss += (double)xr[i] * (double)xr[i];
+        const double sc = 1.0 / sqrt(ss / (double)dim + eps);
+        for (int64_t i = 0; i < dim; i++) out[(size_t)b * dim + i] = (float)((double)xr[i] * sc * w[i]);
+    }
+}
+
 static void set_version(int v) {
     if (v == 1)
         setenv("TM_CUDA_GEMV_V", "1", 1);
@@ -559,13 +570,7 @@ static void check_fused_norm(int32_t t, int64_t rows, int64_t cols, bool with_bi
             }
             exact_bad += memcmp(res_x, res_h, cnt * sizeof(float)) != 0;
             /* norm_out against rmsnorm of the kernel's residual, in double */
-            for (int b = 0; b < n; b++) {
-                const float *rr = res_h + (size_t)b * rows;
-                double ss = 0.0;
-                for (int64_t i = 0; i < rows; i++) ss += (double)rr[i] * (double)rr[i];
-                const double sc = 1.0 / sqrt(ss / (double)rows + (double)NORM_EPS);
-                for (int64_t i = 0; i < rows; i++) want[(size_t)b * rows + i] = (float)((double)rr[i] * sc * nw[i]);
-            }
+            ref_rmsnorm(res_h, nw, (double)NORM_EPS, n, rows, want);
             e = tb_rel_err_bf16(nout_h, want, cnt);
             if (!(e <= worst_n)) worst_n = e;
             if (mode) continue;
@@ -751,13 +756,10 @@ static void check_fused_rope(int32_t t, const qkv_shape *c, bool nin) {
     tb_fill_f32(nw, (size_t)cols, 0.5f);
     for (int64_t j = 0; j < cols; j++) nw[j] += 1.0f;
     float *xr = tb_xmalloc(nx * sizeof(float)); /* (8, cols) the reference's input: x, or x normed */
-    for (int b = 0; b < MAX_N; b++) {
-        double ss = 0.0;
-        for (int64_t j = 0; j < cols; j++) ss += (double)xf[b * cols + j] * (double)xf[b * cols + j];
-        const double sc = 1.0 / sqrt(ss / (double)cols + (double)eps);
-        for (int64_t j = 0; j < cols; j++)
-            xr[b * cols + j] = nin ? (float)((double)xf[b * cols + j] * nw[j] * sc) : xf[b * cols + j];
-    }
+    if (nin)
+        ref_rmsnorm(xf, nw, (double)eps, MAX_N, cols, xr);
+    else
+        memcpy(xr, xf, nx * sizeof(float));
     float *nw_d = tb_upload(nw, (size_t)cols * sizeof(float));
     const float *nwj = nin ? nw_d : NULL;
     for (int j = 0; j < 3; j++) ref_gemv(wf[j], xr, c->bias ? bias[j] : NULL, rows[j], cols, MAX_N, rd[j]);
@@ -1004,8 +1006,6 @@ static void check_fused(void) {
                                 {"8b 32/8x128", 32, 8, 128, 128, 4096, false}};
         for (int k = 0; k < 5; k++)
             if (k < 4 || t != TM_DT_Q4_1) check_fused_rope(t, &sh[k], false);
-        if (t == TM_DT_BF16) /* norm-in (the backend's default q|k|v after down): bf16, with and without bias */
-            for (int k = 1; k < 4; k++) check_fused_rope(t, &sh[k], true);
     }
 }
 
@@ -1196,12 +1196,7 @@ static void check_nin(int32_t t, int64_t rows, int64_t cols) {
     tb_fill_bf16(xh, xf, (size_t)MAX_N * cols, 3.0f);
     tb_fill_f32(nw, (size_t)cols, 0.5f);
     for (int64_t j = 0; j < cols; j++) nw[j] += 1.0f;
-    for (int b = 0; b < MAX_N; b++) {
-        double ss = 0.0;
-        for (int64_t j = 0; j < cols; j++) ss += (double)xf[b * cols + j] * (double)xf[b * cols + j];
-        const double sc = 1.0 / sqrt(ss / (double)cols + (double)eps);
-        for (int64_t j = 0; j < cols; j++) xn[b * cols + j] = (float)((double)xf[b * cols + j] * nw[j] * sc);
-    }
+    ref_rmsnorm(xf, nw, (double)eps, MAX_N, cols, xn);
     uint8_t *wg = make_weights(t, rows, cols, false), *wu = make_weights(t, rows, cols, false);
     float *wgf = dequant_all(t, wg, rows, cols), *wuf = dequant_all(t, wu, rows, cols);
     double *rg = tb_xmalloc((size_t)MAX_N * rows * sizeof(double));  /* (8, rows) gate reference */
@@ -1299,6 +1294,20 @@ static void check_nin(int32_t t, int64_t rows, int64_t cols) {
     free(want);
     void *bufs[] = {wg_d, wu_d, x_d, nw_d, o_d};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) TB_CHECK(cudaFree(bufs[i]));
+}
+
+/* every norm-in check: the plain and SwiGLU products over the dense types (odd widths too: lanes with fewer units,
+ * the tail steps), then through the q|k|v + RoPE epilogue, the backend's default consumer (with and without bias) */
+static void check_nin_all(void) {
+    const int32_t types[] = {TM_DT_BF16, TM_DT_F16, TM_DT_F32};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        check_nin(types[i], 2048, 2048);
+        check_nin(types[i], 96, 4104);
+    }
+    const qkv_shape sh[] = {{"1b 32/8x64", 32, 8, 64, 64, 2048, false},
+                            {"partial 4/2x64 rot32 +b", 4, 2, 64, 32, 256, true},
+                            {"odd 3/1x10 rot6 +b", 3, 1, 10, 6, 128, true}};
+    for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) check_fused_rope(TM_DT_BF16, &sh[k], true);
 }
 
 /* ---- a decode layer's GEMV chain ------------------------------------------------------------------------------- */
@@ -1747,14 +1756,7 @@ int main(int argc, char **argv) {
     tb_guard_init(25.0);
     tb_seed();
     if (getenv("TB_NIN_ONLY")) { /* norm-in: its checks and the norm chain only */
-        const int32_t nt[] = {TM_DT_BF16, TM_DT_F16, TM_DT_F32};
-        for (size_t i = 0; i < sizeof nt / sizeof nt[0]; i++) {
-            check_nin(nt[i], 2048, 2048);
-            check_nin(nt[i], 96, 4104);
-        }
-        const qkv_shape sh[] = {{"1b 32/8x64", 32, 8, 64, 64, 2048, false},
-                                {"partial 4/2x64 rot32 +b", 4, 2, 64, 32, 256, true}};
-        for (int k = 0; k < 2; k++) check_fused_rope(TM_DT_BF16, &sh[k], true);
+        check_nin_all();
         time_norm_chain("1b", 2048, 2048, 512, 8192, 16);
         time_norm_chain("8b", 4096, 4096, 1024, 14336, 8);
         for (int i = 0; i < g_nkeys; i++) printf("# key %s\n", g_keys[i]);
@@ -1768,11 +1770,7 @@ int main(int argc, char **argv) {
     printf("# fused checks done in %.1f s\n", tb_elapsed_s());
     check_chain(false);
     check_chain(true);
-    const int32_t nin_types[] = {TM_DT_BF16, TM_DT_F16, TM_DT_F32};
-    for (size_t i = 0; i < sizeof nin_types / sizeof nin_types[0]; i++) {
-        check_nin(nin_types[i], 2048, 2048);
-        check_nin(nin_types[i], 96, 4104); /* odd widths: lanes with fewer units, the tail steps */
-    }
+    check_nin_all();
     printf("# all checks done in %.1f s\n", tb_elapsed_s());
     fflush(stdout);
     if (argc < 2) time_all(); /* any argument: checks only */

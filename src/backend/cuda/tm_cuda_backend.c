@@ -789,9 +789,11 @@ static const tm_cuda_fp8_scales *fp8_of(const tm_weight *w, const tm_weight *up,
     return buf;
 }
 
-static tm_cuda_gemv_job gemv_job(const tm_weight *w, const tm_weight *bias, void *out) {
+/* nin: the raw record of x when the product norms its input as it reads it (norm-in), else NULL */
+static tm_cuda_gemv_job gemv_job(const tm_weight *w, const tm_weight *bias, void *out, const tm_lazy_rec *nin) {
     return (tm_cuda_gemv_job){.w = w->data, .rows = w->rows, .bias = bias ? bias->data : NULL, .out = out,
-                              .scale = w->scale, .act_scale = w->act_scale};
+                              .scale = w->scale, .act_scale = w->act_scale, .norm_w = nin ? nin->w->data : NULL,
+                              .norm_eps = nin ? nin->eps : 0.0f};
 }
 
 /* fp8 weights at large n (W8A8, backend.h): x (n, cols) rounded to e4m3 once for every product that shares its
@@ -883,11 +885,7 @@ static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs,
         if (!nin) lazy_read(c, x);
         tm_cuda_gemv_job gj[TM_CUDA_GEMV_MAX_JOBS];
         for (int32_t j = 0; j < n_jobs; j++) {
-            gj[j] = gemv_job(jobs[j].w, jobs[j].bias, jobs[j].out);
-            if (nin) {
-                gj[j].norm_w = nr.w->data;
-                gj[j].norm_eps = nr.eps;
-            }
+            gj[j] = gemv_job(jobs[j].w, jobs[j].bias, jobs[j].out, nin ? &nr : NULL);
             buf_mark(c, jobs[j].out, jobs[j].out_f32);
         }
         cudaError_t e = tm_cuda_gemv_group(gj, n_jobs, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n,
@@ -1117,13 +1115,7 @@ static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const 
     const bool nin = nin_take(c, x, (int32_t)jobs[0].w->type, n, &nr);
     if (!nin) lazy_read(c, x);
     tm_cuda_gemv_job gj[3];
-    for (int32_t j = 0; j < 3; j++) {
-        gj[j] = gemv_job(jobs[j].w, jobs[j].bias, j == 0 ? q : NULL);
-        if (nin) {
-            gj[j].norm_w = nr.w->data;
-            gj[j].norm_eps = nr.eps;
-        }
-    }
+    for (int32_t j = 0; j < 3; j++) gj[j] = gemv_job(jobs[j].w, jobs[j].bias, j == 0 ? q : NULL, nin ? &nr : NULL);
     tm_cuda_rope_args r = {
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,

@@ -644,6 +644,14 @@ bool v2_ok(int32_t type, const void *wa, const void *wb, int64_t cols, const uin
            tm_aligned16(x) && cols % 8 == 0 && cols <= INT32_MAX;
 }
 
+/* norm-in's needs of a launch: every job with the same norm_w and eps (InvalidValue), norm_w 16-byte aligned
+ * (NotSupported) */
+cudaError_t nin_jobs_ok(const tm_cuda_gemv_job *jobs, int32_t n_jobs) {
+    for (int32_t j = 1; j < n_jobs; j++)
+        if (jobs[j].norm_w != jobs[0].norm_w || jobs[j].norm_eps != jobs[0].norm_eps) return cudaErrorInvalidValue;
+    return jobs[0].norm_w && !tm_aligned16(jobs[0].norm_w) ? cudaErrorNotSupported : cudaSuccess;
+}
+
 /* One product (job) through v1: one block per output row. */
 cudaError_t launch_v1(const tm_cuda_gemv_job &j, const void *w_up, float up_scale, int32_t type, int64_t cols,
                       int64_t row_bytes, const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
@@ -669,11 +677,6 @@ bool fp8_scales_ok(int32_t type, const tm_cuda_gemv_job &j, bool swiglu, float u
  * gate, with w_up the up weights and up_scale their fp8 scale). Jobs with 0 rows are skipped. */
 cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, float up_scale, int32_t type,
                      int64_t cols, const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
-    /* norm-in: every job alike, 16-byte aligned weights; v1 does not take it */
-    for (int32_t j = 0; jobs && j < n_jobs; j++)
-        if (jobs[j].norm_w != jobs[0].norm_w || jobs[j].norm_eps != jobs[0].norm_eps) return cudaErrorInvalidValue;
-    const bool nin = jobs && n_jobs >= 1 && jobs[0].norm_w;
-    if (nin && (!tm_aligned16(jobs[0].norm_w) || tm_env_is_1("TM_CUDA_GEMV_V"))) return cudaErrorNotSupported;
     tmq::info ti;
     if (!jobs || n_jobs < 1 || n_jobs > kMaxJobs || !x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 ||
         cols > INT32_MAX || !tmq::type_info(type, &ti) || cols % ti.qk || (swiglu && (n_jobs != 1 || !w_up)))
@@ -682,6 +685,10 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
         if (!jobs[j].w || !jobs[j].out || jobs[j].rows < 0 || jobs[j].rows > INT32_MAX ||
             !fp8_scales_ok(type, jobs[j], swiglu, up_scale))
             return cudaErrorInvalidValue;
+    /* norm-in: every job alike, 16-byte aligned weights; v1 does not take it */
+    const bool nin = jobs[0].norm_w != NULL;
+    if (cudaError_t e = nin_jobs_ok(jobs, n_jobs); e != cudaSuccess) return e;
+    if (nin && tm_env_is_1("TM_CUDA_GEMV_V")) return cudaErrorNotSupported;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
 
     /* v2 for all jobs at once when every job meets its alignment needs (and, fp8, all share the activation
@@ -786,9 +793,7 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
         a.sc[j] = a.sc[0];
     }
     if (type == TM_DT_FP8_E4M3) a.x_inv = 1.0f / jobs[0].act_scale;
-    for (int32_t j = 1; j < n_jobs; j++)
-        if (jobs[j].norm_w != jobs[0].norm_w || jobs[j].norm_eps != jobs[0].norm_eps) return cudaErrorInvalidValue;
-    if (jobs[0].norm_w && !tm_aligned16(jobs[0].norm_w)) return cudaErrorNotSupported;
+    if (cudaError_t e = nin_jobs_ok(jobs, n_jobs); e != cudaSuccess) return e;
     a.nin_w = jobs[0].norm_w;
     a.nin_eps = jobs[0].norm_eps;
     a.w_up = NULL;
