@@ -255,8 +255,8 @@ def test_bench_throughput_step_trace(tmp_path):
     assert line.startswith(f'{d["steps"]} steps ') and f'| {j["steps"] - d["steps"]} steps ' in line
     # --row-file: that line written to a file, the summary printed, from one read of the trace
     rf = tmp_path / "row.txt"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "step_trace.py"), str(trace), "--row-file", str(rf)],
-                       capture_output=True, text=True)
+    script = os.path.join(ROOT, "bench", "step_trace.py")
+    r = subprocess.run([sys.executable, script, str(trace), "--row-file", str(rf)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert rf.read_text() == line + "\n" and r.stdout.startswith("wall ")
     # pipelined kinds: 'l' is charged to the step it launches, 'c' and 'w' to the step launched before them

@@ -1,4 +1,5 @@
-/* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, v3, default v5 / v5p) against a double reference, and timings. */
+/* tb_attn_prefill.c -- test bed of the paged prefill FlashAttention (v1, v2, v3, default v5 / v5p) against a double
+ * reference, and timings. */
 /* TB_PREFILL_ONLY=5: only v5 and v5p (their checks and timings, with each switch, and over the step's keys as token
  * rows: fresh sequences, bf16 and fp8 caches) and stop. TB_PREFILL_QUICK=1: v5's and v5p's checks, the spike checks
  * and a few timings only (an A/B of builds in one device call). TB_PREFILL_SWEEP=1: v5p bit for bit against v5, then
@@ -344,7 +345,8 @@ static void version_name(char *buf, size_t n, const char *shape, int v) {
     const char *pe = getenv("TM_CUDA_PREFILL_PERSIST");
     const char *pp = pe && strcmp(pe, "1") == 0 ? "_persist" : pe && strcmp(pe, "0") == 0 ? "_nopersist" : "";
     char suf[64];
-    snprintf(suf, sizeof suf, "%s%s%s%s", f, fm && strcmp(fm, "0") == 0 ? "_fastmax0" : "", g_spike ? "_spike" : "", pp);
+    const char *fm0 = fm && strcmp(fm, "0") == 0 ? "_fastmax0" : "";
+    snprintf(suf, sizeof suf, "%s%s%s%s", f, fm0, g_spike ? "_spike" : "", pp);
     if (v == V_DEFAULT) snprintf(buf, n, "%s%s_vdef", shape, suf);
     else if (v == V5_BN64) snprintf(buf, n, "%s%s_v5bn64", shape, suf);
     else snprintf(buf, n, "%s%s_v%d", shape, suf, v);

@@ -1122,7 +1122,8 @@ __global__ void __launch_bounds__(256, HD == 64 && BN == 64 ? 2 : 1) attn_prefil
                     const bool ok = key < kv_end;
                     const size_t off = !ok  ? 0
                                        : ROWS ? (size_t)key * ld_kv
-                                              : (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD;
+                                              : (size_t)__ldg(bt + (key >> bsl)) * blk_stride +
+                                                    (size_t)(key & bmask) * HD;
                     cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
                     cp_async16(sV + st + sw128<BN>(row, cchunk), vc + off, ok);
                 }
@@ -1403,14 +1404,17 @@ __global__ void __launch_bounds__(256, 1) attn_prefill_kernel_v5p(const tm_cuda_
                     const bool ok = key < kv_end;
                     const size_t off = !ok  ? 0
                                        : ROWS ? (size_t)key * ld_kv
-                                              : (size_t)__ldg(bt + (key >> bsl)) * blk_stride + (size_t)(key & bmask) * HD;
+                                              : (size_t)__ldg(bt + (key >> bsl)) * blk_stride +
+                                                    (size_t)(key & bmask) * HD;
                     cp_async16(sK + st + sw128<BN>(row, cchunk), kc + off, ok);
                     cp_async16(sV + st + sw128<BN>(row, cchunk), kc + off + v_minus_k, ok);
                 }
             } else if (ROWS || g.rowg) { /* consecutive keys of one block (ROWS: consecutive tokens) */
                 const uint32_t key0 = (uint32_t)(k0 + crow * KV_ROWS);
                 const uint16_t *src = ROWS ? kc + (size_t)key0 * ld_kv
-                                           : kc + (size_t)(g.idpre ? nid : (uint32_t)__ldg(bt + (key0 >> bsl))) * blk_stride +
+                                           : kc +
+                                                 (size_t)(g.idpre ? nid : (uint32_t)__ldg(bt + (key0 >> bsl))) *
+                                                     blk_stride +
                                                  (key0 & (uint32_t)bmask) * (uint32_t)HD;
                 auto row_off = [&](int p) {
                     if constexpr (ROWS) return (size_t)p * ld_kv;
@@ -1709,7 +1713,8 @@ cudaError_t launch_v5p_or_v5(const tm_cuda_attn_args *a, cudaStream_t stream) {
     if (!tm_env_is_1("TM_CUDA_PREFILL_PERSIST") && n_ids < (int64_t)V5P_MIN_TILES_PER_SM * sms)
         return run_v5<HD, BN, ROWS>(a, g, n_ids, smem, stream);
     auto kern = attn_prefill_kernel_v5p<HD, BN, v5_stages<HD, BN>(), ROWS>;
-    if ((e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess) return e;
+    if ((e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
+        return e;
     if ((e = cudaMemsetAsync(a->work, 0, sizeof(int32_t), stream)) != cudaSuccess) return e;
     const int64_t grid = n_ids < sms ? n_ids : sms;
     kern<<<(unsigned)grid, 256, smem, stream>>>(*a, g, (int32_t)n_ids, (int32_t *)a->work);
