@@ -194,22 +194,34 @@ static void sort_best_first(int32_t *a, size_t n, const float *key) {
 /* Rearrange a[0..n) so that a[0..k) holds the k best ids (in no particular order), 0 < k < n.
  * Quickselect with a median-of-three pivot; falls back to a heap sort of the remaining range when the
  * recursion gets too deep, so the worst case is O(n log n). */
-static void select_best(int32_t *a, size_t n, size_t k, const float *key) {
-    size_t lo = 0, hi = n; /* invariant: [0,lo) before everything in [lo,n); [hi,n) after everything in [0,hi) */
+/* The quickselects' recursion budget: 2 log2(n) rounds before they fall back to a sort. */
+static int select_depth(size_t n) {
     int depth = 0;
     for (size_t m = n; m > 1; m >>= 1) depth += 2;
+    return depth;
+}
+
+/* Median-of-three pivot of a[lo..hi) (hi - lo >= 3): orders a[lo], a[mid], a[hi - 1] best to worst, moves the
+ * median to a[hi - 1] and returns it. */
+static int32_t median3_pivot(int32_t *a, size_t lo, size_t hi, const float *key) {
+    size_t mid = lo + (hi - lo) / 2, last = hi - 1;
+    if (before(key, a[mid], a[lo])) swap_i32(&a[mid], &a[lo]);
+    if (before(key, a[last], a[lo])) swap_i32(&a[last], &a[lo]);
+    if (before(key, a[last], a[mid])) swap_i32(&a[last], &a[mid]);
+    swap_i32(&a[mid], &a[last]);
+    return a[last];
+}
+
+static void select_best(int32_t *a, size_t n, size_t k, const float *key) {
+    size_t lo = 0, hi = n; /* invariant: [0,lo) before everything in [lo,n); [hi,n) after everything in [0,hi) */
+    int depth = select_depth(n);
     while (hi - lo > 24) {
         if (depth-- <= 0) {
             sort_best_first(a + lo, hi - lo, key);
             return;
         }
-        size_t mid = lo + (hi - lo) / 2, last = hi - 1;
-        if (before(key, a[mid], a[lo])) swap_i32(&a[mid], &a[lo]);
-        if (before(key, a[last], a[lo])) swap_i32(&a[last], &a[lo]);
-        if (before(key, a[last], a[mid])) swap_i32(&a[last], &a[mid]);
-        /* a[lo] best, a[mid] median, a[last] worst of the three: use the median as pivot */
-        swap_i32(&a[mid], &a[last]);
-        int32_t pivot = a[last];
+        const size_t last = hi - 1;
+        const int32_t pivot = median3_pivot(a, lo, hi, key);
         size_t store = lo;
         for (size_t i = lo; i < last; i++)
             if (before(key, a[i], pivot)) swap_i32(&a[i], &a[store++]);
@@ -333,15 +345,10 @@ static void top_logprobs(tm_sampler *s, const float *x, lse_t lse, tm_logprob *t
 static size_t select_mass(int32_t *a, size_t n, double target, const float *w, const float *key) {
     size_t lo = 0, hi = n; /* [0,lo) taken (their mass is already subtracted from t); the cut is in (lo,hi] */
     double t = target;
-    int depth = 0;
-    for (size_t m = n; m > 1; m >>= 1) depth += 2;
+    int depth = select_depth(n);
     while (hi - lo > 24 && depth-- > 0) {
-        size_t mid = lo + (hi - lo) / 2, last = hi - 1;
-        if (before(key, a[mid], a[lo])) swap_i32(&a[mid], &a[lo]);
-        if (before(key, a[last], a[lo])) swap_i32(&a[last], &a[lo]);
-        if (before(key, a[last], a[mid])) swap_i32(&a[last], &a[mid]);
-        swap_i32(&a[mid], &a[last]);
-        int32_t pivot = a[last];
+        const size_t last = hi - 1;
+        const int32_t pivot = median3_pivot(a, lo, hi, key);
         size_t store = lo;
         double mb = 0.0; /* mass of the ids better than the pivot */
         for (size_t i = lo; i < last; i++)
