@@ -191,9 +191,6 @@ static void sort_best_first(int32_t *a, size_t n, const float *key) {
     }
 }
 
-/* Rearrange a[0..n) so that a[0..k) holds the k best ids (in no particular order), 0 < k < n.
- * Quickselect with a median-of-three pivot; falls back to a heap sort of the remaining range when the
- * recursion gets too deep, so the worst case is O(n log n). */
 /* The quickselects' recursion budget: 2 log2(n) rounds before they fall back to a sort. */
 static int select_depth(size_t n) {
     int depth = 0;
@@ -212,6 +209,9 @@ static int32_t median3_pivot(int32_t *a, size_t lo, size_t hi, const float *key)
     return a[last];
 }
 
+/* Rearrange a[0..n) so that a[0..k) holds the k best ids (in no particular order), 0 < k < n.
+ * Quickselect with a median-of-three pivot; falls back to a heap sort of the remaining range when the
+ * recursion gets too deep, so the worst case is O(n log n). */
 static void select_best(int32_t *a, size_t n, size_t k, const float *key) {
     size_t lo = 0, hi = n; /* invariant: [0,lo) before everything in [lo,n); [hi,n) after everything in [0,hi) */
     int depth = select_depth(n);
