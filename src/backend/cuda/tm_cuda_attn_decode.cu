@@ -97,6 +97,7 @@ constexpr int DEC_TBL8 = 512;            /* the same over an fp8 cache: 4 CTAs t
                                             * warps: 49% of cycles without one) */
 constexpr int DEC_MIN_SPLIT_STAGES = 4;  /* a split the launcher picks covers >= 256 tokens: below that the merge
                                             * kernel costs more than the parallelism gains (H200, batch-1 decode) */
+constexpr int DEC_ONE_SPLIT_STAGES = 16;  /* one sequence runs unsplit up to 1024 tokens of context (launcher) */
 constexpr int DEC_MAX_SEQ_SPLITS = 1024; /* n_seqs * n_splits <= this (bounds the work buffer) */
 constexpr int DEC_WORK_SLACK = 256;      /* alignment slack of the work buffer */
 constexpr unsigned FULL = 0xffffffffu;
@@ -1069,6 +1070,10 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
         const int cap = dec_split_cap(a->n_seqs, a->max_context_len);
         if (ctas < slots) {
             s = slots / ctas; /* fill the slots once */
+            /* ...except one sequence whose context is at most DEC_ONE_SPLIT_STAGES stages: it runs unsplit, one CTA
+             * a kv head, without the merge kernel (bench latency, 1B: tg1024 +0.9%; from 2048 tokens on the splits
+             * win: unsplit, tg2048 -2.7%, tg4096 -9%) */
+            if (a->n_seqs == 1 && L <= DEC_ONE_SPLIT_STAGES) s = 1;
         } else { /* several waves: the split count whose last wave is fullest (1 when the waves are whole), a
                   * point of efficiency per extra split preferred (each adds a partial to merge), and pieces of
                   * >= 1024 tokens (shorter ones measured slower: 256 x 1024 fp8, 163 -> 221 us at 3 splits) */
