@@ -62,14 +62,16 @@
  *
  * v2 is launched with programmatic dependent launch by default (TM_CUDA_PDL=0: not; tm_cuda_launch.cuh), i.e.
  * cudaLaunchKernelEx with cudaLaunchAttributeProgrammaticStreamSerialization: the kernel may
- * start while the previous kernel on the stream is still running. Each lane issues its first step's weight loads
- * into registers (weights are never written by earlier kernels), then waits for the previous kernel
- * (griddepcontrol.wait: returns once the preceding grid has completed and its memory is visible) before it reads
- * x or bias or writes out, then allows the next PDL kernel to launch (griddepcontrol.launch_dependents). A
- * dependent grid is launched once every block of the preceding grid has triggered or exited: behind the small
- * kernels, which trigger at entry (tm_pdl_enter), the GEMV's first loads overlap that whole kernel. An L2
- * prefetch of the rows before the wait was tried first and measured 13-15% slower end to end (each line requested
- * twice, and wasted for every block past the first wave). v1 is never launched with PDL. */
+ * start while the previous kernel on the stream is still running. In the source each lane issues its first step's
+ * weight loads, then waits for the previous kernel (griddepcontrol.wait: returns once the preceding grid has
+ * completed and its memory is visible) before it reads x or bias or writes out, then allows the next PDL kernel to
+ * launch (griddepcontrol.launch_dependents). In the SASS the wait (ACQBULK) comes first: ptxas hoists it above the
+ * non-coherent (.nc) weight loads, whose order it is free to change, so a block's weights are requested once the
+ * previous grid has completed, and what PDL gains is the launch (TM_CUDA_PDL=0: 1B batch 1 3.5% slower). Loads that
+ * keep their place (ld.relaxed.gpu for the first step, branch gemv-ordered) measured slower: 1B batch 1 -1.6%, 8B
+ * -4.4% (docs/PERFORMANCE.md, twenty-third session); so did an L2 prefetch of the rows before the wait, 13-15%
+ * (each line requested twice, and wasted for every block past the first wave). A dependent grid is launched once
+ * every block of the preceding grid has triggered or exited. v1 is never launched with PDL. */
 
 namespace {
 
@@ -450,8 +452,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     }
     const int nu = T::units(cols), stride = nwarps * 32;
     int u = warp * 32 + lane;
-    /* under PDL the first step's weight loads are issued before the wait (weights are never written by earlier
-     * kernels), so they are in flight while the previous kernel finishes */
+    /* under PDL the wait comes after the first step's weight loads in the source, but ptxas hoists it above them
+     * (the header: ordering them measured slower) */
     bool wait = a.pdl;
     float ss[N]; /* NIN: this lane's share of each batch row's sum of squares */
 #pragma unroll
