@@ -61,7 +61,8 @@ def main():
                     if cxxfilt:
                         pretty = subprocess.run([cxxfilt, k], capture_output=True, text=True).stdout.strip()
                     regs = v[3] if len(v) > 3 else "?"
-                    print(f"{os.path.basename(e['file'])}: frame {v[0]} spill st {v[1]} ld {v[2]} regs {regs}  {pretty}")
+                    src = os.path.basename(e["file"])
+                    print(f"{src}: frame {v[0]} spill st {v[1]} ld {v[2]} regs {regs}  {pretty}")
     print(f"# {found} kernel(s) with a stack frame or spills in {len(cmds)} file(s)")
 
 
