@@ -418,9 +418,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     float sc = 0.0f;
     if constexpr (tmq::act_fp8<T>::value) sc = a.sc[0];
     (void)sc;
-#pragma unroll
     /* SwiGLU and norm launches are one job (gemv_run, fused_run): no selection, which also keeps the batch-1
      * gate/up kernel within its 64 registers without a spill (+0.4% 1B, +1.2% 8B batch-1 decode) */
+#pragma unroll
     for (int k = 1; k < (SWIGLU || EPI == EPI_NORM ? 1 : kMaxJobs); k++) {
         if (bid >= a.blk0[k]) {
             if constexpr (tmq::act_fp8<T>::value) sc = a.sc[k];
