@@ -50,6 +50,17 @@ __device__ __forceinline__ uint4 ld_stream_v4(const uint8_t *p) {
     return v;
 }
 
+/* the same 16 bytes by a relaxed (strong) load, which keeps its place before a griddepcontrol.wait: ptxas hoists
+ * the wait above .nc loads, whose order it is free to change (tm_cuda_gemv.cu: the first loads of a PDL GEMV) */
+__device__ __forceinline__ uint4 ld_stream_v4_ordered(const uint8_t *p) {
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
 /* K little-endian 32-bit words starting at a 2-byte aligned address p: K aligned word loads, plus one 16-bit load
  * of the last two bytes when p is 2 mod 4 (so nothing past p + 4K is read). */
 template <int K> __device__ __forceinline__ void ld_words_a2(const uint8_t *p, uint32_t (&out)[K]) {
@@ -191,6 +202,9 @@ struct t_bf16 {
     __device__ static int units(int cols) { return cols / 8; }
     __device__ static int xoff(int u, int) { return 8 * u; }
     __device__ static void load(const uint8_t *row, int u, Raw &r) { r.v = ld_stream_v4(row + 16 * (int64_t)u); }
+    __device__ static void load_ordered(const uint8_t *row, int u, Raw &r) {
+        r.v = ld_stream_v4_ordered(row + 16 * (int64_t)u);
+    }
     __device__ static void scales(const Raw &, float *, float *) {}
     __device__ static void qrun(const Raw &r, int, float *q) {
 #pragma unroll
@@ -209,6 +223,9 @@ struct t_f16 {
     __device__ static int units(int cols) { return cols / 8; }
     __device__ static int xoff(int u, int) { return 8 * u; }
     __device__ static void load(const uint8_t *row, int u, Raw &r) { r.v = ld_stream_v4(row + 16 * (int64_t)u); }
+    __device__ static void load_ordered(const uint8_t *row, int u, Raw &r) {
+        r.v = ld_stream_v4_ordered(row + 16 * (int64_t)u);
+    }
     __device__ static void scales(const Raw &, float *, float *) {}
     __device__ static void qrun(const Raw &r, int, float *q) {
         const uint32_t w[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
@@ -234,6 +251,10 @@ struct t_f32 {
     __device__ static void load(const uint8_t *row, int u, Raw &r) {
         r.a = ld_stream_v4(row + 32 * (int64_t)u);
         r.b = ld_stream_v4(row + 32 * (int64_t)u + 16);
+    }
+    __device__ static void load_ordered(const uint8_t *row, int u, Raw &r) {
+        r.a = ld_stream_v4_ordered(row + 32 * (int64_t)u);
+        r.b = ld_stream_v4_ordered(row + 32 * (int64_t)u + 16);
     }
     __device__ static void scales(const Raw &, float *, float *) {}
     __device__ static void qrun(const Raw &r, int, float *q) {
@@ -321,6 +342,9 @@ struct t_fp8 {
     __device__ static int units(int cols) { return cols / 16; }
     __device__ static int xoff(int u, int k) { return 16 * u + 8 * k; }
     __device__ static void load(const uint8_t *row, int u, Raw &r) { r.v = ld_stream_v4(row + 16 * (int64_t)u); }
+    __device__ static void load_ordered(const uint8_t *row, int u, Raw &r) {
+        r.v = ld_stream_v4_ordered(row + 16 * (int64_t)u);
+    }
     __device__ static void scales(const Raw &, float *, float *) {}
     __device__ static void qrun(const Raw &r, int k, float *q) {
         const uint32_t w[2] = {k ? r.v.z : r.v.x, k ? r.v.w : r.v.y};

@@ -7,6 +7,8 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include <type_traits>
+
 /* out (n, rows) = x (n, cols) bf16 . w^T for n <= 8: batch-1 decode, bound by the weight read.
  *
  * v2 (fast): a thread block of W = 1, 2 or 4 warps owns R output rows (R = 2; for SwiGLU one row of gate and the
@@ -62,16 +64,25 @@
  *
  * v2 is launched with programmatic dependent launch by default (TM_CUDA_PDL=0: not; tm_cuda_launch.cuh), i.e.
  * cudaLaunchKernelEx with cudaLaunchAttributeProgrammaticStreamSerialization: the kernel may
- * start while the previous kernel on the stream is still running. In the source each lane issues its first step's
- * weight loads, then waits for the previous kernel (griddepcontrol.wait: returns once the preceding grid has
- * completed and its memory is visible) before it reads x or bias or writes out, then allows the next PDL kernel to
- * launch (griddepcontrol.launch_dependents). In the SASS the wait (ACQBULK) comes first: ptxas hoists it above the
- * non-coherent (.nc) weight loads, whose order it is free to change, so a block's weights are requested once the
- * previous grid has completed, and what PDL gains is the launch (TM_CUDA_PDL=0: 1B batch 1 3.5% slower). Loads that
- * keep their place (ld.relaxed.gpu for the first step, branch gemv-ordered) measured slower: 1B batch 1 -1.6%, 8B
- * -4.4% (docs/PERFORMANCE.md, twenty-third session); so did an L2 prefetch of the rows before the wait, 13-15%
- * (each line requested twice, and wasted for every block past the first wave). A dependent grid is launched once
- * every block of the preceding grid has triggered or exited. v1 is never launched with PDL. */
+ * start while the previous kernel on the stream is still running. Each lane issues its first step's weight loads,
+ * waits for the previous kernel (griddepcontrol.wait: returns once the preceding grid has completed and its memory
+ * is visible) before it reads x or bias or writes out, then allows the next PDL kernel to launch
+ * (griddepcontrol.launch_dependents). A dependent grid is launched once every block of the preceding grid has
+ * triggered or exited, so the GEMV's first blocks sit resident at their wait while the kernel before finishes.
+ * How many loads go before the wait is a measured choice (docs/PERFORMANCE.md, twenty-third session):
+ *  - the weights are read with ld.global.nc, and ptxas hoists the wait above such loads (it may reorder them
+ *    freely): until the twenty-third session every load of a GEMV under PDL was issued after the wait, in the
+ *    SASS, although the source put the first step's before it;
+ *  - all of the first step's loads kept before the wait (8 a lane, ld.relaxed.gpu, which ptxas does not move
+ *    past it): 1B batch 1 -1.6%, 8B -4.4% (up to ~17 MB over the resident blocks, asked for while the kernel
+ *    before drains, most likely delays its last loads);
+ *  - a few of them (2 to 4 a lane, up to ~4-8 MB): faster, as if enough to cover the DRAM latency after the wait
+ *    without slowing the kernel before; batch-1 decode against none, same calls: 1 and 2 +1.8-2.1% (1B) and
+ *    +1.8-1.9% (8B), 3 +2.9% and +1.9%, 4 +2.5-2.9% and +1.5%: kLoadsBeforeWait = 3;
+ *  - an L2 prefetch of the rows before the wait (the first version): 13-15% slower (each line requested twice,
+ *    and wasted for every block past the first wave).
+ * The trigger's place was measured too: after the wait (here) beats at exit (-1.0%) and before the wait (-0.7%).
+ * v1 is never launched with PDL. */
 
 namespace {
 
@@ -258,9 +269,17 @@ __device__ __forceinline__ void gemv_pdl_wait() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+/* of a lane's first-step weight loads, how many are issued before the PDL wait (the header) */
+constexpr int kLoadsBeforeWait = 3;
+
+/* T::load_ordered where the type has one (the dense types), else T::load */
+template <class T, class = void> struct has_load_ordered : std::false_type {};
+template <class T> struct has_load_ordered<T, std::void_t<decltype(&T::load_ordered)>> : std::true_type {};
+
 /* K units per lane at once: units u, u + stride, ..., all < nu (the caller checks). pdl_wait: wait for the
- * previous kernel after the weight loads are issued and before x is read */
-template <class T, int N, int NR, int K, bool NIN = false>
+ * previous kernel after the weight loads are issued and before x is read. FIRST (a block's first step): the first
+ * kLoadsBeforeWait loads by T::load_ordered, which ptxas keeps before the wait */
+template <class T, int N, int NR, int K, bool NIN = false, bool FIRST = false>
 __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u, int stride,
                                           const uint16_t *x, int64_t cols, float (&acc)[NR][N], float x_inv,
                                           bool pdl_wait = false, const float *nw = nullptr, float *ss = nullptr) {
@@ -268,7 +287,16 @@ __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u,
 #pragma unroll
     for (int k = 0; k < K; k++) {
 #pragma unroll
-        for (int i = 0; i < NR; i++) T::load(wr[i], u + k * stride, raw[k][i]);
+        for (int i = 0; i < NR; i++) {
+            if constexpr (FIRST && has_load_ordered<T>::value) {
+                if (k * NR + i < kLoadsBeforeWait)
+                    T::load_ordered(wr[i], u + k * stride, raw[k][i]);
+                else
+                    T::load(wr[i], u + k * stride, raw[k][i]);
+            } else {
+                T::load(wr[i], u + k * stride, raw[k][i]);
+            }
+        }
     }
     if (pdl_wait) gemv_pdl_wait();
 #pragma unroll
@@ -452,16 +480,18 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     }
     const int nu = T::units(cols), stride = nwarps * 32;
     int u = warp * 32 + lane;
-    /* under PDL the wait comes after the first step's weight loads in the source, but ptxas hoists it above them
-     * (the header: ordering them measured slower) */
+    /* under PDL the first step issues kLoadsBeforeWait of its loads before the wait (the header) */
     bool wait = a.pdl;
     float ss[N]; /* NIN: this lane's share of each batch row's sum of squares */
 #pragma unroll
     for (int b = 0; b < N; b++) ss[b] = 0.0f;
-    for (; u + (U - 1) * stride < nu; u += U * stride) {
-        gemv_step<T, N, NR, U, NIN>(wr, u, stride, x, cols, acc, a.x_inv, wait, a.nin_w, ss);
+    if (u + (U - 1) * stride < nu) { /* the first step: some of its loads before the wait (gemv_step) */
+        gemv_step<T, N, NR, U, NIN, true>(wr, u, stride, x, cols, acc, a.x_inv, wait, a.nin_w, ss);
         wait = false;
+        u += U * stride;
     }
+    for (; u + (U - 1) * stride < nu; u += U * stride)
+        gemv_step<T, N, NR, U, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
     if (wait) gemv_pdl_wait();
     if constexpr (U >= 4) {
         if (u + stride < nu) {
