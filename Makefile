@@ -27,7 +27,7 @@ test: deps-test build build-asan
 	cd build && ctest --output-on-failure -j $(JOBS)
 	cd build && TM_FORCE_SCALAR=1 ctest --output-on-failure -j $(JOBS)   # the scalar fallback kernels end to end
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
-	.deps/venv-test/bin/pytest -q tests/cli tests/server tests/bench_serve
+	.deps/venv-test/bin/pytest -q tests/cli tests/server tests/bench_serve tests/sass
 
 # Heavy oracles (HF transformers + torch, llama-cpp-python): check against them and regenerate goldens.
 parity: build

@@ -33,5 +33,11 @@ if [ "${1:-}" = "--test" ]; then
     [ -x .deps/venv-test/bin/python ] || python3 -m venv .deps/venv-test
     .deps/venv-test/bin/pip install -q pytest numpy gguf openai httpx
   fi
+  # where nvcc is present, tests/sass reads the GEMV kernels' SASS: nvdisasm from its wheel into the same venv
+  if { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; } &&
+     ! compgen -G ".deps/venv-test/lib/python3*/site-packages/nvidia/cu*/bin/nvdisasm" >/dev/null; then
+    echo "deps: installing nvdisasm (nvidia-cuda-nvdisasm) into .deps/venv-test"
+    .deps/venv-test/bin/pip install -q "nvidia-cuda-nvdisasm>=13,<14"
+  fi
   scripts/get_gemma.sh python3 >/dev/null
 fi
