@@ -20,6 +20,23 @@ import sys
 import tempfile
 
 
+def ptxas_entries(log):
+    """{mangled kernel name: [stack frame, spill stores, spill loads(, registers)]} from `ptxas -v` output (bytes)"""
+    name, info = None, {}
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            name = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and name:
+            info[name] = [int(v) for v in m.groups()]
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name in info:
+            info[name].append(int(m.group(1)))
+    return info
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build-gpu")
@@ -42,18 +59,7 @@ def main():
             if r.returncode != 0:
                 print(r.stderr[-2000:], file=sys.stderr)
                 sys.exit(f"cuda_spills: compiling {e['file']} failed")
-            name, info = None, {}
-            for line in r.stderr.splitlines():
-                m = re.search(r"Compiling entry function '(\S+)'", line)
-                if m:
-                    name = m.group(1)
-                    continue
-                m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-                if m and name:
-                    info[name] = [int(v) for v in m.groups()]
-                m = re.search(r"Used (\d+) registers", line)
-                if m and name in info:
-                    info[name].append(int(m.group(1)))
+            info = ptxas_entries(r.stderr)
             for k, v in info.items():
                 if any(v[:3]):
                     found += 1

@@ -20,6 +20,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "src/backend/cuda/tm_cuda_gemv.cu")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import cuda_spills  # noqa: E402  (the ptxas -v parser)
 
 # (weight type, epilogue, norm-in) of the kernels a batch-1 decode step runs (EPI_PLAIN 0, SWIGLU 1, NORM 2, ROPE 3)
 HOT = [("t_bf16", 3, 1), ("t_bf16", 2, 0), ("t_bf16", 1, 0), ("t_bf16", 0, 1),
@@ -63,20 +65,6 @@ def build(tmp_path_factory):
     return out, r.stderr
 
 
-def ptxas_info(log):
-    """{mangled name: (stack frame, spill stores, spill loads)} from `ptxas -v`"""
-    info, name = {}, None
-    for line in log.splitlines():
-        m = re.search(r"Compiling entry function '(\S+)'", line)
-        if m:
-            name = m.group(1)
-            continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m and name:
-            info[name] = tuple(int(v) for v in m.groups())
-    return info
-
-
 def find(names, frag):
     hits = [n for n in names if frag in n]
     assert len(hits) == 1, f"{frag}: {len(hits)} kernels match"
@@ -84,11 +72,11 @@ def find(names, frag):
 
 
 def test_hot_kernels_do_not_spill(build):
-    info = ptxas_info(build[1])
+    info = cuda_spills.ptxas_entries(build[1])
     assert len(info) > 100, "ptxas -v listed too few kernels"
     spilled = []
     for t, e, n in HOT:
-        frame, st, ld = info[find(info, mangled(t, e, n))]
+        frame, st, ld = info[find(info, mangled(t, e, n))][:3]
         known = KNOWN_SPILLS.get((t, e, n), (0, 0))
         if st > known[0] or ld > known[1]:
             spilled.append(f"{t} epi {e} nin {n}: frame {frame}, stores {st}, loads {ld} (known {known})")
