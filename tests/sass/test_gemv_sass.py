@@ -40,7 +40,8 @@ def nvdisasm_path():
     found = shutil.which("nvdisasm")
     if found:
         return found
-    for p in glob.glob(os.path.join(sys.prefix, "lib", "python3*", "site-packages", "nvidia", "cu*", "bin", "nvdisasm")):
+    wheel = os.path.join(sys.prefix, "lib", "python3*", "site-packages", "nvidia", "cu*", "bin", "nvdisasm")
+    for p in glob.glob(wheel):
         if os.access(p, os.X_OK):
             return p
     return None
