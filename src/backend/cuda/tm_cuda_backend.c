@@ -121,7 +121,7 @@ typedef struct cu_backend {
      * with TM_CUDA_NORM_IN=1 the o GEMV too) adds into the residual and passes it on raw, and the next GEMV norms
      * it as it reads it (no norm kernel) */
     bool no_fuse, fuse_norm, norm_in;
-    int norm_in_sel;             /* 0: both norms, 1: the one after down only (default), 2: after o only */
+    enum { NORM_IN_BOTH, NORM_IN_AFTER_DOWN, NORM_IN_AFTER_O } norm_in_sel; /* which norms (after down: default) */
     void *norm_scratch;          /* (TM_CUDA_GEMV_NORM_SCRATCH_BYTES) zeroed at creation; every launch leaves it so */
     /* quantized weights at 9..tm_cuda_qgemm_max_n rows: tm_cuda_qgemm (TM_CUDA_QGEMM=0: dequantize + cuBLASLt) */
     bool no_qgemm;
@@ -1038,7 +1038,8 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
     /* raw: the residual passed on for the next GEMV to norm (norm-in), no norm here */
     const bool down = w->cols > w->rows; /* down (ffn -> dim) before the next layer's q|k|v, else o before gate/up */
     const bool raw =
-        c->norm_in && nin_type((int32_t)w->type) && (c->norm_in_sel == 0 || (c->norm_in_sel == 1) == down);
+        c->norm_in && nin_type((int32_t)w->type) &&
+        (c->norm_in_sel == NORM_IN_BOTH || (c->norm_in_sel == NORM_IN_AFTER_DOWN) == down);
     if (c->no_fuse || (!c->fuse_norm && !raw) || (!raw && !c->norm_scratch) || n < 1 || n > TM_CUDA_GEMV_MAX_N ||
         job->out_f32 || norm_w->cols != w->rows || w->rows > INT32_MAX)
         return false;
@@ -1632,9 +1633,11 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     c->rows_layer = -1;
     c->fuse_norm = env_is("TM_CUDA_FUSE_NORM", "1");
     c->norm_in = !env_is("TM_CUDA_NORM_IN", "0");
-    /* unset or "attn": the norm after down only (measured faster; after o the separate norm kernel lets gate/up
-     * load under it); "1": both; "ffn": after o only */
-    c->norm_in_sel = env_is("TM_CUDA_NORM_IN", "1") ? 0 : env_is("TM_CUDA_NORM_IN", "ffn") ? 2 : 1;
+    /* unset or "attn": the norm after down only (norm-in after o too measured slower end to end, twenty-first
+     * session); "1": both; "ffn": after o only */
+    c->norm_in_sel = env_is("TM_CUDA_NORM_IN", "1")     ? NORM_IN_BOTH
+                     : env_is("TM_CUDA_NORM_IN", "ffn") ? NORM_IN_AFTER_O
+                                                        : NORM_IN_AFTER_DOWN;
     if ((e = cudaMalloc(&c->norm_scratch, TM_CUDA_GEMV_NORM_SCRATCH_BYTES)) != cudaSuccess ||
         (e = cudaMemsetAsync(c->norm_scratch, 0, TM_CUDA_GEMV_NORM_SCRATCH_BYTES, c->stream)) != cudaSuccess) {
         cudaGetLastError();
