@@ -34,6 +34,8 @@
  * residual add + RMSNorm, or the bf16 rounding + RoPE in double + cache slots with a poisoned cache) and against
  * the unfused pair (bit-identical GEMV outputs, residual and v; the norm and the rotation within one bf16 step).
  * They are timed first, at n = 1 (and 8 on the 8B shape), single launches and in a graph, against the pairs.
+ * The GGUF-quantized types stage x in shared memory by default: every single-product case also runs with
+ * TM_CUDA_GEMV_XS=0 (x from L2) and the two f32 outputs must be bitwise equal.
  * Robustness (tb_guard.h): every host allocation is checked; each case prints "CASE <name>" before it starts; a
  * crash or a hang (watchdog TB_WATCHDOG_S, default 170 s) prints "# CRASH|TIMEOUT in case <name>"; the timing
  * stops once the run has used TB_BUDGET_S seconds (default 25), printing how many timing cases it skipped. */
@@ -144,6 +146,20 @@ static void check_case(int32_t t, int64_t rows, int64_t cols, int n, bool random
         tb_result("gemv_swiglu", name, tb_rel_err_bf16(out_h, ref_sw, no), 1e-2, 0, 0, 0, 'm');
     }
     set_version(2);
+    if (is_quant(t)) { /* x staged in shared memory (the default for these types) or read from L2: the same sums */
+        float *staged = tb_xmalloc(no * 4);
+        tb_poison(out_d, no * 4);
+        TB_RUN(tm_cuda_gemv(wg_d, t, rows, cols, x_d, n, bias_d, out_d, true, NULL, 0));
+        tb_download(staged, out_d, no * 4);
+        setenv("TM_CUDA_GEMV_XS", "0", 1);
+        tb_poison(out_d, no * 4);
+        TB_RUN(tm_cuda_gemv(wg_d, t, rows, cols, x_d, n, bias_d, out_d, true, NULL, 0));
+        unsetenv("TM_CUDA_GEMV_XS");
+        tb_download(out_f, out_d, no * 4);
+        snprintf(name, sizeof name, "v2 %s staged x = L2 x (bitwise)", tag);
+        tb_result("gemv", name, memcmp(staged, out_f, no * 4) != 0, 0, 0, 0, 0, 'm');
+        free(staged);
+    }
     TB_CHECK(cudaFree(wg_d));
     TB_CHECK(cudaFree(wu_d));
     TB_CHECK(cudaFree(x_d));

@@ -16,8 +16,9 @@
  * row (a unit is 8 to 32 elements, see tm_cuda_dequant.cuh). Each step issues the global loads of U units of all
  * of its rows at once (U = 4 for bf16/f16/q4_0/q4_1, 2 for the wider units: several 16-byte loads in flight per
  * lane), then, per run of 8 elements, loads the 8 matching bf16 of every batch row of x (one 16-byte load each,
- * through L1, where x stays: the weights bypass L1 when each byte is read by one load) and accumulates in f32
- * for all rows and all n at once; x is loaded once for the R rows. Quantized types first form sum(q * x) over
+ * from L2: ld.global.cg, since under PDL the kernel before writes x while this one starts; the weights bypass L1
+ * as each byte is read by one load) and accumulates in f32 for all rows and all n at once; x is loaded once for
+ * the R rows. The GGUF-quantized types stage x in shared memory instead (below). Quantized types form sum(q * x) over
  * the 8 elements with q the exact small integers, then add scale * that (+ min * sum(x)). The column split ends
  * with a shuffle reduction per warp and a shared-memory one across warps. W is picked so that every lane has at
  * least one full step (U units, at least 2) per row when the row is long enough: W = 2 for 2048 bf16 columns
@@ -26,6 +27,17 @@
  * 8 loads of 16 B in flight: ~128 KB in flight per SM, about twice the ~50 KB that the copy bandwidth needs
  * at ~1.5 us of loaded DRAM latency (with 4 warps and 2 units per lane, as in the first version, 2048-column
  * rows had only 64 KB in flight per SM; TM_CUDA_GEMV_WIDE=1 brings that rule back for comparison).
+ *
+ * x staged (v2_args.xs; q8_0, q4_0, q4_1, q4_K, q6_K when n * cols * 2 <= kXsMaxBytes; TM_CUDA_GEMV_XS=0: off):
+ * a quantized unit covers 16-32 elements, i.e. 2-4 runs of x, and ptxas places each run's L2 load between the
+ * previous run's products, so a step paid 4-8 L2 round trips one after the other (ncu, twenty-fourth session: the
+ * 1B q4_K products at 11-45% occupancy with 1-warp blocks, stalled on the long scoreboard, DRAM 7-13% busy). The
+ * block instead issues the first step's weight loads, waits (PDL), copies all of x (n, cols) into dynamic shared
+ * memory in one round of 16-byte loads, synchronizes, and reads x from there. Batch-1 decode of the dummy 1B:
+ * q4_K 601 -> 1154 tok/s, q4_1 876 -> 1244, q6_K 799 -> 1139, q4_0 882 -> 1286, q8_0 1171 -> 1208 (the same
+ * greedy text). The dense types keep the L2 loads: staged, bf16 batch-1 decode measured 18-22% slower (their unit
+ * is one run, and their first loads go out before the wait). The sums are the same either way (same x values,
+ * same order).
  *
  * Groups (tm_cuda_gemv_group): one v2 launch computes up to 4 products that share type, cols and x (Q, K, V).
  * The jobs travel by value in the kernel's parameter struct; job j owns the blocks blk0[j] .. blk0[j+1]-1
@@ -176,7 +188,7 @@ template <class T> __host__ __device__ constexpr bool nin_ok() { return !T::HAS_
 /* acc[i][b] += dot(unit u of weight row i, x[b]) for the NR rows of the block, all N batch rows. NIN (norm-in): x
  * is a raw residual; each element is multiplied by nw (the norm's weight) before the product, and its square is
  * added to ss[b] (the norm's scale is applied to the sums after the whole row) */
-template <class T, int N, int NR, bool NIN = false>
+template <class T, int N, int NR, bool NIN = false, bool XS = false>
 __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u, const uint16_t *x,
                                          int64_t cols, float (&acc)[NR][N], float x_inv, const float *nw = nullptr,
                                          float *ss = nullptr) {
@@ -190,7 +202,8 @@ __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u
         const int off = T::xoff(u, k);
         uint4 xv[N];
 #pragma unroll
-        for (int b = 0; b < N; b++) xv[b] = __ldcg((const uint4 *)(x + b * cols + off)); /* L2: see gemv_kernel_v2 */
+        for (int b = 0; b < N; b++) /* XS: x staged in shared memory; else L2 loads, see gemv_kernel_v2 */
+            xv[b] = XS ? *(const uint4 *)(x + b * cols + off) : __ldcg((const uint4 *)(x + b * cols + off));
         float q[NR][8];
 #pragma unroll
         for (int i = 0; i < NR; i++) T::qrun(raw[i], k, q[i]);
@@ -279,7 +292,7 @@ template <class T> struct has_load_ordered<T, std::void_t<decltype(&T::load_orde
 /* K units per lane at once: units u, u + stride, ..., all < nu (the caller checks). pdl_wait: wait for the
  * previous kernel after the weight loads are issued and before x is read. FIRST (a block's first step): the first
  * kLoadsBeforeWait loads by T::load_ordered, which ptxas keeps before the wait */
-template <class T, int N, int NR, int K, bool NIN = false, bool FIRST = false>
+template <class T, int N, int NR, int K, bool NIN = false, bool FIRST = false, bool XS = false>
 __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u, int stride,
                                           const uint16_t *x, int64_t cols, float (&acc)[NR][N], float x_inv,
                                           bool pdl_wait = false, const float *nw = nullptr, float *ss = nullptr) {
@@ -300,8 +313,31 @@ __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u,
     }
     if (pdl_wait) gemv_pdl_wait();
 #pragma unroll
-    for (int k = 0; k < K; k++) unit_dot<T, N, NR, NIN>(raw[k], u + k * stride, x, cols, acc, x_inv, nw, ss);
+    for (int k = 0; k < K; k++) unit_dot<T, N, NR, NIN, XS>(raw[k], u + k * stride, x, cols, acc, x_inv, nw, ss);
 }
+
+/* A lane's steps after its first (and the PDL wait when it had no full first step), then the shorter tail steps */
+template <class T, int N, int NR, int U, bool NIN, bool XS>
+__device__ __forceinline__ void gemv_rest(const uint8_t *const (&wr)[NR], int u, int stride, int nu, bool wait,
+                                          const uint16_t *x, int64_t cols, float (&acc)[NR][N], float x_inv,
+                                          const float *nw, float *ss) {
+    for (; u + (U - 1) * stride < nu; u += U * stride)
+        gemv_step<T, N, NR, U, NIN, false, XS>(wr, u, stride, x, cols, acc, x_inv, false, nw, ss);
+    if (wait) gemv_pdl_wait();
+    if constexpr (U >= 4) {
+        if (u + stride < nu) {
+            gemv_step<T, N, NR, 2, NIN, false, XS>(wr, u, stride, x, cols, acc, x_inv, false, nw, ss);
+            u += 2 * stride;
+        }
+    }
+    if constexpr (U >= 2) {
+        if (u < nu) gemv_step<T, N, NR, 1, NIN, false, XS>(wr, u, stride, x, cols, acc, x_inv, false, nw, ss);
+    }
+}
+
+/* x staged in shared memory (v2_args.xs): the largest n * cols * 2 bytes staged (dynamic shared memory beside the
+ * kernel's static arrays, within the 48 KB a launch gets without opting in) */
+constexpr int kXsMaxBytes = 40 * 1024;
 
 /* resident 4-warp blocks per SM asked of the register allocator: 8 (<= 64 registers) at n = 1, i.e. 32 warps per
  * SM (16 blocks when they have 2 warps); fewer for larger n, whose accumulators need more registers */
@@ -317,6 +353,8 @@ struct v2_args {
     int blk0[kMaxJobs];           /* first block of job j */
     const uint8_t *w_up;          /* SwiGLU only: (rows_0, row_bytes) up weights of job 0 */
     const uint16_t *x;            /* (n, cols) bf16 */
+    bool xs;                      /* GGUF-quantized types: x staged in shared memory (n * cols * 2 dynamic bytes, at
+                                   * most kXsMaxBytes) */
     int64_t row_bytes;
     int cols;
     bool out_f32, pdl;
@@ -485,22 +523,47 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     float ss[N]; /* NIN: this lane's share of each batch row's sum of squares */
 #pragma unroll
     for (int b = 0; b < N; b++) ss[b] = 0.0f;
-    if (u + (U - 1) * stride < nu) { /* the first step: some of its loads before the wait (gemv_step) */
-        gemv_step<T, N, NR, U, NIN, true>(wr, u, stride, x, cols, acc, a.x_inv, wait, a.nin_w, ss);
-        wait = false;
-        u += U * stride;
-    }
-    for (; u + (U - 1) * stride < nu; u += U * stride)
-        gemv_step<T, N, NR, U, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
-    if (wait) gemv_pdl_wait();
-    if constexpr (U >= 4) {
-        if (u + stride < nu) {
-            gemv_step<T, N, NR, 2, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
-            u += 2 * stride;
+    bool staged = false;
+    if constexpr (T::HAS_SCALE) {
+        /* the GGUF-quantized types: a unit of 16-32 elements takes its x as 2-4 runs, whose L2 loads ptxas places
+         * one after the other between the products (each an exposed L2 round trip; ncu: long-scoreboard stalls,
+         * DRAM 7-13% busy); staged, the whole x is one round of loads issued at once, then read from shared
+         * memory. The first step's weight loads are issued before the wait and the staging. */
+        if (a.xs) {
+            extern __shared__ uint4 xs_smem[];
+            typename T::Raw raw0[U][NR];
+            const bool full = u + (U - 1) * stride < nu;
+            if (full) {
+#pragma unroll
+                for (int k = 0; k < U; k++) {
+#pragma unroll
+                    for (int i = 0; i < NR; i++) T::load(wr[i], u + k * stride, raw0[k][i]);
+                }
+            }
+            if (wait) gemv_pdl_wait();
+            wait = false;
+            const int nv = N * cols / 8;
+            for (int v = (int)threadIdx.x; v < nv; v += (int)blockDim.x)
+                xs_smem[v] = __ldcg(reinterpret_cast<const uint4 *>(x) + v);
+            __syncthreads();
+            const uint16_t *xsh = reinterpret_cast<const uint16_t *>(xs_smem);
+            if (full) {
+#pragma unroll
+                for (int k = 0; k < U; k++)
+                    unit_dot<T, N, NR, NIN, true>(raw0[k], u + k * stride, xsh, cols, acc, a.x_inv, a.nin_w, ss);
+                u += U * stride;
+            }
+            gemv_rest<T, N, NR, U, NIN, true>(wr, u, stride, nu, false, xsh, cols, acc, a.x_inv, a.nin_w, ss);
+            staged = true;
         }
     }
-    if constexpr (U >= 2) {
-        if (u < nu) gemv_step<T, N, NR, 1, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
+    if (!staged) {
+        if (u + (U - 1) * stride < nu) { /* the first step: some of its loads before the wait (gemv_step) */
+            gemv_step<T, N, NR, U, NIN, true>(wr, u, stride, x, cols, acc, a.x_inv, wait, a.nin_w, ss);
+            wait = false;
+            u += U * stride;
+        }
+        gemv_rest<T, N, NR, U, NIN, false>(wr, u, stride, nu, wait, x, cols, acc, a.x_inv, a.nin_w, ss);
     }
     if constexpr (tmq::act_fp8<T>::value) { /* W8A8: the products of e4m3 values, times both scales */
 #pragma unroll
@@ -647,15 +710,21 @@ template <class T, int EPI> cudaError_t launch_v2(const v2_args &a, int n, int b
 }
 
 template <class T, int EPI, bool NIN>
-cudaError_t launch_v2_nin(const v2_args &a, int n, int blocks, cudaStream_t stream) {
+cudaError_t launch_v2_nin(const v2_args &a0, int n, int blocks, cudaStream_t stream) {
     /* TM_CUDA_GEMV_WIDE=1: the first version's rule (>= 2 units per lane), for A/B timing */
     const int unroll = tm_env_is_1("TM_CUDA_GEMV_WIDE") ? 2 : T::UNROLL;
-    const int units = a.cols / (T::RUNS * 8); /* RUNS runs of 8 */
+    const int units = a0.cols / (T::RUNS * 8); /* RUNS runs of 8 */
     const dim3 grid((unsigned)blocks), block((unsigned)(32 * warps_for(units, unroll)));
+    v2_args a = a0;
+    /* the GGUF-quantized types stage x when it fits (TM_CUDA_GEMV_XS=0: never, for A/B timing) */
+    a.xs = T::HAS_SCALE && !tm_env_is_0("TM_CUDA_GEMV_XS") && (int64_t)n * a.cols * 2 <= kXsMaxBytes;
+    const size_t smem = a.xs ? (size_t)n * (size_t)a.cols * 2 : 0;
     cudaError_t e = cudaErrorInvalidValue;
     switch (n) {
 #define TM_GEMV_N(NN)                                                                                              \
-    case NN: e = tm_launch_ex(a.pdl, gemv_kernel_v2<T, NN, EPI, NIN>, grid, block, 0, stream, a); break;
+    case NN:                                                                                                       \
+        e = tm_launch_ex(a.pdl, gemv_kernel_v2<T, NN, EPI, NIN>, grid, block, smem, stream, a);                    \
+        break;
         TM_GEMV_N(1)
         TM_GEMV_N(2)
         TM_GEMV_N(3)
