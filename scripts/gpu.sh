@@ -190,6 +190,23 @@ except Exception as e:
     print(f"no result ({e})")
 EOF
 )"
+  # GGUF-quantized weights at batch 1: x staged in shared memory by the GEMVs (default) against read from L2
+  # (TM_CUDA_GEMV_XS=0); host-made weights, tg from a one-token prompt as for bf16
+  for t in q4_K q4_1; do
+    for xs in 1 0; do
+      TM_DUMMY_HOST=1 TM_CUDA_GEMV_XS=$xs timeout 300 $TM bench latency -m "dummy:llama3.2-1b:$t" --device cuda \
+        --input-len 16 --output-len 256 -r 2 --json >"$OUT/lat_1b_${t}_xs$xs.json" 2>"$OUT/lat_1b_${t}_xs$xs.err"
+    done
+    row "e2e decode b=1 1B $t: x staged / from L2" "$(python3 - "$OUT" "$t" <<'EOF'
+import json, sys
+try:
+    a, b = (json.load(open(f"{sys.argv[1]}/lat_1b_{sys.argv[2]}_xs{x}.json")) for x in (1, 0))
+    print(f'{a["tg_tok_s"]:.0f} / {b["tg_tok_s"]:.0f} tok/s')
+except Exception as e:
+    print(f"no result ({e})")
+EOF
+)"
+  done
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:bf16, $n x 1024 in / 1024 out"

@@ -316,7 +316,9 @@ __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u,
     for (int k = 0; k < K; k++) unit_dot<T, N, NR, NIN, XS>(raw[k], u + k * stride, x, cols, acc, x_inv, nw, ss);
 }
 
-/* A lane's steps after its first (and the PDL wait when it had no full first step), then the shorter tail steps */
+/* A lane's steps after its first (and the PDL wait when it had no full first step), then the shorter tail steps;
+ * the staged path's (the other path spells the same loop out in gemv_kernel_v2, where the dense types' code was
+ * measured) */
 template <class T, int N, int NR, int U, bool NIN, bool XS>
 __device__ __forceinline__ void gemv_rest(const uint8_t *const (&wr)[NR], int u, int stride, int nu, bool wait,
                                           const uint16_t *x, int64_t cols, float (&acc)[NR][N], float x_inv,
@@ -563,7 +565,18 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             wait = false;
             u += U * stride;
         }
-        gemv_rest<T, N, NR, U, NIN, false>(wr, u, stride, nu, wait, x, cols, acc, a.x_inv, a.nin_w, ss);
+        for (; u + (U - 1) * stride < nu; u += U * stride)
+            gemv_step<T, N, NR, U, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
+        if (wait) gemv_pdl_wait();
+        if constexpr (U >= 4) {
+            if (u + stride < nu) {
+                gemv_step<T, N, NR, 2, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
+                u += 2 * stride;
+            }
+        }
+        if constexpr (U >= 2) {
+            if (u < nu) gemv_step<T, N, NR, 1, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
+        }
     }
     if constexpr (tmq::act_fp8<T>::value) { /* W8A8: the products of e4m3 values, times both scales */
 #pragma unroll
