@@ -126,6 +126,19 @@ print(msg)
 EOF
 }
 
+# "A / B tok/s" from two `bench latency --json` files in $OUT; a third argument 1 adds their step times
+pair_tok_s() {
+  python3 - "$OUT/$1" "$OUT/$2" "${3:-0}" <<'EOF'
+import json, sys
+try:
+    a, b = (json.load(open(f)) for f in sys.argv[1:3])
+    step = f' (step {a["step_ms"]:.2f} / {b["step_ms"]:.2f} ms)' if sys.argv[3] == "1" else ""
+    print(f'{a["tg_tok_s"]:.0f} / {b["tg_tok_s"]:.0f} tok/s{step}')
+except Exception as e:
+    print(f"no result ({e})")
+EOF
+}
+
 if want e2e; then
   for shape in llama3.2-1b llama3-8b; do
     echo "== bench latency dummy:$shape:bf16 (batch 1)"
@@ -181,15 +194,7 @@ EOF
     TM_DUMMY_HOST=1 TM_CUDA_QGEMM=$q timeout 300 $TM bench latency -m dummy:llama3.2-1b:q4_K --device cuda --batch 16 \
       --input-len 128 --output-len 64 --json >"$OUT/lat_1b_q4k_b16_$q.json" 2>"$OUT/lat_1b_q4k_b16_$q.err"
   done
-  row "e2e decode b=16 1B q4_K: qgemm / dequant+GEMM" "$(python3 - "$OUT" <<'EOF'
-import json, sys
-try:
-    a, b = (json.load(open(f"{sys.argv[1]}/lat_1b_q4k_b16_{q}.json")) for q in (1, 0))
-    print(f'{a["tg_tok_s"]:.0f} / {b["tg_tok_s"]:.0f} tok/s (step {a["step_ms"]:.2f} / {b["step_ms"]:.2f} ms)')
-except Exception as e:
-    print(f"no result ({e})")
-EOF
-)"
+  row "e2e decode b=16 1B q4_K: qgemm / dequant+GEMM" "$(pair_tok_s lat_1b_q4k_b16_1.json lat_1b_q4k_b16_0.json 1)"
   # GGUF-quantized weights at batch 1: x staged in shared memory by the GEMVs (default) against read from L2
   # (TM_CUDA_GEMV_XS=0); host-made weights, tg from a one-token prompt as for bf16
   for t in q4_K q4_1; do
@@ -197,15 +202,7 @@ EOF
       TM_DUMMY_HOST=1 TM_CUDA_GEMV_XS=$xs timeout 300 $TM bench latency -m "dummy:llama3.2-1b:$t" --device cuda \
         --input-len 16 --output-len 256 -r 2 --json >"$OUT/lat_1b_${t}_xs$xs.json" 2>"$OUT/lat_1b_${t}_xs$xs.err"
     done
-    row "e2e decode b=1 1B $t: x staged / from L2" "$(python3 - "$OUT" "$t" <<'EOF'
-import json, sys
-try:
-    a, b = (json.load(open(f"{sys.argv[1]}/lat_1b_{sys.argv[2]}_xs{x}.json")) for x in (1, 0))
-    print(f'{a["tg_tok_s"]:.0f} / {b["tg_tok_s"]:.0f} tok/s')
-except Exception as e:
-    print(f"no result ({e})")
-EOF
-)"
+    row "e2e decode b=1 1B $t: x staged / from L2" "$(pair_tok_s "lat_1b_${t}_xs1.json" "lat_1b_${t}_xs0.json")"
   done
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
