@@ -5,8 +5,10 @@
 #include "core/tm_fp8.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 /* ---- dummy shapes ------------------------------------------------------------------------------ */
 
@@ -289,6 +291,44 @@ typedef struct dummy_alloc {
  * within e4m3's normal range (down to 2^-6 * 1/16 ~ 1e-3) up to 448 / 16 = 28 before they saturate. */
 #define TM_DUMMY_FP8_ACT_SCALE (1.0f / 16.0f)
 
+/* rows r0 .. r1 - 1 of a host dummy weight: each row from its own seed (so any split of the rows gives the same
+ * bytes), made in f32 in row (cols floats of scratch) and quantized to the weight's type */
+typedef struct dummy_rows {
+    uint8_t *dst;    /* the weight's first row */
+    float *row;      /* (cols) scratch */
+    uint64_t seed, used, rb;
+    int64_t r0, r1, cols;
+    tm_dtype type;
+    float scale, constant, w_scale;
+} dummy_rows;
+
+static void dummy_rows_make(const dummy_rows *d) {
+    for (int64_t r = d->r0; r < d->r1; r++) {
+        uint64_t st = d->seed ^ (d->used + (uint64_t)r * 0x9e3779b97f4a7c15ull);
+        for (int64_t c = 0; c < d->cols; c++) d->row[c] = d->constant != 0.0f ? d->constant : d->scale * rnd_uniform(&st);
+        uint8_t *q = d->dst + (uint64_t)r * d->rb;
+        if (d->type == TM_DT_FP8_E4M3) {
+            for (int64_t c = 0; c < d->cols; c++) q[c] = tm_fp8_from_f32(d->row[c] / d->w_scale); /* (cols) e4m3 */
+        } else {
+            tm_quant_row(d->type, d->row, q, d->cols);
+        }
+    }
+}
+
+static void *dummy_rows_thread(void *p) {
+    dummy_rows_make(p);
+    return NULL;
+}
+
+/* threads for a host dummy weight of n elements: TM_DUMMY_THREADS, else the online CPUs (at most 32); 1 below a
+ * million elements, where a thread's start costs more than it saves */
+static int dummy_threads(int64_t n) {
+    if (n < ((int64_t)1 << 20)) return 1;
+    const char *e = getenv("TM_DUMMY_THREADS");
+    long t = e && *e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+    return t < 1 ? 1 : t > 32 ? 32 : (int)t;
+}
+
 static tm_weight dummy_weight(dummy_alloc *da, tm_dtype type, int64_t rows, int64_t cols, float scale, float constant) {
     tm_weight w = {0};
     uint64_t rb = tm_dtype_row_bytes(type, (uint64_t)cols);
@@ -309,16 +349,34 @@ static tm_weight dummy_weight(dummy_alloc *da, tm_dtype type, int64_t rows, int6
         return w;
     }
     w.data = da->base + da->used;
-    uint8_t *dst = da->base + da->used;
-    for (int64_t r = 0; r < rows; r++) {
-        uint64_t st = da->seed ^ (da->used + (uint64_t)r * 0x9e3779b97f4a7c15ull);
-        for (int64_t c = 0; c < cols; c++) da->row[c] = constant != 0.0f ? constant : scale * rnd_uniform(&st);
-        if (fp8) {
-            uint8_t *q = dst + (uint64_t)r * rb; /* (cols) e4m3 bytes */
-            for (int64_t c = 0; c < cols; c++) q[c] = tm_fp8_from_f32(da->row[c] / w.scale);
-        } else {
-            tm_quant_row(type, da->row, dst + (uint64_t)r * rb, cols);
+    const dummy_rows all = {.dst = da->base + da->used, .row = da->row, .seed = da->seed, .used = da->used, .rb = rb,
+                            .r0 = 0, .r1 = rows, .cols = cols, .type = type, .scale = scale, .constant = constant,
+                            .w_scale = w.scale};
+    /* the rows split over threads (the 8B shape in q4_K took minutes on one core); part 0 is this thread's, with
+     * da->row; a thread that cannot start (or get its scratch) leaves its rows to this one */
+    int nt = dummy_threads(rows * cols);
+    if (nt > rows) nt = (int)rows;
+    pthread_t th[32];
+    dummy_rows part[32];
+    bool started[32] = {false};
+    for (int t = 0; t < nt; t++) {
+        part[t] = all;
+        part[t].r0 = rows * t / nt;
+        part[t].r1 = rows * (t + 1) / nt;
+        if (t == 0) continue;
+        part[t].row = tm_malloc_array((size_t)cols, sizeof(float));
+        started[t] = part[t].row && pthread_create(&th[t], NULL, dummy_rows_thread, &part[t]) == 0;
+    }
+    for (int t = 0; t < nt; t++) {
+        if (t == 0 || !started[t]) {
+            dummy_rows mine = part[t];
+            mine.row = da->row;
+            dummy_rows_make(&mine);
         }
+    }
+    for (int t = 1; t < nt; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        free(part[t].row);
     }
     da->used += (rb * (uint64_t)rows + 63) & ~(uint64_t)63;
     return w;

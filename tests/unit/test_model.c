@@ -392,6 +392,29 @@ static void test_dummy_model_runs(void **st) {
     tm_model_free(m);
 }
 
+/* host dummy weights are made row by row from per-row seeds over several threads: the bytes do not depend on
+ * the thread count (q8_0 and q4_0 here; the embedding, 49152 x 576, is split) */
+static void test_dummy_weights_same_at_any_thread_count(void **st) {
+    (void)st;
+    const char *specs[] = {"dummy:smollm2-135m:q8_0", "dummy:smollm2-135m:q4_0"};
+    for (int i = 0; i < 2; i++) {
+        setenv("TM_DUMMY_THREADS", "1", 1);
+        tm_model *a = load(specs[i]);
+        setenv("TM_DUMMY_THREADS", "3", 1);
+        tm_model *b = load(specs[i]);
+        unsetenv("TM_DUMMY_THREADS");
+        assert_non_null(a->dummy_mem);
+        assert_int_equal(a->dummy_bytes, b->dummy_bytes);
+        assert_memory_equal(a->dummy_mem, b->dummy_mem, (size_t)a->dummy_bytes);
+        const uint8_t *p = a->tok_embd.data; /* not all zero: the rows were made */
+        size_t nz = 0;
+        for (size_t k = 0; k < 4096; k++) nz += p[k] != 0;
+        assert_true(nz > 1000);
+        tm_model_free(a);
+        tm_model_free(b);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_f16_matches_reference),
@@ -404,6 +427,7 @@ int main(void) {
         cmocka_unit_test(test_bad_models_are_refused),
         cmocka_unit_test(test_prompt_limits),
         cmocka_unit_test(test_dummy_model_runs),
+        cmocka_unit_test(test_dummy_weights_same_at_any_thread_count),
         cmocka_unit_test(test_default_f16_cache_near_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
