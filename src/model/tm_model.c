@@ -305,7 +305,8 @@ typedef struct dummy_rows {
 static void dummy_rows_make(const dummy_rows *d) {
     for (int64_t r = d->r0; r < d->r1; r++) {
         uint64_t st = d->seed ^ (d->used + (uint64_t)r * 0x9e3779b97f4a7c15ull);
-        for (int64_t c = 0; c < d->cols; c++) d->row[c] = d->constant != 0.0f ? d->constant : d->scale * rnd_uniform(&st);
+        for (int64_t c = 0; c < d->cols; c++)
+            d->row[c] = d->constant != 0.0f ? d->constant : d->scale * rnd_uniform(&st);
         uint8_t *q = d->dst + (uint64_t)r * d->rb;
         if (d->type == TM_DT_FP8_E4M3) {
             for (int64_t c = 0; c < d->cols; c++) q[c] = tm_fp8_from_f32(d->row[c] / d->w_scale); /* (cols) e4m3 */
