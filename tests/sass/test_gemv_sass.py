@@ -48,8 +48,9 @@ def nvdisasm_path():
 
 
 def mangled(t, epi, nin):
-    """the Itanium name fragment of gemv_kernel_v2<tmq::T, 1, EPI, NIN>"""
-    return f"gemv_kernel_v2IN3tmq{len(t)}{t}ELi1ELi{epi}ELb{nin}E"
+    """the Itanium name fragment of gemv_kernel_v2<tmq::T, 1, EPI, NIN, false> (XS: x not staged, as for every
+    dense type)"""
+    return f"gemv_kernel_v2IN3tmq{len(t)}{t}ELi1ELi{epi}ELb{nin}ELb0EE"
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,14 @@
  * the 8 elements with q the exact small integers, then add scale * that (+ min * sum(x)). The column split ends
  * with a shuffle reduction per warp and a shared-memory one across warps. W is picked so that every lane has at
  * least one full step (U units, at least 2) per row when the row is long enough: W = 2 for 2048 bf16 columns
- * (4 units of 8 per lane), 4 for 4096 and more. Grid: ceil(rows / R) blocks. At n = 1 the kernel has 64
- * registers (__launch_bounds__), so 16 blocks of 2 warps or 8 of 4 warps are resident per SM, each thread with
- * 8 loads of 16 B in flight: ~128 KB in flight per SM, about twice the ~50 KB that the copy bandwidth needs
- * at ~1.5 us of loaded DRAM latency (with 4 warps and 2 units per lane, as in the first version, 2048-column
- * rows had only 64 KB in flight per SM; TM_CUDA_GEMV_WIDE=1 brings that rule back for comparison).
+ * (4 units of 8 per lane), 4 for 4096 and more; the GGUF-quantized types at least 2 (quant_min_warps). Grid:
+ * ceil(rows / R) blocks. At n = 1 the kernel has 64 registers (__launch_bounds__), so 16 blocks of 2 warps or 8
+ * of 4 warps are resident per SM, each thread with 8 loads of 16 B in flight: ~128 KB in flight per SM, about
+ * twice the ~50 KB that the copy bandwidth needs at ~1.5 us of loaded DRAM latency (with 4 warps and 2 units per
+ * lane, as in the first version, 2048-column rows had only 64 KB in flight per SM; TM_CUDA_GEMV_WIDE=1 brings
+ * that rule back for comparison).
  *
- * x staged (v2_args.xs; q8_0, q4_0, q4_1, q4_K, q6_K when n * cols * 2 <= kXsMaxBytes; TM_CUDA_GEMV_XS=0: off):
+ * x staged (template XS; q8_0, q4_0, q4_1, q4_K, q6_K when n * cols * 2 <= kXsMaxBytes; TM_CUDA_GEMV_XS=0: off):
  * a quantized unit covers 16-32 elements, i.e. 2-4 runs of x, and ptxas places each run's L2 load between the
  * previous run's products, so a step paid 4-8 L2 round trips one after the other (ncu, twenty-fourth session: the
  * 1B q4_K products at 11-45% occupancy with 1-warp blocks, stalled on the long scoreboard, DRAM 7-13% busy). The
@@ -37,7 +38,8 @@
  * q4_K 601 -> 1154 tok/s, q4_1 876 -> 1244, q6_K 799 -> 1139, q4_0 882 -> 1286, q8_0 1171 -> 1208 (the same
  * greedy text). The dense types keep the L2 loads: staged, bf16 batch-1 decode measured 18-22% slower (their unit
  * is one run, and their first loads go out before the wait). The sums are the same either way (same x values,
- * same order).
+ * same order). The staged path is its own kernels (template XS), so that each kernel carries one x path: with
+ * both behind a run-time flag the q4_0 / q4_1 kernels spilled, and q4_K / q4_0 decode 2% slower.
  *
  * Groups (tm_cuda_gemv_group): one v2 launch computes up to 4 products that share type, cols and x (Q, K, V).
  * The jobs travel by value in the kernel's parameter struct; job j owns the blocks blk0[j] .. blk0[j+1]-1
@@ -337,7 +339,7 @@ __device__ __forceinline__ void gemv_rest(const uint8_t *const (&wr)[NR], int u,
     }
 }
 
-/* x staged in shared memory (v2_args.xs): the largest n * cols * 2 bytes staged (dynamic shared memory beside the
+/* x staged in shared memory (template XS): the largest n * cols * 2 bytes staged (dynamic shared memory beside the
  * kernel's static arrays, within the 48 KB a launch gets without opting in) */
 constexpr int kXsMaxBytes = 40 * 1024;
 
@@ -355,8 +357,6 @@ struct v2_args {
     int blk0[kMaxJobs];           /* first block of job j */
     const uint8_t *w_up;          /* SwiGLU only: (rows_0, row_bytes) up weights of job 0 */
     const uint16_t *x;            /* (n, cols) bf16 */
-    bool xs;                      /* GGUF-quantized types: x staged in shared memory (n * cols * 2 dynamic bytes, at
-                                   * most kXsMaxBytes) */
     int64_t row_bytes;
     int cols;
     bool out_f32, pdl;
@@ -469,7 +469,7 @@ __device__ __forceinline__ float2 rope_cs(int32_t pos, float inv_freq) {
     return make_float2((float)cs, (float)sn);
 }
 
-template <class T, int N, int EPI, bool NIN>
+template <class T, int N, int EPI, bool NIN, bool XS>
 __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel_v2(const v2_args a) {
     constexpr bool SWIGLU = EPI == EPI_SWIGLU;
     constexpr int R = SWIGLU ? 1 : 2;    /* output rows per block */
@@ -525,41 +525,36 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
     float ss[N]; /* NIN: this lane's share of each batch row's sum of squares */
 #pragma unroll
     for (int b = 0; b < N; b++) ss[b] = 0.0f;
-    bool staged = false;
-    if constexpr (T::HAS_SCALE) {
+    if constexpr (XS) {
         /* the GGUF-quantized types: a unit of 16-32 elements takes its x as 2-4 runs, whose L2 loads ptxas places
          * one after the other between the products (each an exposed L2 round trip; ncu: long-scoreboard stalls,
          * DRAM 7-13% busy); staged, the whole x is one round of loads issued at once, then read from shared
          * memory. The first step's weight loads are issued before the wait and the staging. */
-        if (a.xs) {
-            extern __shared__ uint4 xs_smem[];
-            typename T::Raw raw0[U][NR];
-            const bool full = u + (U - 1) * stride < nu;
-            if (full) {
+        static_assert(T::HAS_SCALE, "x is staged for the GGUF-quantized types only");
+        extern __shared__ uint4 xs_smem[];
+        typename T::Raw raw0[U][NR];
+        const bool full = u + (U - 1) * stride < nu;
+        if (full) {
 #pragma unroll
-                for (int k = 0; k < U; k++) {
+            for (int k = 0; k < U; k++) {
 #pragma unroll
-                    for (int i = 0; i < NR; i++) T::load(wr[i], u + k * stride, raw0[k][i]);
-                }
+                for (int i = 0; i < NR; i++) T::load(wr[i], u + k * stride, raw0[k][i]);
             }
-            if (wait) gemv_pdl_wait();
-            wait = false;
-            const int nv = N * cols / 8;
-            for (int v = (int)threadIdx.x; v < nv; v += (int)blockDim.x)
-                xs_smem[v] = __ldcg(reinterpret_cast<const uint4 *>(x) + v);
-            __syncthreads();
-            const uint16_t *xsh = reinterpret_cast<const uint16_t *>(xs_smem);
-            if (full) {
-#pragma unroll
-                for (int k = 0; k < U; k++)
-                    unit_dot<T, N, NR, NIN, true>(raw0[k], u + k * stride, xsh, cols, acc, a.x_inv, a.nin_w, ss);
-                u += U * stride;
-            }
-            gemv_rest<T, N, NR, U, NIN, true>(wr, u, stride, nu, false, xsh, cols, acc, a.x_inv, a.nin_w, ss);
-            staged = true;
         }
-    }
-    if (!staged) {
+        if (wait) gemv_pdl_wait();
+        const int nv = N * cols / 8;
+        for (int v = (int)threadIdx.x; v < nv; v += (int)blockDim.x)
+            xs_smem[v] = __ldcg(reinterpret_cast<const uint4 *>(x) + v);
+        __syncthreads();
+        const uint16_t *xsh = reinterpret_cast<const uint16_t *>(xs_smem);
+        if (full) {
+#pragma unroll
+            for (int k = 0; k < U; k++)
+                unit_dot<T, N, NR, NIN, true>(raw0[k], u + k * stride, xsh, cols, acc, a.x_inv, a.nin_w, ss);
+            u += U * stride;
+        }
+        gemv_rest<T, N, NR, U, NIN, true>(wr, u, stride, nu, false, xsh, cols, acc, a.x_inv, a.nin_w, ss);
+    } else {
         if (u + (U - 1) * stride < nu) { /* the first step: some of its loads before the wait (gemv_step) */
             gemv_step<T, N, NR, U, NIN, true>(wr, u, stride, x, cols, acc, a.x_inv, wait, a.nin_w, ss);
             wait = false;
@@ -711,32 +706,51 @@ int warps_for(int units, int unroll) {
     return w < 1 ? 1 : w > kMaxWarps ? kMaxWarps : w;
 }
 
-template <class T, int EPI, bool NIN>
+/* the GGUF-quantized types: at least this many warps a block (TM_CUDA_GEMV_QWARPS=W sets it, 1..kMaxWarps, for A/B
+ * timing). With one warp, each lane of a 2048-column q4_K block takes 2 units of 32 of each of its 2 rows: one
+ * step of ~820 instructions, in 1024 one-warp blocks at 12% occupancy for the 1B o product (ncu); two warps
+ * halve each lane's share. Batch-1 decode of the dummy 1B, same call: 2 warps q4_K +8.0%, q4_0 +4.7%, q6_K
+ * +4.3%, q4_1 +3.4%; 4 warps 5-8% slower than 1 (twenty-fifth session). 4096 columns and more get 2 or more
+ * already. */
+int quant_min_warps() {
+    const char *e = getenv("TM_CUDA_GEMV_QWARPS");
+    const int w = e ? atoi(e) : 2;
+    return w < 1 ? 1 : w > kMaxWarps ? kMaxWarps : w;
+}
+
+template <class T, int EPI, bool NIN, bool XS>
 cudaError_t launch_v2_nin(const v2_args &a, int n, int blocks, cudaStream_t stream);
 
 template <class T, int EPI> cudaError_t launch_v2(const v2_args &a, int n, int blocks, cudaStream_t stream) {
     if (a.nin_w) {
-        if constexpr (nin_ok<T>() && EPI != EPI_NORM) return launch_v2_nin<T, EPI, true>(a, n, blocks, stream);
+        if constexpr (nin_ok<T>() && EPI != EPI_NORM) return launch_v2_nin<T, EPI, true, false>(a, n, blocks, stream);
         return cudaErrorNotSupported;
     }
-    return launch_v2_nin<T, EPI, false>(a, n, blocks, stream);
+    /* the GGUF-quantized types stage x when it fits (TM_CUDA_GEMV_XS=0: never, for A/B timing): their own kernels */
+    if constexpr (T::HAS_SCALE) {
+        if (!tm_env_is_0("TM_CUDA_GEMV_XS") && (int64_t)n * a.cols * 2 <= kXsMaxBytes)
+            return launch_v2_nin<T, EPI, false, true>(a, n, blocks, stream);
+    }
+    return launch_v2_nin<T, EPI, false, false>(a, n, blocks, stream);
 }
 
-template <class T, int EPI, bool NIN>
-cudaError_t launch_v2_nin(const v2_args &a0, int n, int blocks, cudaStream_t stream) {
+template <class T, int EPI, bool NIN, bool XS>
+cudaError_t launch_v2_nin(const v2_args &a, int n, int blocks, cudaStream_t stream) {
     /* TM_CUDA_GEMV_WIDE=1: the first version's rule (>= 2 units per lane), for A/B timing */
     const int unroll = tm_env_is_1("TM_CUDA_GEMV_WIDE") ? 2 : T::UNROLL;
-    const int units = a0.cols / (T::RUNS * 8); /* RUNS runs of 8 */
-    const dim3 grid((unsigned)blocks), block((unsigned)(32 * warps_for(units, unroll)));
-    v2_args a = a0;
-    /* the GGUF-quantized types stage x when it fits (TM_CUDA_GEMV_XS=0: never, for A/B timing) */
-    a.xs = T::HAS_SCALE && !tm_env_is_0("TM_CUDA_GEMV_XS") && (int64_t)n * a.cols * 2 <= kXsMaxBytes;
-    const size_t smem = a.xs ? (size_t)n * (size_t)a.cols * 2 : 0;
+    const int units = a.cols / (T::RUNS * 8); /* RUNS runs of 8 */
+    int warps = warps_for(units, unroll);
+    if constexpr (T::HAS_SCALE) {
+        const int qw = quant_min_warps();
+        if (warps < qw) warps = qw;
+    }
+    const dim3 grid((unsigned)blocks), block((unsigned)(32 * warps));
+    const size_t smem = XS ? (size_t)n * (size_t)a.cols * 2 : 0;
     cudaError_t e = cudaErrorInvalidValue;
     switch (n) {
 #define TM_GEMV_N(NN)                                                                                              \
     case NN:                                                                                                       \
-        e = tm_launch_ex(a.pdl, gemv_kernel_v2<T, NN, EPI, NIN>, grid, block, smem, stream, a);                    \
+        e = tm_launch_ex(a.pdl, gemv_kernel_v2<T, NN, EPI, NIN, XS>, grid, block, smem, stream, a);                \
         break;
         TM_GEMV_N(1)
         TM_GEMV_N(2)
