@@ -19,10 +19,11 @@
  * from L2: ld.global.cg, since under PDL the kernel before writes x while this one starts; the weights bypass L1
  * as each byte is read by one load) and accumulates in f32 for all rows and all n at once; x is loaded once for
  * the R rows. The GGUF-quantized types stage x in shared memory instead (below). Quantized types form sum(q * x) over
- * the 8 elements with q the exact small integers, then add scale * that (+ min * sum(x)). The column split ends
- * with a shuffle reduction per warp and a shared-memory one across warps. W is picked so that every lane has at
- * least one full step (U units, at least 2) per row when the row is long enough: W = 2 for 2048 bf16 columns
- * (4 units of 8 per lane), 4 for 4096 and more; the GGUF-quantized types at least 2 (quant_min_warps). Grid:
+ * the 8 elements with q the exact small integers, then add scale * that (+ min * sum(x)); q4_1 and q4_K take q as
+ * the float 1 + q / 128 (one byte_perm) and recover sum(q * x) = 128 (sum((1 + q / 128) x) - sum(x)). The column
+ * split ends with a shuffle reduction per warp and a shared-memory one across warps. W is picked so that every
+ * lane has at least one full step (U units, at least 2) per row when the row is long enough: W = 2 for 2048 bf16
+ * columns (4 units of 8 per lane), 4 for 4096 and more; the GGUF-quantized types at least 2 (quant_min_warps). Grid:
  * ceil(rows / R) blocks. At n = 1 the kernel has 64 registers (__launch_bounds__), so 16 blocks of 2 warps or 8
  * of 4 warps are resident per SM, each thread with 8 loads of 16 B in flight: ~128 KB in flight per SM, about
  * twice the ~50 KB that the copy bandwidth needs at ~1.5 us of loaded DRAM latency (with 4 warps and 2 units per
@@ -187,6 +188,12 @@ template <class T, int N> __host__ __device__ constexpr int unroll_for() {
 /* the dense types, whose products can read a norm's input raw (norm-in: x * norm_w, the sum of squares beside) */
 template <class T> __host__ __device__ constexpr bool nin_ok() { return !T::HAS_SCALE && !tmq::act_fp8<T>::value; }
 
+/* q4_1 and q4_K give the GEMV their runs as 1 + q / 128 (T::qrun1p, tm_cuda_dequant.cuh): one byte_perm an
+ * element instead of a byte_perm and a subtraction, and sum(q x) = 128 (p - sum(x)) with the sum(x) their min
+ * needs anyway (1B batch-1 decode q4_K +3.5%, q4_1 +2.0%, 8B q4_K +4.0%; twenty-fifth session) */
+template <class T, class = void> struct has_qrun1p : std::false_type {};
+template <class T> struct has_qrun1p<T, std::void_t<decltype(&T::qrun1p)>> : std::true_type {};
+
 /* acc[i][b] += dot(unit u of weight row i, x[b]) for the NR rows of the block, all N batch rows. NIN (norm-in): x
  * is a raw residual; each element is multiplied by nw (the norm's weight) before the product, and its square is
  * added to ss[b] (the norm's scale is applied to the sums after the whole row) */
@@ -206,9 +213,15 @@ __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u
 #pragma unroll
         for (int b = 0; b < N; b++) /* XS: x staged in shared memory; else L2 loads, see gemv_kernel_v2 */
             xv[b] = XS ? *(const uint4 *)(x + b * cols + off) : __ldcg((const uint4 *)(x + b * cols + off));
+        constexpr bool Q1P = has_qrun1p<T>::value;
         float q[NR][8];
 #pragma unroll
-        for (int i = 0; i < NR; i++) T::qrun(raw[i], k, q[i]);
+        for (int i = 0; i < NR; i++) {
+            if constexpr (Q1P)
+                T::qrun1p(raw[i], k, q[i]);
+            else
+                T::qrun(raw[i], k, q[i]);
+        }
         if constexpr (T::HAS_SCALE) {
             float p[NR][N], xs[N];
 #pragma unroll
@@ -222,7 +235,7 @@ __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u
 #pragma unroll
                 for (int b = 0; b < N; b++) {
                     const float xf = tmq::bf16_at(xv[b], j);
-                    if constexpr (T::HAS_MIN) xs[b] += xf;
+                    if constexpr (T::HAS_MIN || Q1P) xs[b] += xf;
 #pragma unroll
                     for (int i = 0; i < NR; i++) p[i][b] = fmaf(q[i][j], xf, p[i][b]);
                 }
@@ -231,7 +244,12 @@ __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u
             for (int i = 0; i < NR; i++) {
 #pragma unroll
                 for (int b = 0; b < N; b++) {
-                    acc[i][b] = fmaf(s[i][k], p[i][b], acc[i][b]);
+                    if constexpr (Q1P) { /* p = sum((1 + q / 128) x), so sum(q x) = 128 p - 128 xs, rounded once */
+                        const float qx = fmaf(-128.0f, xs[b], 128.0f * p[i][b]);
+                        acc[i][b] = fmaf(s[i][k], qx, acc[i][b]);
+                    } else {
+                        acc[i][b] = fmaf(s[i][k], p[i][b], acc[i][b]);
+                    }
                     if constexpr (T::HAS_MIN) acc[i][b] = fmaf(m[i][k], xs[b], acc[i][b]);
                 }
             }
