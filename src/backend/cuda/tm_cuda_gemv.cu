@@ -94,6 +94,8 @@
  *  - a few of them (2 to 4 a lane, up to ~4-8 MB): faster, as if enough to cover the DRAM latency after the wait
  *    without slowing the kernel before; batch-1 decode against none, same calls: 1 and 2 +1.8-2.1% (1B) and
  *    +1.8-1.9% (8B), 3 +2.9% and +1.9%, 4 +2.5-2.9% and +1.5%: kLoadsBeforeWait = 3;
+ *  - by epilogue (twenty-sixth session): all 8 in the o product, whose blocks sit resident under the attention
+ *    with the DRAM idle, +0.1% at 1B and -2.5% at 8B; all 8 in q|k|v too, -0.8% and -5%: one count for all;
  *  - an L2 prefetch of the rows before the wait (the first version): 13-15% slower (each line requested twice,
  *    and wasted for every block past the first wave).
  * The trigger's place was measured too: after the wait (here) beats at exit (-1.0%) and before the wait (-0.7%).
@@ -337,8 +339,9 @@ __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u,
 }
 
 /* A lane's steps after its first (and the PDL wait when it had no full first step), then the shorter tail steps;
- * the staged path's (the other path spells the same loop out in gemv_kernel_v2, where the dense types' code was
- * measured) */
+ * the staged path's. The unstaged path in gemv_kernel_v2 spells the same loop out: through this function its
+ * kernels compile differently (171 of 522 in the SASS) and ran slower (8B bf16 batch 1 247.0 -> 243.9 tok/s,
+ * twenty-sixth session) */
 template <class T, int N, int NR, int U, bool NIN, bool XS>
 __device__ __forceinline__ void gemv_rest(const uint8_t *const (&wr)[NR], int u, int stride, int nu, bool wait,
                                           const uint16_t *x, int64_t cols, float (&acc)[NR][N], float x_inv,
