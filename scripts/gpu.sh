@@ -317,6 +317,15 @@ print(('greedy same as tp1' if a is not None and a == b else 'greedy DIFFERS fro
 fi
 
 if want parity; then
+  # dummy models in the issue's shapes: first-step logits on the GPU against the CPU backend's, same host-made
+  # weights, within bf16 tolerance (tests/gpu/check_dummy.py)
+  for sl in llama3.2-1b:16 llama3-8b:32; do
+    shape=${sl%:*}
+    echo "== dummy:$shape:bf16 logits, GPU vs CPU"
+    timeout 900 python3 tests/gpu/check_dummy.py --tokenmill "$TM" --model "dummy:$shape:bf16" --layers "${sl#*:}" \
+      --out "$OUT/dummy_$shape" 2>&1 | tail -n 8
+    row "logits dummy $shape bf16: GPU vs CPU" "$(tail -n 1 "$OUT/dummy_$shape/summary.txt" 2>/dev/null || echo 'no result')"
+  done
   model=.gpu/model/SmolLM2-135M-Instruct.Q4_1.gguf
   if [ ! -f "$model" ] && [ -f .gpu2/model.part1 ] && [ -f .gpu3/model.part2 ]; then
     mkdir -p .gpu/model && cat .gpu2/model.part1 .gpu3/model.part2 >"$model"
