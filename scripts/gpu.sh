@@ -336,8 +336,9 @@ if want parity; then
     python3 tests/gpu/check_parity.py --tokenmill "$TM" --model "$model" --out "$OUT/parity" 2>&1 | tail -n 30
     row "parity SmolLM2 GPU vs golden" "$(tail -n 1 "$OUT/parity/summary.txt" 2>/dev/null || echo 'no result')"
     echo "== engine on the GPU: concurrent, preempted and prefix-shared requests equal alone"
-    python3 tests/gpu/check_engine.py --tokenmill "$TM" --model "$model" 2>&1 | tail -n 10
-    row "engine batch-invariance on GPU" "$(python3 tests/gpu/check_engine.py --tokenmill "$TM" --model "$model" --summary-only 2>/dev/null | tail -n 1)"
+    python3 tests/gpu/check_engine.py --tokenmill "$TM" --model "$model" >"$OUT/engine.log" 2>&1
+    tail -n 10 "$OUT/engine.log"
+    row "engine batch-invariance on GPU" "$(tail -n 1 "$OUT/engine.log")"
   else
     row "parity" "skipped: no SmolLM2 file"
   fi

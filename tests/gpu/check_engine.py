@@ -53,7 +53,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenmill", required=True)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--summary-only", action="store_true")
     a = ap.parse_args()
     g = json.load(open(GOLDEN))
     prompts = [p["prompt_ids"] for p in g["prompts"]]
