@@ -14,31 +14,19 @@ ones (the GEMMs, the prefill attention). The greedy continuations (-n) are repor
 logits are large and its text parts at the first near-tie. Prints a summary line and exits non-zero on failure."""
 import argparse
 import os
-import subprocess
 import sys
 
 import numpy as np
+
+from tm_eval import eval_ids, read_logits, write_ids
 
 PER_LAYER = 2.5e-3
 NEAR_TIE = 2.0
 
 
-def run_eval(tokenmill, model, device, ids_file, out, n, extra):
-    os.makedirs(out, exist_ok=True)
-    env = dict(os.environ, TM_DUMMY_HOST="1")
-    r = subprocess.run([tokenmill, "eval", "-m", model, "--device", device, "--ids-file", ids_file, "--out", out,
-                        "-n", str(n)] + extra, capture_output=True, text=True, timeout=900, env=env)
-    if r.returncode != 0:
-        print(r.stderr[-2000:])
-        return None
-    return [line for line in r.stdout.splitlines() if line.startswith("{")]
-
-
 def compare(cpu, gpu):
     """(rel_l2, cosine, top1_ok, gap, noise) of two logit vectors; top1_ok also when the CPU's top two are within
     NEAR_TIE * noise of each other"""
-    cpu = cpu.astype(np.float64)
-    gpu = gpu.astype(np.float64)
     d = gpu - cpu
     rel = float(np.linalg.norm(d) / np.linalg.norm(cpu))
     cos = float(cpu @ gpu / (np.linalg.norm(cpu) * np.linalg.norm(gpu)))
@@ -65,13 +53,17 @@ def main():
     lens = [1, 1, 1, 24, 97]
     prompts = [rng.integers(0, 32000, size=k).tolist() for k in lens]
     ids_file = os.path.join(a.out, "ids.txt")
-    with open(ids_file, "w") as f:
-        f.write("".join(" ".join(map(str, p)) + "\n" for p in prompts))
+    write_ids(ids_file, prompts)
     gens = {}
+    env = dict(os.environ, TM_DUMMY_HOST="1")
     for dev in ("cpu", "cuda"):
-        extra = a.cpu_arg if dev == "cpu" else a.gpu_arg
-        gens[dev] = run_eval(a.tokenmill, a.model, dev, ids_file, os.path.join(a.out, dev), a.n, extra)
-        if gens[dev] is None:
+        out = os.path.join(a.out, dev)
+        os.makedirs(out, exist_ok=True)
+        extra = ["--out", out, "-n", str(a.n)] + (a.cpu_arg if dev == "cpu" else a.gpu_arg)
+        try:
+            gens[dev] = eval_ids(a.tokenmill, a.model, dev, ids_file, extra, env=env, timeout=900)
+        except RuntimeError as e:
+            print(e)
             msg = f"FAIL: eval on {dev} failed"
             print(msg)
             open(os.path.join(a.out, "summary.txt"), "w").write(msg + "\n")
@@ -80,7 +72,7 @@ def main():
     cos_min = 1.0 - rel_max * rel_max
     fails, rels, coss, same = [], [], [], 0
     for i, p in enumerate(prompts):
-        lc, lg = (np.fromfile(os.path.join(a.out, dev, f"logits_{i}.f32"), dtype=np.float32) for dev in ("cpu", "cuda"))
+        lc, lg = (read_logits(os.path.join(a.out, dev), i) for dev in ("cpu", "cuda"))
         rel, cos, ok, gap, noise = compare(lc, lg)
         rels.append(rel)
         coss.append(cos)

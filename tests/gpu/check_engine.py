@@ -8,22 +8,15 @@ prompts' and those after a golden prompt's own divergence included. Run by scrip
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
+from tm_eval import eval_ids, read_logits, write_ids
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(ROOT, "tests/data/parity/smollm2-135m-instruct-q4_1.hf.json")
-
-
-def run(tm, model, ids_file, extra):
-    r = subprocess.run([tm, "eval", "-m", model, "--device", "cuda", "--ids-file", ids_file, "-n", "48", "-c", "512"]
-                       + extra, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr[-2000:])
-    return [json.loads(l)["tokens"] for l in r.stdout.splitlines()]
 
 
 def first_diff(x, y):
@@ -37,14 +30,11 @@ def cpu_gaps(tm, model, contexts, d):
         return []
     ids_file, out = os.path.join(d, "gap_ids.txt"), os.path.join(d, "gaps")
     os.makedirs(out, exist_ok=True)
-    open(ids_file, "w").write("".join(" ".join(map(str, c)) + "\n" for c in contexts))
-    r = subprocess.run([tm, "eval", "-m", model, "--device", "cpu", "--ids-file", ids_file, "--out", out, "-n", "1",
-                        "-c", "512"], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr[-2000:])
+    write_ids(ids_file, contexts)
+    eval_ids(tm, model, "cpu", ids_file, ["--out", out, "-n", "1", "-c", "512"])
     gaps = []
     for i in range(len(contexts)):
-        top2 = np.sort(np.fromfile(os.path.join(out, f"logits_{i}.f32"), dtype=np.float32).astype(np.float64))[-2:]
+        top2 = np.sort(read_logits(out, i))[-2:]
         gaps.append(float(top2[1] - top2[0]))
     return gaps
 
@@ -60,10 +50,12 @@ def main():
     prompts += [prefix + p[-8:] for p in prompts[6:14]]
     with tempfile.TemporaryDirectory() as d:
         ids_file = os.path.join(d, "ids.txt")
-        open(ids_file, "w").write("".join(" ".join(map(str, p)) + "\n" for p in prompts))
+        write_ids(ids_file, prompts)
+        gen = ["-n", "48", "-c", "512"]
         try:
-            alone = run(a.tokenmill, a.model, ids_file, ["--out", d])
-            together = run(a.tokenmill, a.model, ids_file, ["--max-seqs", "16", "-b", "64", "--kv-blocks", "40"])
+            alone = eval_ids(a.tokenmill, a.model, "cuda", ids_file, gen + ["--out", d])
+            together = eval_ids(a.tokenmill, a.model, "cuda", ids_file,
+                                gen + ["--max-seqs", "16", "-b", "64", "--kv-blocks", "40"])
             parts = [(i, first_diff(x, y)) for i, (x, y) in enumerate(zip(alone, together)) if x != y]
             gaps = cpu_gaps(a.tokenmill, a.model, [prompts[i] + alone[i][:k] for i, k in parts], d)
         except RuntimeError as e:
