@@ -344,7 +344,7 @@ if want parity; then
   fi
 fi
 
-(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=run.log -- * 2>/dev/null && find . -maxdepth 1 -type f ! -name logs.tgz ! -name run.log -delete; rm -rf parity)
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=run.log -- * 2>/dev/null && find . -maxdepth 1 -type f ! -name logs.tgz ! -name run.log -delete; rm -rf parity dummy_*)
 echo
 echo "================ tokenmill GPU summary ================"
 tar xzf "$OUT/logs.tgz" -O --wildcards 'tb_*.log' 2>/dev/null | grep -h '^RESULT' | grep -v 'us=      0.00' | cut -c8- | tail -n 90
