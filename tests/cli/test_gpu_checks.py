@@ -1,4 +1,4 @@
-"""The GPU script's checks (tests/gpu/check_dummy.py, tests/gpu/check_engine.py, run by scripts/gpu.sh) on a machine
+"""The GPU script's checks (tests/gpu/check_dummy.py, check_engine.py, check_parity.py, run by scripts/gpu.sh) on a machine
 without a GPU: a wrapper binary runs their "cuda" side on the CPU backend, so their plumbing (the eval runs, the
 files, the comparisons, the summary and exit code) is checked here, and a "GPU" side that really differs (int8
 activations) exercises what they do when outputs part."""
@@ -70,3 +70,22 @@ def test_engine_every_parting_gets_a_cpu_gap(tmp_path):
     assert same < 32 and len(gaps) == 32 - same, line
     ok = same >= 0.6 * 32 and all(gap < 0.5 for gap in gaps)
     assert m.group(1) == ("ok" if ok else "FAIL") and r.returncode == (0 if ok else 1), line
+
+
+def run_parity(tmp_path, model=MODEL):
+    out = tmp_path / "parity"
+    r = subprocess.run([sys.executable, os.path.join(GPU_TESTS, "check_parity.py"), "--tokenmill", wrapper(tmp_path),
+                        "--model", model, "--out", str(out)], capture_output=True, text=True, timeout=600)
+    return r, (out / "summary.txt").read_text()
+
+
+def test_parity_on_the_cpu_matches_the_goldens(tmp_path):
+    # the CPU backend matches the HF fp32 goldens exactly, so the "GPU" side run on it passes with every prompt equal
+    r, summary = run_parity(tmp_path)
+    assert r.returncode == 0 and summary.startswith("ok: greedy identical 24/24, 0 diverge"), r.stdout + r.stderr
+
+
+def test_parity_reports_a_failed_eval(tmp_path):
+    # eval cannot load the model: the summary names its exit status and the check fails
+    r, summary = run_parity(tmp_path, model=str(tmp_path / "missing.gguf"))
+    assert r.returncode == 1 and re.match(r"FAIL: eval exited [1-9]\d*$", summary.strip()), summary

@@ -8,10 +8,11 @@ exits non-zero on failure."""
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
+
+from tm_eval import EvalError, eval_ids, read_logits, write_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(ROOT, "tests/data/parity/smollm2-135m-instruct-q4_1.hf.json")
@@ -27,18 +28,16 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     g = json.load(open(GOLDEN))
     ids_file = os.path.join(a.out, "ids.txt")
-    with open(ids_file, "w") as f:
-        f.write("".join(" ".join(map(str, p["prompt_ids"])) + "\n" for p in g["prompts"]))
-    r = subprocess.run([a.tokenmill, "eval", "-m", a.model, "--device", "cuda", "--ids-file", ids_file, "--out", a.out,
-                        "-n", str(g["n"])], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        print(r.stderr[-2000:])
-        open(os.path.join(a.out, "summary.txt"), "w").write(f"FAIL: eval exited {r.returncode}\n")
+    write_ids(ids_file, [p["prompt_ids"] for p in g["prompts"]])
+    try:
+        greedy = eval_ids(a.tokenmill, a.model, "cuda", ids_file, ["--out", a.out, "-n", str(g["n"])])
+    except EvalError as e:
+        print(e)
+        open(os.path.join(a.out, "summary.txt"), "w").write(f"FAIL: eval exited {e.returncode}\n")
         sys.exit(1)
-    greedy = [json.loads(l)["tokens"] for l in r.stdout.splitlines()]
     fails, same, coss, tie_div = [], 0, [], 0
     for i, p in enumerate(g["prompts"]):
-        logits = np.fromfile(os.path.join(a.out, f"logits_{i}.f32"), dtype=np.float32).astype(np.float64)
+        logits = read_logits(a.out, i)
         ref = np.array(p["top_logits"])
         ours = logits[p["top_ids"]]
         cos = ours @ ref / (np.linalg.norm(ours) * np.linalg.norm(ref))

@@ -1,4 +1,5 @@
-"""`tokenmill eval` for the GPU checks (check_dummy.py, check_engine.py): write prompt ids, run, read the outputs."""
+"""`tokenmill eval` for the GPU checks (check_dummy.py, check_engine.py, check_parity.py): write prompt ids, run, read
+the outputs."""
 import json
 import os
 import subprocess
@@ -12,12 +13,20 @@ def write_ids(path, seqs):
         f.write("".join(" ".join(map(str, s)) + "\n" for s in seqs))
 
 
+class EvalError(RuntimeError):
+    """eval exited non-zero: the message is the end of its stderr, returncode its exit status"""
+
+    def __init__(self, returncode, stderr):
+        super().__init__(stderr[-2000:])
+        self.returncode = returncode
+
+
 def eval_ids(tm, model, device, ids_file, extra, env=None, timeout=600):
-    """the greedy continuation of each prompt line; RuntimeError with the end of stderr when eval fails"""
+    """the greedy continuation of each prompt line; EvalError when eval fails"""
     r = subprocess.run([tm, "eval", "-m", model, "--device", device, "--ids-file", ids_file] + extra,
                        capture_output=True, text=True, timeout=timeout, env=env)
     if r.returncode != 0:
-        raise RuntimeError(r.stderr[-2000:])
+        raise EvalError(r.returncode, r.stderr)
     return [json.loads(line)["tokens"] for line in r.stdout.splitlines() if line.startswith("{")]
 
 
