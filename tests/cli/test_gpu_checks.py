@@ -1,6 +1,6 @@
-"""The GPU script's checks (tests/gpu/check_dummy.py, check_engine.py, check_parity.py, run by scripts/gpu.sh) on a machine
-without a GPU: a wrapper binary runs their "cuda" side on the CPU backend, so their plumbing (the eval runs, the
-files, the comparisons, the summary and exit code) is checked here, and a "GPU" side that really differs (int8
+"""The GPU script's checks (tests/gpu/check_dummy.py, check_engine.py, check_parity.py, run by scripts/gpu.sh) on a
+machine without a GPU: a wrapper binary runs their "cuda" side on the CPU backend, so their plumbing (the eval runs,
+the files, the comparisons, the summary and exit code) is checked here, and a "GPU" side that really differs (int8
 activations) exercises what they do when outputs part."""
 import os
 import re
