@@ -13,15 +13,10 @@ import tempfile
 
 import numpy as np
 
-from tm_eval import eval_ids, read_logits, write_ids
+from tm_eval import eval_ids, first_diff, read_logits, write_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(ROOT, "tests/data/parity/smollm2-135m-instruct-q4_1.hf.json")
-
-
-def first_diff(x, y):
-    n = min(len(x), len(y))
-    return next((j for j in range(n) if x[j] != y[j]), n)
 
 
 def cpu_gaps(tm, model, contexts, d):

@@ -30,6 +30,12 @@ def eval_ids(tm, model, device, ids_file, extra, env=None, timeout=600):
     return [json.loads(line)["tokens"] for line in r.stdout.splitlines() if line.startswith("{")]
 
 
+def first_diff(x, y):
+    """the first step at which two token lists differ (the shorter one's length when one is a prefix of the other)"""
+    n = min(len(x), len(y))
+    return next((j for j in range(n) if x[j] != y[j]), n)
+
+
 def read_logits(out, i):
     """the first-step logits of prompt i of an `eval --out OUT` run, as float64"""
     return np.fromfile(os.path.join(out, f"logits_{i}.f32"), dtype=np.float32).astype(np.float64)
