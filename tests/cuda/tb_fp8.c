@@ -357,6 +357,115 @@ static void time_gemv(int64_t rows, int64_t cols, const char *shape) {
     free(xh);
 }
 
+/* ---- the tensor-core GEMV (branch fp8-tc-gemv) ------------------------------------------------------------ */
+
+/* tm_cuda_gemv_fp8tc from tm_cuda_quant_fp8's xq against the double reference (f32 out with a bias, bf16 out) */
+static void check_tc(int64_t rows, int64_t cols, int n) {
+    tb_case("gemv fp8tc %lldx%lld n%d", (long long)rows, (long long)cols, n);
+    const float sg = 0.04f / 448.0f;
+    uint8_t *w = make_fp8(rows, cols);
+    uint16_t *xh = tb_xmalloc((size_t)(n * cols) * 2);
+    tb_fill_bf16(xh, NULL, (size_t)(n * cols), 3.0f);
+    float *bias = tb_xmalloc((size_t)rows * sizeof(float));
+    tb_fill_f32(bias, (size_t)rows, 0.5f);
+    float *xq = quant_ref(xh, (size_t)(n * cols), ACT_SCALE);
+    const size_t no = (size_t)(n * rows);
+    float *ref_b = tb_xmalloc(no * 4), *ref = tb_xmalloc(no * 4);
+    for (int b = 0; b < n; b++)
+        for (int64_t r = 0; r < rows; r++) {
+            const double v = ref_dot(w + r * cols, xq + b * cols, cols, (double)sg * ACT_SCALE);
+            ref[b * rows + r] = (float)v;
+            ref_b[b * rows + r] = (float)(v + bias[r]);
+        }
+    void *w_d = tb_upload(w, (size_t)(rows * cols));
+    uint16_t *x_d = tb_upload(xh, (size_t)(n * cols) * 2);
+    uint8_t *xq_d = tb_dev((size_t)(n * cols));
+    TB_RUN(tm_cuda_quant_fp8(x_d, (size_t)(n * cols), 1.0f / ACT_SCALE, xq_d, 0));
+    float *bias_d = tb_upload(bias, (size_t)rows * 4);
+    void *out_d = tb_dev(no * 4);
+    float *of = tb_xmalloc(no * 4);
+    uint16_t *oh = tb_xmalloc(no * 2);
+    char name[128];
+    tb_poison(out_d, no * 4);
+    TB_RUN(tm_cuda_gemv_fp8tc(w_d, rows, cols, xq_d, n, sg * ACT_SCALE, bias_d, out_d, true, 0));
+    tb_download(of, out_d, no * 4);
+    snprintf(name, sizeof name, "%lldx%lld n%d f32+b", (long long)rows, (long long)cols, n);
+    tb_result("gemv_fp8tc", name, tb_rel_err(of, ref_b, no), 1e-3, 0, 0, 0, 'm');
+    tb_poison(out_d, no * 4);
+    TB_RUN(tm_cuda_gemv_fp8tc(w_d, rows, cols, xq_d, n, sg * ACT_SCALE, NULL, out_d, false, 0));
+    tb_download(oh, out_d, no * 2);
+    snprintf(name, sizeof name, "%lldx%lld n%d bf16", (long long)rows, (long long)cols, n);
+    tb_result("gemv_fp8tc", name, tb_rel_err_bf16(oh, ref, no), 1e-2, 0, 0, 0, 'm');
+    cudaFree(w_d);
+    cudaFree(x_d);
+    cudaFree(xq_d);
+    cudaFree(bias_d);
+    cudaFree(out_d);
+    free(w);
+    free(xh);
+    free(bias);
+    free(xq);
+    free(ref_b);
+    free(ref);
+    free(of);
+    free(oh);
+}
+
+typedef struct tc_arg {
+    void **w;
+    int nw, i, n;
+    const uint16_t *x;
+    const uint8_t *xq;
+    void *out;
+    int64_t rows, cols;
+    tm_cuda_fp8_scales sc;
+} tc_arg;
+static void run_tc_old(void *p) {
+    tc_arg *a = p;
+    TB_CHECK(tm_cuda_gemv(a->w[a->i], TM_DT_FP8_E4M3, a->rows, a->cols, a->x, a->n, NULL, a->out, false, &a->sc, 0));
+    a->i = (a->i + 1) % a->nw;
+}
+static void run_tc_new(void *p) {
+    tc_arg *a = p;
+    TB_CHECK(tm_cuda_gemv_fp8tc(a->w[a->i], a->rows, a->cols, a->xq, a->n, 1e-4f, NULL, a->out, false, 0));
+    a->i = (a->i + 1) % a->nw;
+}
+
+/* the CUDA-core fp8 GEMV (bf16 x) against the tensor-core one (e4m3 x), n = 1 and 8, weights rotating over >= 160
+ * MB; GB/s of the weights */
+static void time_tc(int64_t rows, int64_t cols, const char *shape) {
+    if (!tb_budget_ok()) return;
+    tb_case("time gemv fp8tc %s", shape);
+    const size_t wb = (size_t)(rows * cols);
+    int nw = (int)((160u << 20) / wb) + 1;
+    uint8_t *w = make_fp8(rows, cols);
+    void **wd = tb_xmalloc((size_t)nw * sizeof(void *));
+    for (int i = 0; i < nw; i++) wd[i] = tb_upload(w, wb);
+    uint16_t *xh = tb_xmalloc((size_t)(8 * cols) * 2);
+    tb_fill_bf16(xh, NULL, (size_t)(8 * cols), 1.0f);
+    uint16_t *x_d = tb_upload(xh, (size_t)(8 * cols) * 2);
+    uint8_t *xq_d = tb_dev((size_t)(8 * cols));
+    TB_CHECK(tm_cuda_quant_fp8(x_d, (size_t)(8 * cols), 1.0f / ACT_SCALE, xq_d, 0));
+    tc_arg a = {wd, nw, 0, 1, x_d, xq_d, tb_dev((size_t)(8 * rows) * 2), rows, cols, {.w = 1e-4f, .act = ACT_SCALE}};
+    char name[96];
+    for (int rep = 0; rep < 2; rep++)
+        for (int n = 1; n <= 8; n += 7) {
+            a.n = n;
+            const double uo = tb_time_us(run_tc_old, &a, 5, 40), un = tb_time_us(run_tc_new, &a, 5, 40);
+            snprintf(name, sizeof name, "%s n=%d cuda cores (bf16 x)", shape, n);
+            tb_result("gemv_fp8tc", name, 0, 0, uo, (double)wb, 0, 'm');
+            snprintf(name, sizeof name, "%s n=%d tensor cores (e4m3 x)", shape, n);
+            tb_result("gemv_fp8tc", name, 0, 0, un, (double)wb, 0, 'm');
+        }
+    for (int i = 0; i < nw; i++) cudaFree(wd[i]);
+    cudaFree(x_d);
+    cudaFree(xq_d);
+    cudaFree(a.out);
+    free(wd);
+    free(w);
+    free(xh);
+}
+
 /* one fp8 product (fast accumulation) with the heuristic's candidate of rank i: its time and its largest
  * difference from candidate 0's output (both bf16; the candidates differ only in summation order) */
 static void sweep_algo(tm_cuda_blas *blas, int i, int64_t n, int64_t m, int64_t k) {
@@ -416,6 +525,19 @@ int main(int argc, char **argv) {
         return 1;
     }
     check_args(blas);
+    if (getenv("TB_FP8_TC_ONLY")) { /* the tensor-core GEMV's checks and times only */
+        const int64_t ts[][2] = {{16, 256}, {48, 1280}, {1024, 4096}, {64, 14336}, {2048, 2048}};
+        for (size_t s = 0; s < sizeof ts / sizeof ts[0]; s++)
+            for (int n = 1; n <= 8; n++) check_tc(ts[s][0], ts[s][1], n);
+        const int64_t sh[][2] = {{6144, 4096}, {28672, 4096}, {4096, 4096}, {4096, 14336},
+                                 {3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
+        static const char *const nm[] = {"8b-qkv", "8b-gateup", "8b-o", "8b-down", "1b-qkv", "1b-o", "1b-gateup",
+                                         "1b-down"};
+        for (size_t s = 0; s < 8; s++) time_tc(sh[s][0], sh[s][1], nm[s]);
+        tm_cuda_blas_free(blas);
+        tb_case("finish");
+        return tb_finish("tb_fp8");
+    }
     const size_t qn[] = {1, 7, 8, 4099, (size_t)1 << 20};
     for (size_t i = 0; i < sizeof qn / sizeof qn[0]; i++) {
         check_quant(qn[i], 0, ACT_SCALE);
