@@ -411,28 +411,50 @@ static void check_tc(int64_t rows, int64_t cols, int n) {
     free(oh);
 }
 
-typedef struct tc_arg {
-    void **w;
-    int nw, i, n;
-    const uint16_t *x;
-    const uint8_t *xq;
-    void *out;
-    int64_t rows, cols;
-    tm_cuda_fp8_scales sc;
-} tc_arg;
-static void run_tc_old(void *p) {
-    tc_arg *a = p;
-    TB_CHECK(tm_cuda_gemv(a->w[a->i], TM_DT_FP8_E4M3, a->rows, a->cols, a->x, a->n, NULL, a->out, false, &a->sc, 0));
-    a->i = (a->i + 1) % a->nw;
-}
-static void run_tc_new(void *p) {
-    tc_arg *a = p;
-    TB_CHECK(tm_cuda_gemv_fp8tc(a->w[a->i], a->rows, a->cols, a->xq, a->n, 1e-4f, NULL, a->out, false, 0));
-    a->i = (a->i + 1) % a->nw;
+/* a chain of `len` products of one shape in one graph (PDL as the backend launches them), each over another copy of
+ * the weights (>= 160 MB in all, so that L2 does not serve them): us a product. kind 0: the CUDA-core GEMV (bf16
+ * x), 1: the tensor-core one (e4m3 x) */
+static double chain_us(int kind, void **wd, int nw, int64_t rows, int64_t cols, const uint16_t *x, const uint8_t *xq,
+                       int n, void *out) {
+    cudaStream_t s;
+    TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const int len = nw < 16 ? 16 : nw;
+    const tm_cuda_fp8_scales sc = {.w = 1e-4f, .act = ACT_SCALE};
+    cudaGraph_t g;
+    TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < len; i++) {
+        if (kind == 0)
+            TB_CHECK(tm_cuda_gemv(wd[i % nw], TM_DT_FP8_E4M3, rows, cols, x, n, NULL, out, false, &sc, s));
+        else
+            TB_CHECK(tm_cuda_gemv_fp8tc(wd[i % nw], rows, cols, xq, n, 1e-4f, NULL, out, false, s));
+    }
+    TB_CHECK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t ge;
+    TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    TB_CHECK(cudaEventCreate(&e0));
+    TB_CHECK(cudaEventCreate(&e1));
+    for (int i = 0; i < 2; i++) TB_CHECK(cudaGraphLaunch(ge, s));
+    float best = 1e30f;
+    for (int i = 0; i < 7; i++) {
+        float ms;
+        TB_CHECK(cudaEventRecord(e0, s));
+        TB_CHECK(cudaGraphLaunch(ge, s));
+        TB_CHECK(cudaEventRecord(e1, s));
+        TB_CHECK(cudaEventSynchronize(e1));
+        TB_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (ms < best) best = ms;
+    }
+    TB_CHECK(cudaEventDestroy(e0));
+    TB_CHECK(cudaEventDestroy(e1));
+    TB_CHECK(cudaGraphExecDestroy(ge));
+    TB_CHECK(cudaGraphDestroy(g));
+    TB_CHECK(cudaStreamDestroy(s));
+    return (double)best * 1000.0 / len;
 }
 
-/* the CUDA-core fp8 GEMV (bf16 x) against the tensor-core one (e4m3 x), n = 1 and 8, weights rotating over >= 160
- * MB; GB/s of the weights */
+/* the CUDA-core fp8 GEMV (bf16 x) against the tensor-core one (e4m3 x), n = 1 and 8, in chains of one shape;
+ * TB_FP8_TC_WARPS="4 8 ..." also times the tensor-core kernel at those warp counts; GB/s of the weights */
 static void time_tc(int64_t rows, int64_t cols, const char *shape) {
     if (!tb_budget_ok()) return;
     tb_case("time gemv fp8tc %s", shape);
@@ -446,21 +468,34 @@ static void time_tc(int64_t rows, int64_t cols, const char *shape) {
     uint16_t *x_d = tb_upload(xh, (size_t)(8 * cols) * 2);
     uint8_t *xq_d = tb_dev((size_t)(8 * cols));
     TB_CHECK(tm_cuda_quant_fp8(x_d, (size_t)(8 * cols), 1.0f / ACT_SCALE, xq_d, 0));
-    tc_arg a = {wd, nw, 0, 1, x_d, xq_d, tb_dev((size_t)(8 * rows) * 2), rows, cols, {.w = 1e-4f, .act = ACT_SCALE}};
+    void *out = tb_dev((size_t)(8 * rows) * 2);
     char name[96];
-    for (int rep = 0; rep < 2; rep++)
-        for (int n = 1; n <= 8; n += 7) {
-            a.n = n;
-            const double uo = tb_time_us(run_tc_old, &a, 5, 40), un = tb_time_us(run_tc_new, &a, 5, 40);
-            snprintf(name, sizeof name, "%s n=%d cuda cores (bf16 x)", shape, n);
-            tb_result("gemv_fp8tc", name, 0, 0, uo, (double)wb, 0, 'm');
-            snprintf(name, sizeof name, "%s n=%d tensor cores (e4m3 x)", shape, n);
-            tb_result("gemv_fp8tc", name, 0, 0, un, (double)wb, 0, 'm');
+    const char *ws = getenv("TB_FP8_TC_WARPS");
+    for (int n = 1; n <= 8; n += 7) {
+        const double uo = chain_us(0, wd, nw, rows, cols, x_d, xq_d, n, out);
+        const double un = chain_us(1, wd, nw, rows, cols, x_d, xq_d, n, out);
+        snprintf(name, sizeof name, "%s n=%d cuda cores (bf16 x)", shape, n);
+        tb_result("gemv_fp8tc", name, 0, 0, uo, (double)wb, 0, 'm');
+        snprintf(name, sizeof name, "%s n=%d tensor cores (e4m3 x)", shape, n);
+        tb_result("gemv_fp8tc", name, 0, 0, un, (double)wb, 0, 'm');
+        for (const char *p = ws; p && *p;) {
+            char *end;
+            const long wv = strtol(p, &end, 10);
+            if (end == p) break;
+            p = end;
+            char v[8];
+            snprintf(v, sizeof v, "%ld", wv);
+            setenv("TM_CUDA_FP8TC_WARPS", v, 1);
+            const double uw = chain_us(1, wd, nw, rows, cols, x_d, xq_d, n, out);
+            unsetenv("TM_CUDA_FP8TC_WARPS");
+            snprintf(name, sizeof name, "%s n=%d tensor cores, %ld warps", shape, n, wv);
+            tb_result("gemv_fp8tc", name, 0, 0, uw, (double)wb, 0, 'm');
         }
+    }
     for (int i = 0; i < nw; i++) cudaFree(wd[i]);
     cudaFree(x_d);
     cudaFree(xq_d);
-    cudaFree(a.out);
+    cudaFree(out);
     free(wd);
     free(w);
     free(xh);
@@ -527,8 +562,13 @@ int main(int argc, char **argv) {
     check_args(blas);
     if (getenv("TB_FP8_TC_ONLY")) { /* the tensor-core GEMV's checks and times only */
         const int64_t ts[][2] = {{16, 256}, {48, 1280}, {1024, 4096}, {64, 14336}, {2048, 2048}};
-        for (size_t s = 0; s < sizeof ts / sizeof ts[0]; s++)
-            for (int n = 1; n <= 8; n++) check_tc(ts[s][0], ts[s][1], n);
+        static const char *const wv[] = {"4", "8", "16", "32", NULL};
+        for (int k = 0; k < 5; k++) { /* the launcher's warp count, then each forced */
+            if (wv[k]) setenv("TM_CUDA_FP8TC_WARPS", wv[k], 1);
+            else unsetenv("TM_CUDA_FP8TC_WARPS");
+            for (size_t s = 0; s < sizeof ts / sizeof ts[0]; s++)
+                for (int n = 1; n <= 8; n += (k < 4 ? 3 : 1)) check_tc(ts[s][0], ts[s][1], n);
+        }
         const int64_t sh[][2] = {{6144, 4096}, {28672, 4096}, {4096, 4096}, {4096, 14336},
                                  {3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
         static const char *const nm[] = {"8b-qkv", "8b-gateup", "8b-o", "8b-down", "1b-qkv", "1b-o", "1b-gateup",

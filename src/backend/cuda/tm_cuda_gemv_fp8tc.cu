@@ -13,7 +13,8 @@
  * decode 1160 tok/s, 41% of its floor, below bf16's 1211). Here one mma.m16n8k32 (e4m3, f32 accumulation) takes
  * 512 weight bytes: 16 rows by 32 columns, with the batch rows as its 8 columns of B (rows of B past n are zero).
  *
- * v1: a block of 4 warps owns 16 weight rows (r0 .. r0 + 15); the columns go in chunks of 64, chunk c to warp c % 4.
+ * v1: a block of W warps owns 16 weight rows (r0 .. r0 + 15); the columns go in chunks of 64, chunk c to warp c % W
+ * (W = 4 .. 32, more for fewer blocks: the launcher).
  * In a chunk, lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of row r0 + g and of row r0 + g + 8 at columns
  * 64 c + 16 t .. + 15, and 16 bytes of xq row g there (g < n; else zeros). Since a dot product does not care about
  * the order of its terms, those bytes are given to two mma as they lie: for mma m (0, 1), the k slots 4 t .. 4 t + 3
@@ -24,7 +25,6 @@
 
 namespace {
 
-constexpr int kWarps = 4;
 constexpr int kU = 4; /* chunks a lane loads at once */
 
 __device__ __forceinline__ uint4 ld_w(const uint8_t *p) {
@@ -53,6 +53,7 @@ struct tc_args {
     bool out_f32, pdl;
 };
 
+template <int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) gemv_fp8tc_v1(const tc_args a) {
     __shared__ float red[kWarps][32][4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_fp8tc_v1(const tc_args a) {
     __syncthreads();
     /* output (row i, batch b): lane (i % 8, b / 2), register (i >= 8 ? 2 : 0) + b % 2 */
     const int i = threadIdx.x & 15, b = threadIdx.x >> 4;
-    if (b < a.n) {
+    if (b < a.n) { /* threads 0 .. 16 n - 1 (every block has >= 128 threads) */
         const int ln = (i & 7) * 4 + (b >> 1), k = (i >= 8 ? 2 : 0) + (b & 1);
         float s = 0.0f;
 #pragma unroll
@@ -137,5 +138,18 @@ extern "C" cudaError_t tm_cuda_gemv_fp8tc(const void *w, int64_t rows, int64_t c
     a.scale = scale;
     a.out_f32 = out_f32;
     a.pdl = tm_pdl_gemv_on();
-    return tm_launch_ex(a.pdl, gemv_fp8tc_v1, dim3((unsigned)(rows / 16)), dim3(kWarps * 32), 0, stream, a);
+    /* warps a block: enough for ~24 warps an SM over the grid (few 16-row blocks: long rows, split over more
+     * warps); TM_CUDA_FP8TC_WARPS forces 4, 8, 16 or 32 */
+    const int64_t blocks = rows / 16;
+    int nwarps = 4;
+    while (nwarps < 32 && blocks * nwarps < 132 * 24) nwarps *= 2;
+    if (const char *e = getenv("TM_CUDA_FP8TC_WARPS")) nwarps = atoi(e);
+    const dim3 grid((unsigned)blocks);
+    switch (nwarps) {
+    case 4: return tm_launch_ex(a.pdl, gemv_fp8tc_v1<4>, grid, dim3(128), 0, stream, a);
+    case 8: return tm_launch_ex(a.pdl, gemv_fp8tc_v1<8>, grid, dim3(256), 0, stream, a);
+    case 16: return tm_launch_ex(a.pdl, gemv_fp8tc_v1<16>, grid, dim3(512), 0, stream, a);
+    case 32: return tm_launch_ex(a.pdl, gemv_fp8tc_v1<32>, grid, dim3(1024), 0, stream, a);
+    default: return cudaErrorInvalidValue;
+    }
 }
