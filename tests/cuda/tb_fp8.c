@@ -411,6 +411,95 @@ static void check_tc(int64_t rows, int64_t cols, int n) {
     free(oh);
 }
 
+/* tm_cuda_gemv_qkv_rope with fp8 weights: the tensor-core kernel against the CUDA-core one (TM_CUDA_GEMV_FP8TC=0,
+ * checked against the double reference by the W8A8 math above): the same products in another order, so q and the
+ * cache entries agree within bf16 rounding; H / KV heads of hd dims, n tokens at slots 3, 20, 37, ... */
+static void check_tc_rope(int H, int KV, int hd, int64_t cols, bool kv_fp8) {
+    tb_case("gemv_qkv_rope fp8tc %d/%dx%d cols %lld%s", H, KV, hd, (long long)cols, kv_fp8 ? " fp8 cache" : "");
+    const int64_t rq = (int64_t)H * hd, rk = (int64_t)KV * hd;
+    const int bs = 16, nblk = 10, n = 8;
+    const size_t n_slots = (size_t)nblk * bs, cache_el = n_slots * (size_t)rk, esz = kv_fp8 ? 1 : 2;
+    uint8_t *wq = make_fp8(rq, cols), *wk = make_fp8(rk, cols), *wv = make_fp8(rk, cols);
+    void *wd[3] = {tb_upload(wq, (size_t)(rq * cols)), tb_upload(wk, (size_t)(rk * cols)),
+                   tb_upload(wv, (size_t)(rk * cols))};
+    uint16_t *xh = tb_xmalloc((size_t)(n * cols) * 2);
+    tb_fill_bf16(xh, NULL, (size_t)(n * cols), 3.0f);
+    uint16_t *x_d = tb_upload(xh, (size_t)(n * cols) * 2);
+    float *inv = tb_xmalloc((size_t)hd / 2 * sizeof(float));
+    for (int j = 0; j < hd / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+    int32_t pos[8];
+    int64_t slot[8];
+    for (int b = 0; b < n; b++) {
+        pos[b] = 5 + 97 * b;
+        slot[b] = 3 + 17 * b;
+    }
+    float *inv_d = tb_upload(inv, (size_t)hd / 2 * sizeof(float));
+    int32_t *pos_d = tb_upload(pos, sizeof pos);
+    int64_t *slot_d = tb_upload(slot, sizeof slot);
+    uint16_t *q_d[2], *kc_d[2], *vc_d[2], *qh[2];
+    uint8_t *kch[2], *vch[2];
+    for (int m = 0; m < 2; m++) {
+        q_d[m] = tb_dev((size_t)(n * rq) * 2);
+        kc_d[m] = tb_dev(cache_el * esz);
+        vc_d[m] = tb_dev(cache_el * esz);
+        TB_CHECK(cudaMemset(kc_d[m], 0, cache_el * esz));
+        TB_CHECK(cudaMemset(vc_d[m], 0, cache_el * esz));
+        if (m == 0) setenv("TM_CUDA_GEMV_FP8TC", "0", 1);
+        const float sq = 0.02f / 448.0f, sk = 0.03f / 448.0f, sv = 0.01f / 448.0f;
+        const tm_cuda_gemv_job jobs[3] = {{wd[0], rq, NULL, q_d[m], sq, ACT_SCALE, NULL, 0},
+                                          {wd[1], rk, NULL, NULL, sk, ACT_SCALE, NULL, 0},
+                                          {wd[2], rk, NULL, NULL, sv, ACT_SCALE, NULL, 0}};
+        const tm_cuda_rope_args r = {.n_tokens = n, .n_heads = H, .n_kv_heads = KV, .head_dim = hd, .rope_dim = hd,
+                                     .block_size = bs, .inv_freq = inv_d, .positions = pos_d, .slot_mapping = slot_d,
+                                     .q = q_d[m], .k_cache = kc_d[m], .v_cache = vc_d[m], .kv_fp8 = kv_fp8};
+        TB_RUN(tm_cuda_gemv_qkv_rope(jobs, TM_DT_FP8_E4M3, cols, x_d, n, &r, 0));
+        unsetenv("TM_CUDA_GEMV_FP8TC");
+        qh[m] = tb_xmalloc((size_t)(n * rq) * 2);
+        kch[m] = tb_xmalloc(cache_el * esz);
+        vch[m] = tb_xmalloc(cache_el * esz);
+        tb_download(qh[m], q_d[m], (size_t)(n * rq) * 2);
+        tb_download(kch[m], kc_d[m], cache_el * esz);
+        tb_download(vch[m], vc_d[m], cache_el * esz);
+    }
+    /* every value as f32: q, then the cache (bf16 or e4m3) */
+    const size_t nq = (size_t)(n * rq);
+    float *a = tb_xmalloc((nq + 2 * cache_el) * sizeof(float)), *bref = tb_xmalloc((nq + 2 * cache_el) * sizeof(float));
+    for (size_t i = 0; i < nq; i++) {
+        a[i] = tb_bf16_to_f32(qh[1][i]);
+        bref[i] = tb_bf16_to_f32(qh[0][i]);
+    }
+    for (size_t i = 0; i < 2 * cache_el; i++) {
+        const uint8_t *s1 = i < cache_el ? kch[1] : vch[1], *s0 = i < cache_el ? kch[0] : vch[0];
+        const size_t k = i % cache_el;
+        a[nq + i] = kv_fp8 ? fp8_val(s1[k]) : tb_bf16_to_f32(((const uint16_t *)s1)[k]);
+        bref[nq + i] = kv_fp8 ? fp8_val(s0[k]) : tb_bf16_to_f32(((const uint16_t *)s0)[k]);
+    }
+    char name[128];
+    snprintf(name, sizeof name, "%d/%dx%d cols %lld%s: q, k, v cache vs cuda cores", H, KV, hd, (long long)cols,
+             kv_fp8 ? " fp8 cache" : "");
+    tb_result("gemv_fp8tc_rope", name, tb_rel_err(a, bref, nq + 2 * cache_el), kv_fp8 ? 3e-2 : 1e-2, 0, 0, 0, 'm');
+    for (int m = 0; m < 2; m++) {
+        cudaFree(q_d[m]);
+        cudaFree(kc_d[m]);
+        cudaFree(vc_d[m]);
+        free(qh[m]);
+        free(kch[m]);
+        free(vch[m]);
+    }
+    for (int j = 0; j < 3; j++) cudaFree(wd[j]);
+    cudaFree(x_d);
+    cudaFree(inv_d);
+    cudaFree(pos_d);
+    cudaFree(slot_d);
+    free(wq);
+    free(wk);
+    free(wv);
+    free(xh);
+    free(inv);
+    free(a);
+    free(bref);
+}
+
 /* a chain of `len` products of one shape in one graph (PDL as the backend launches them), each over another copy of
  * the weights (>= 160 MB in all, so that L2 does not serve them): us a product. kind 0: the CUDA-core GEMV (bf16
  * x), 1: the tensor-core one (e4m3 x) */
@@ -569,6 +658,9 @@ int main(int argc, char **argv) {
             for (size_t s = 0; s < sizeof ts / sizeof ts[0]; s++)
                 for (int n = 1; n <= 8; n += (k < 4 ? 3 : 1)) check_tc(ts[s][0], ts[s][1], n);
         }
+        check_tc_rope(9, 3, 64, 576, false);
+        check_tc_rope(32, 8, 64, 2048, true);
+        check_tc_rope(32, 8, 128, 4096, false);
         const int64_t sh[][2] = {{6144, 4096}, {28672, 4096}, {4096, 4096}, {4096, 14336},
                                  {3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
         static const char *const nm[] = {"8b-qkv", "8b-gateup", "8b-o", "8b-down", "1b-qkv", "1b-o", "1b-gateup",

@@ -1,5 +1,6 @@
 /* tm_cuda_gemv.cu -- small-batch matrix-vector products with the weight dequantization fused into the read. */
 #include "tm_cuda_fp8.cuh"
+#include "tm_cuda_gemv_fp8tc.cuh"
 #include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "backend/cuda/tm_cuda_dequant.cuh"
@@ -841,6 +842,10 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     if (cudaError_t e = nin_jobs_ok(jobs, n_jobs); e != cudaSuccess) return e;
     if (nin && tm_env_is_1("TM_CUDA_GEMV_V")) return cudaErrorNotSupported;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
+    /* fp8 weights: the tensor-core kernel (tm_cuda_gemv_fp8tc.cu) where its shapes fit */
+    if (type == TM_DT_FP8_E4M3 && !tm_env_is_1("TM_CUDA_GEMV_V") && tm_fp8tc_ok(jobs, n_jobs, w_up, cols, x))
+        return tm_fp8tc_run(swiglu ? TM_FP8TC_SWIGLU : TM_FP8TC_PLAIN, jobs, n_jobs, w_up, up_scale, cols, x, n,
+                            out_f32, NULL, stream);
 
     /* v2 for all jobs at once when every job meets its alignment needs (and, fp8, all share the activation
      * scale), else each job on its own as tm_cuda_gemv would run it (v2 or v1), so that a job's results never
@@ -935,6 +940,13 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
         blocks += jobs[j].rows / 2; /* R = 2 rows per block: no block straddles two jobs */
     }
     if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+    if constexpr (EPI == EPI_ROPE) { /* fp8 weights: the tensor-core kernel where its shapes fit */
+        if (type == TM_DT_FP8_E4M3 && tm_fp8tc_ok(jobs, n_jobs, NULL, cols, x)) {
+            const tm_fp8tc_rope r = {a.inv_freq,  a.positions, a.slot_mapping, a.k_cache,    a.v_cache,
+                                     a.kv_fp8,    a.head_dim,  a.rope_dim,     a.block_size, a.n_kv_heads};
+            return tm_fp8tc_run(TM_FP8TC_ROPE, jobs, n_jobs, NULL, 0.0f, cols, x, n, false, &r, stream);
+        }
+    }
     for (int j = n_jobs; j < kMaxJobs; j++) {
         a.w[j] = a.w[0];
         a.bias[j] = NULL;
