@@ -15,7 +15,11 @@
  *  - the GEMVs (tm_cuda_gemv with a bias and f32 output, bf16 output, SwiGLU with different gate and up scales,
  *    a Q/K/V group with bit-identity to the single products), n = 1..8, v2 and v1 (TM_CUDA_GEMV_V=1), odd row
  *    counts and cols of 16 .. 14336; tolerance 1e-4 (f32 out: the sums of exact products differ only in order)
- *    and 1e-2 (bf16);
+ *    and 1e-2 (bf16). "v2" is the tensor-core kernel (tm_cuda_gemv_fp8tc.cu) where the rows are a multiple of 16
+ *    and cols of 64 (1024 x 4096, 64 x 14336), the CUDA-core one elsewhere;
+ *  - the tensor-core kernel from pre-rounded x (tm_cuda_gemv_fp8tc) at 8 and 32 warps a block and the launcher's
+ *    choice, n = 1..8, against the double reference (1e-3 f32, 1e-2 bf16), and its q|k|v RoPE epilogue (q and the
+ *    bf16 or fp8 cache entries) against the CUDA-core kernel's (1e-2, fp8 cache 3e-2);
  *  - the fp8 GEMM (tm_cuda_quant_fp8 then tm_cuda_blas_gemm_fp8, as the backend runs it for n > 8) on 8B shapes,
  *    n = 9 .. 2048, on 512 sampled outputs against the double reference of the same quantized operands, with and
  *    without fast accumulation; tolerance 1e-2 (bf16 out) and, f32 out, 1e-3 (cuBLASLt's fp8 sums are not f32-exact:
@@ -26,7 +30,9 @@
  * k = v, qkv as one product, gate = up, gate+up as one, down) at n = 256 and 512 (decode batches), 2048 and 8192
  * (prefill chunks), TFLOP/s against the measured bf16 ceiling (the fp8 tensor-core peak is twice the bf16 one);
  * the activation rounding kernel (GB/s); the fp8 GEMV at n = 1 on the 8B shapes (GB/s against the copy ceiling;
- * weights rotate over >= 160 MB of copies so that L2 does not serve them). */
+ * weights rotate over >= 160 MB of copies so that L2 does not serve them); the fp8 GEMV on the CUDA cores, on the
+ * tensor cores, and on the tensor cores from pre-rounded x, n = 1 and 8, 1B and 8B shapes, in chains of one shape
+ * under PDL (TB_FP8_TC_ONLY=1: the tensor-core checks and these times only). */
 
 #define ACT_SCALE (1.0f / 16.0f)
 
@@ -501,8 +507,9 @@ static void check_tc_rope(int H, int KV, int hd, int64_t cols, bool kv_fp8) {
 }
 
 /* a chain of `len` products of one shape in one graph (PDL as the backend launches them), each over another copy of
- * the weights (>= 160 MB in all, so that L2 does not serve them): us a product. kind 0: the CUDA-core GEMV (bf16
- * x), 1: the tensor-core one (e4m3 x) */
+ * the weights (>= 160 MB in all, so that L2 does not serve them): us a product. kind 0: tm_cuda_gemv on the CUDA
+ * cores (TM_CUDA_GEMV_FP8TC=0), 1: tm_cuda_gemv (the tensor cores, x rounded in the kernel), 2: tm_cuda_gemv_fp8tc
+ * (the tensor cores, x rounded before) */
 static double chain_us(int kind, void **wd, int nw, int64_t rows, int64_t cols, const uint16_t *x, const uint8_t *xq,
                        int n, void *out) {
     cudaStream_t s;
@@ -510,14 +517,16 @@ static double chain_us(int kind, void **wd, int nw, int64_t rows, int64_t cols, 
     const int len = nw < 16 ? 16 : nw;
     const tm_cuda_fp8_scales sc = {.w = 1e-4f, .act = ACT_SCALE};
     cudaGraph_t g;
+    if (kind == 0) setenv("TM_CUDA_GEMV_FP8TC", "0", 1);
     TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     for (int i = 0; i < len; i++) {
-        if (kind == 0)
+        if (kind < 2)
             TB_CHECK(tm_cuda_gemv(wd[i % nw], TM_DT_FP8_E4M3, rows, cols, x, n, NULL, out, false, &sc, s));
         else
             TB_CHECK(tm_cuda_gemv_fp8tc(wd[i % nw], rows, cols, xq, n, 1e-4f, NULL, out, false, s));
     }
     TB_CHECK(cudaStreamEndCapture(s, &g));
+    unsetenv("TM_CUDA_GEMV_FP8TC");
     cudaGraphExec_t ge;
     TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
     cudaEvent_t e0, e1;
@@ -542,8 +551,8 @@ static double chain_us(int kind, void **wd, int nw, int64_t rows, int64_t cols, 
     return (double)best * 1000.0 / len;
 }
 
-/* the CUDA-core fp8 GEMV (bf16 x) against the tensor-core one (e4m3 x), n = 1 and 8, in chains of one shape;
- * TB_FP8_TC_WARPS="4 8 ..." also times the tensor-core kernel at those warp counts; GB/s of the weights */
+/* the fp8 GEMV three ways (chain_us's kinds), n = 1 and 8, in chains of one shape; TB_FP8_TC_WARPS="8 32" also
+ * times the tensor-core kernel at those warp counts (TM_CUDA_FP8TC_WARPS); GB/s of the weights */
 static void time_tc(int64_t rows, int64_t cols, const char *shape) {
     if (!tb_budget_ok()) return;
     tb_case("time gemv fp8tc %s", shape);
@@ -558,15 +567,15 @@ static void time_tc(int64_t rows, int64_t cols, const char *shape) {
     uint8_t *xq_d = tb_dev((size_t)(8 * cols));
     TB_CHECK(tm_cuda_quant_fp8(x_d, (size_t)(8 * cols), 1.0f / ACT_SCALE, xq_d, 0));
     void *out = tb_dev((size_t)(8 * rows) * 2);
+    static const char *const kinds[3] = {"cuda cores", "tensor cores", "tensor cores, x rounded before"};
     char name[96];
     const char *ws = getenv("TB_FP8_TC_WARPS");
     for (int n = 1; n <= 8; n += 7) {
-        const double uo = chain_us(0, wd, nw, rows, cols, x_d, xq_d, n, out);
-        const double un = chain_us(1, wd, nw, rows, cols, x_d, xq_d, n, out);
-        snprintf(name, sizeof name, "%s n=%d cuda cores (bf16 x)", shape, n);
-        tb_result("gemv_fp8tc", name, 0, 0, uo, (double)wb, 0, 'm');
-        snprintf(name, sizeof name, "%s n=%d tensor cores (e4m3 x)", shape, n);
-        tb_result("gemv_fp8tc", name, 0, 0, un, (double)wb, 0, 'm');
+        for (int k = 0; k < 3; k++) {
+            const double us = chain_us(k, wd, nw, rows, cols, x_d, xq_d, n, out);
+            snprintf(name, sizeof name, "%s n=%d %s", shape, n, kinds[k]);
+            tb_result("gemv_fp8tc", name, 0, 0, us, (double)wb, 0, 'm');
+        }
         for (const char *p = ws; p && *p;) {
             char *end;
             const long wv = strtol(p, &end, 10);
@@ -649,23 +658,27 @@ int main(int argc, char **argv) {
         return 1;
     }
     check_args(blas);
-    if (getenv("TB_FP8_TC_ONLY")) { /* the tensor-core GEMV's checks and times only */
-        const int64_t ts[][2] = {{16, 256}, {48, 1280}, {1024, 4096}, {64, 14336}, {2048, 2048}};
-        static const char *const wv[] = {"4", "8", "16", "32", NULL};
-        for (int k = 0; k < 5; k++) { /* the launcher's warp count, then each forced */
-            if (wv[k]) setenv("TM_CUDA_FP8TC_WARPS", wv[k], 1);
-            else unsetenv("TM_CUDA_FP8TC_WARPS");
-            for (size_t s = 0; s < sizeof ts / sizeof ts[0]; s++)
-                for (int n = 1; n <= 8; n += (k < 4 ? 3 : 1)) check_tc(ts[s][0], ts[s][1], n);
-        }
-        check_tc_rope(9, 3, 64, 576, false);
-        check_tc_rope(32, 8, 64, 2048, true);
-        check_tc_rope(32, 8, 128, 4096, false);
-        const int64_t sh[][2] = {{6144, 4096}, {28672, 4096}, {4096, 4096}, {4096, 14336},
-                                 {3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
-        static const char *const nm[] = {"8b-qkv", "8b-gateup", "8b-o", "8b-down", "1b-qkv", "1b-o", "1b-gateup",
-                                         "1b-down"};
-        for (size_t s = 0; s < 8; s++) time_tc(sh[s][0], sh[s][1], nm[s]);
+    /* the tensor-core kernel from pre-rounded x at each warp count, then the launcher's; its RoPE epilogue against
+     * the CUDA cores' (tm_cuda_gemv's own fp8 path is checked by check_gemv below, on the tensor cores where the
+     * shapes fit) */
+    const int64_t ts[][2] = {{16, 256}, {48, 1280}, {1024, 4096}, {64, 14336}, {2048, 2048}, {576, 576}};
+    static const char *const wv[] = {"8", "32", NULL};
+    for (int k = 0; k < 3; k++) {
+        if (wv[k]) setenv("TM_CUDA_FP8TC_WARPS", wv[k], 1);
+        else unsetenv("TM_CUDA_FP8TC_WARPS");
+        for (size_t s = 0; s < sizeof ts / sizeof ts[0]; s++)
+            for (int n = 1; n <= 8; n += (k < 2 ? 3 : 1)) check_tc(ts[s][0], ts[s][1], n);
+    }
+    check_tc_rope(9, 3, 64, 576, false);
+    check_tc_rope(32, 8, 64, 2048, true);
+    check_tc_rope(32, 8, 128, 4096, false);
+    const int64_t tsh[][2] = {{6144, 4096}, {28672, 4096}, {4096, 4096}, {4096, 14336},
+                              {3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
+    static const char *const tnm[] = {"8b-qkv", "8b-gateup", "8b-o", "8b-down", "1b-qkv", "1b-o", "1b-gateup",
+                                      "1b-down"};
+    const bool tc_only = getenv("TB_FP8_TC_ONLY") != NULL; /* the tensor-core GEMV's checks and times only */
+    if (tc_only) {
+        for (size_t s = 0; s < 8; s++) time_tc(tsh[s][0], tsh[s][1], tnm[s]);
         tm_cuda_blas_free(blas);
         tb_case("finish");
         return tb_finish("tb_fp8");
@@ -707,6 +720,7 @@ int main(int argc, char **argv) {
         time_gemv(6144, 4096, "8b-qkv");
         time_gemv(14336, 4096, "8b-gate");
         time_gemv(4096, 14336, "8b-down");
+        for (size_t s = 0; s < 8; s++) time_tc(tsh[s][0], tsh[s][1], tnm[s]);
     }
     tm_cuda_blas_free(blas);
     tb_case("finish");

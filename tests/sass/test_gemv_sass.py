@@ -1,4 +1,5 @@
-"""What ptxas makes of the batch-1 GEMV kernels, checked without a GPU (tests/sass; run by `make test`).
+"""What ptxas makes of the batch-1 GEMV kernels (and the fp8 tensor-core GEMV), checked without a GPU (tests/sass;
+run by `make test`).
 
 Two findings of the twenty-third session (docs/PERFORMANCE.md) that a compiler upgrade or a small edit can undo
 silently, each worth 1-3% of batch-1 decode on an H200:
@@ -103,3 +104,32 @@ def test_first_loads_before_pdl_wait(build):
         total = sum(1 for l in lines if "LDG" in l and "LTC256B" in l)
         assert total > want, f"{t} epi {e} nin {n}: {total} weight loads in all"
         assert before == want, f"{t} epi {e} nin {n}: {before} weight loads before the PDL wait, want {want}"
+
+
+TC_SRC = os.path.join(ROOT, "src/backend/cuda/tm_cuda_gemv_fp8tc.cu")
+# the fp8 tensor-core GEMV (tm_cuda_gemv_fp8tc.cu), gemv_fp8tc_v1<W, EPI, XQ>: known spills (bytes stored, loaded);
+# the 1024-thread SwiGLU kernel (rows of >= 8192 columns, not a shape of the models measured) is held to 64 registers
+TC_KNOWN_SPILLS = {"gemv_fp8tc_v1ILi32ELi1ELb0EE": (4, 4)}
+
+
+def test_fp8_tensor_core_kernels_do_not_spill(tmp_path):
+    """every instance of the fp8 tensor-core GEMV (8 and 32 warps; plain, SwiGLU, RoPE; x rounded in the kernel or
+    before) compiles without register spills beyond TC_KNOWN_SPILLS"""
+    nvcc = nvcc_path()
+    if not nvcc:
+        pytest.skip("no nvcc: the CUDA backend is not built on this machine")
+    cmd = [nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-DNDEBUG", "-D_GNU_SOURCE", "-std=c++17",
+           "--expt-relaxed-constexpr", "-I", os.path.join(ROOT, "include"), "-I", os.path.join(ROOT, "src"),
+           "-Xptxas", "-v", "-o", str(tmp_path / "tc.cubin"), TC_SRC]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = cuda_spills.ptxas_entries(r.stderr)
+    names = [n for n in info if "gemv_fp8tc_v1" in n]
+    assert len(names) == 8, f"{len(names)} instances of gemv_fp8tc_v1: {names}"
+    spilled = []
+    for n in names:
+        frame, st, ld = info[n][:3]
+        known = next((v for k, v in TC_KNOWN_SPILLS.items() if k in n), (0, 0))
+        if st > known[0] or ld > known[1]:
+            spilled.append(f"{n}: frame {frame}, stores {st}, loads {ld} (known {known})")
+    assert not spilled, "fp8 tensor-core GEMV kernels that spill more than known: " + "; ".join(spilled)

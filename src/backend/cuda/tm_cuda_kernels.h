@@ -140,9 +140,10 @@ cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t ty
 cudaError_t tm_cuda_gemv_swiglu_nin(const void *w_gate, const void *w_up, int32_t type, int64_t rows, int64_t cols,
                                     const uint16_t *x, int32_t n, uint16_t *out, const float *norm_w, float eps,
                                     cudaStream_t stream);
-/* Experimental (branch fp8-tc-gemv, tm_cuda_gemv_fp8tc.cu): out (n, rows) = scale * xq · wᵀ (+ bias) on the tensor
- * cores, w (rows, cols) and xq (n, cols) e4m3 (xq as tm_cuda_quant_fp8 makes it; scale = weight scale * act_scale);
- * n <= 8, rows % 16 == 0, cols % 256 == 0, w and xq 16-byte aligned */
+/* The fp8 GEMV's tensor-core kernel (tm_cuda_gemv_fp8tc.cu) from activations already rounded: out (n, rows) =
+ * scale * xq · wᵀ (+ bias), w (rows, cols) and xq (n, cols) e4m3 (xq as tm_cuda_quant_fp8 makes it; scale = weight
+ * scale * act_scale); n <= 8, rows % 16 == 0, cols % 64 == 0, w and xq 16-byte aligned. tm_cuda_gemv and the other
+ * launchers run the same kernel on fp8 weights from bf16 x (rounded in the kernel) where the shapes fit. */
 cudaError_t tm_cuda_gemv_fp8tc(const void *w, int64_t rows, int64_t cols, const uint8_t *xq, int32_t n, float scale,
                                const float *bias, void *out, bool out_f32, cudaStream_t stream);
 /* Up to TM_CUDA_GEMV_MAX_JOBS tm_cuda_gemv products sharing type, cols and x in one launch (Q, K and V of a layer):
