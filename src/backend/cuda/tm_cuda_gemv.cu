@@ -74,6 +74,11 @@
  * bias, SwiGLU or RoPE. Every block covers whole rows of x with the same lane -> unit map and order, so all see
  * the same scale. Quantized and fp8 weights return cudaErrorNotSupported (fp8 rounds x before the scale is known).
  *
+ * fp8 weights: where every job has a multiple of 16 rows and cols is a multiple of 64 (all the model shapes), the
+ * plain, SwiGLU and q|k|v + RoPE launches run tm_cuda_gemv_fp8tc.cu's tensor-core kernel instead of v2 (one
+ * mma.m16n8k32 e4m3 per 512 weight bytes; TM_CUDA_GEMV_FP8TC=0: v2); the same W8A8 sums in another order. The
+ * add+RMSNorm epilogue (TM_CUDA_FUSE_NORM=1) stays on v2.
+ *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
  * falls back to one launch per job (each job exactly as tm_cuda_gemv would run it).

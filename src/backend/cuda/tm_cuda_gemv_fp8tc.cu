@@ -11,11 +11,12 @@
  * product of backend.h at batch sizes the GEMV path takes, with tm_cuda_gemv.cu's epilogues (plain, SwiGLU, q|k|v
  * with RoPE and the cache write).
  *
- * Why: tm_cuda_gemv.cu's fp8 kernel widens every weight and rounds every activation on the CUDA cores, ~3
- * instructions a weight byte, so at batch 1 its products move 1.3-2.3 TB/s where the bf16 ones move 2.9-3.9 (1B fp8
- * batch-1 decode 1160 tok/s, 41% of its floor, below bf16's 1211), and at n = 8 it is 3x slower again. One
- * mma.m16n8k32 (e4m3 x e4m3, f32 accumulation) takes 512 weight bytes: 16 rows by 32 columns, with the batch rows
- * as the 8 columns of B (columns past n are zero).
+ * Why: tm_cuda_gemv.cu's fp8 kernel (v2) widens every weight and rounds every activation on the CUDA cores, ~3
+ * instructions a weight byte, so at batch 1 its products moved 1.3-2.3 TB/s where the bf16 ones move 2.9-3.9 (1B
+ * fp8 batch-1 decode 1212 tok/s, 43% of its floor, no faster than bf16 with half the bytes), and at n = 8 it is 3x
+ * slower again. One mma.m16n8k32 (e4m3 x e4m3, f32 accumulation) takes 512 weight bytes: 16 rows by 32 columns,
+ * with the batch rows as the 8 columns of B (columns past n are zero). Measured (docs/PERFORMANCE.md, twenty-eighth
+ * session): batch-1 decode 1B 1212 -> 1427, 8B 267 -> 332 tok/s; batch 8 1B 3678 -> 7648, 8B 775 -> 1855.
  *
  * v1: a block of W warps owns 16 weight rows (SwiGLU: 16 rows of gate and the same 16 of up) of one job; the
  * columns go in chunks of 64, chunk c to warp c % W (W = 8, 32 for rows of 8192 columns and more, where the grid
