@@ -401,12 +401,7 @@ struct v2_args {
     unsigned int *counter;        /* blocks done; 0 between launches */
     float eps;
     /* EPI_ROPE (jobs 0, 1, 2 = q, k, v; out[1], out[2] may be NULL) */
-    const float *inv_freq;        /* (rope_dim / 2) */
-    const int32_t *positions;     /* (n) */
-    const int64_t *slot_mapping;  /* (n) */
-    uint16_t *k_cache, *v_cache;  /* (n_blocks, n_kv_heads, block_size, head_dim) bf16, or e4m3 bytes */
-    bool kv_fp8;
-    int head_dim, rope_dim, block_size, n_kv_heads;
+    tm_gemv_rope rope;
 };
 
 /* what the v2 kernel does with its sums (the GEMV part is the same for all) */
@@ -486,14 +481,6 @@ template <int N> __device__ __forceinline__ void norm_finish(const v2_args &a, i
         }
     }
     if (tid == 0) atomicExch(a.counter, 0u); /* every other block has counted itself: ready for the next launch */
-}
-
-/* EPI_ROPE: (cos, sin) of the f32 angle pos * inv_freq, exactly as tm_cuda_rope.cu's load_angles */
-__device__ __forceinline__ float2 rope_cs(int32_t pos, float inv_freq) {
-    const float th = __fmul_rn((float)pos, inv_freq);
-    double sn, cs;
-    sincospi((double)th * 0.318309886183790671537767526745, &sn, &cs);
-    return make_float2((float)cs, (float)sn);
 }
 
 template <class T, int N, int EPI, bool NIN, bool XS>
@@ -674,31 +661,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
             }
             const uint16_t o0 = bf16_bits(s0 + (bias ? bias[r0] : 0.0f));
             const uint16_t o1 = bf16_bits(s1 + (bias ? bias[r0 + 1] : 0.0f));
-            const uint32_t plain = (uint32_t)o0 | ((uint32_t)o1 << 16);
-            const int hd = a.head_dim, h = r0 / hd, d0 = r0 - h * hd;
-            uint32_t rot = plain;
-            if (jid < 2 && d0 < a.rope_dim) {
-                const float2 t = rope_cs(a.positions[b], a.inv_freq[d0 >> 1]);
-                const float x0 = tmq::bf16f(o0), x1 = tmq::bf16f(o1);
-                rot = pack_bf16x2(x0 * t.x - x1 * t.y, x0 * t.y + x1 * t.x);
-            }
-            const int64_t idx = (int64_t)b * rows + r0; /* even: a 4-byte store */
-            if (jid == 0) {
-                *reinterpret_cast<uint32_t *>((uint16_t *)out + idx) = rot;
-            } else {
-                if (out) *reinterpret_cast<uint32_t *>((uint16_t *)out + idx) = plain;
-                const int64_t slot = a.slot_mapping[b];
-                if (slot >= 0) {
-                    const int64_t blk = slot / a.block_size, off = slot - blk * a.block_size;
-                    const int64_t at = ((blk * a.n_kv_heads + h) * a.block_size + off) * hd + d0;
-                    uint16_t *cache = jid == 1 ? a.k_cache : a.v_cache;
-                    if (a.kv_fp8) /* the bf16 pair rounded once more, to e4m3 */
-                        *reinterpret_cast<uint16_t *>(reinterpret_cast<uint8_t *>(cache) + at) =
-                            tm_fp8x2_of(tmq::bf16f((uint16_t)(rot & 0xffffu)), tmq::bf16f((uint16_t)(rot >> 16)));
-                    else
-                        *reinterpret_cast<uint32_t *>(cache + at) = rot;
-                }
-            }
+            tm_gemv_rope_store(a.rope, jid, b, r0, rows, o0, o1, out);
         }
         return;
     }
@@ -947,9 +910,7 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     if (blocks > INT32_MAX) return cudaErrorInvalidValue;
     if constexpr (EPI == EPI_ROPE) { /* fp8 weights: the tensor-core kernel where its shapes fit */
         if (type == TM_DT_FP8_E4M3 && tm_fp8tc_ok(jobs, n_jobs, NULL, cols, x)) {
-            const tm_fp8tc_rope r = {a.inv_freq,  a.positions, a.slot_mapping, a.k_cache,    a.v_cache,
-                                     a.kv_fp8,    a.head_dim,  a.rope_dim,     a.block_size, a.n_kv_heads};
-            return tm_fp8tc_run(TM_FP8TC_ROPE, jobs, n_jobs, NULL, 0.0f, cols, x, n, false, &r, stream);
+            return tm_fp8tc_run(TM_FP8TC_ROPE, jobs, n_jobs, NULL, 0.0f, cols, x, n, false, &a.rope, stream);
         }
     }
     for (int j = n_jobs; j < kMaxJobs; j++) {
@@ -1043,15 +1004,7 @@ extern "C" cudaError_t tm_cuda_gemv_qkv_rope(const tm_cuda_gemv_job *jobs, int32
         if (!aligned(jobs[j].out, 4)) return cudaErrorNotSupported; /* NULL passes: k, v outputs are optional */
     if (!aligned(rope->k_cache, 4) || !aligned(rope->v_cache, 4)) return cudaErrorNotSupported;
     v2_args a = {};
-    a.inv_freq = rope->inv_freq;
-    a.positions = rope->positions;
-    a.slot_mapping = rope->slot_mapping;
-    a.k_cache = rope->k_cache;
-    a.v_cache = rope->v_cache;
-    a.kv_fp8 = rope->kv_fp8;
-    a.head_dim = rope->head_dim;
-    a.rope_dim = rope->rope_dim;
-    a.block_size = rope->block_size;
-    a.n_kv_heads = rope->n_kv_heads;
+    a.rope = {rope->inv_freq, rope->positions,  rope->slot_mapping, rope->k_cache,    rope->v_cache,
+              rope->kv_fp8,   rope->head_dim,   rope->rope_dim,     rope->block_size, rope->n_kv_heads};
     return fused_run<EPI_ROPE>(a, jobs, 3, type, cols, x, n, stream);
 }

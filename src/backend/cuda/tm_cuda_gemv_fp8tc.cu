@@ -1,5 +1,4 @@
 /* tm_cuda_gemv_fp8tc.cu -- fp8 (W8A8) products of up to 8 rows on the tensor cores. */
-#include "tm_cuda_fp8.cuh"
 #include "tm_cuda_gemv_fp8tc.cuh"
 #include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
@@ -52,10 +51,6 @@ __device__ __forceinline__ void mma_e4m3(float *c, uint32_t a0, uint32_t a1, uin
 }
 
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
-__device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    return (uint32_t)bf16_bits(lo) | ((uint32_t)bf16_bits(hi) << 16);
-}
 
 struct tc_args {
     const uint8_t *w[kMaxJobs];   /* (rows_j, cols) e4m3; SwiGLU: the gate */
@@ -71,7 +66,7 @@ struct tc_args {
     float x_inv;                  /* 1 / act_scale */
     int cols, n;
     bool out_f32, pdl;
-    tm_fp8tc_rope rope;
+    tm_gemv_rope rope;
 };
 
 /* (row i, batch b) of a warp's m16n8 accumulator: lane (i % 8) * 4 + b / 2, register (i >= 8 ? 2 : 0) + b % 2 */
@@ -193,42 +188,14 @@ __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
         return v;
     };
     if constexpr (EPI == TM_FP8TC_ROPE) {
-        /* thread p + 8 b: rows r0 + 2 p, r0 + 2 p + 1 (one RoPE pair: head_dim even) of token b; as gemv_kernel_v2's
-         * EPI_ROPE: q, k, v rounded to bf16, rotated in f32, stored as 4 bytes */
+        /* thread p + 8 b: rows r0 + 2 p, r0 + 2 p + 1 (one RoPE pair: head_dim even) of token b */
         const int p = threadIdx.x & 7, b = threadIdx.x >> 3;
         if (b >= a.n) return;
         const int64_t ra = r0 + 2 * p;
         const float s0 = sum_of(2 * p, b, 0) * sc, s1 = sum_of(2 * p + 1, b, 0) * sc;
         const uint16_t o0 = bf16_bits(s0 + (bias ? bias[ra] : 0.0f));
         const uint16_t o1 = bf16_bits(s1 + (bias ? bias[ra + 1] : 0.0f));
-        const uint32_t plain = (uint32_t)o0 | ((uint32_t)o1 << 16);
-        const tm_fp8tc_rope &rp = a.rope;
-        const int hd = rp.head_dim, h = (int)(ra / hd), d0 = (int)(ra - (int64_t)h * hd);
-        uint32_t rot = plain;
-        if (jid < 2 && d0 < rp.rope_dim) {
-            const float th = __fmul_rn((float)rp.positions[b], rp.inv_freq[d0 >> 1]);
-            double sn, cs;
-            sincospi((double)th * 0.318309886183790671537767526745, &sn, &cs);
-            const float x0 = bf16f(o0), x1 = bf16f(o1), ct = (float)cs, st = (float)sn;
-            rot = pack_bf16x2(x0 * ct - x1 * st, x0 * st + x1 * ct);
-        }
-        const int64_t idx = (int64_t)b * rows + ra;
-        if (jid == 0) {
-            *reinterpret_cast<uint32_t *>((uint16_t *)out + idx) = rot;
-        } else {
-            if (out) *reinterpret_cast<uint32_t *>((uint16_t *)out + idx) = plain;
-            const int64_t slot = rp.slot_mapping[b];
-            if (slot >= 0) {
-                const int64_t blk = slot / rp.block_size, off = slot - blk * rp.block_size;
-                const int64_t at = ((blk * rp.n_kv_heads + h) * rp.block_size + off) * hd + d0;
-                uint16_t *cache = jid == 1 ? rp.k_cache : rp.v_cache;
-                if (rp.kv_fp8)
-                    *reinterpret_cast<uint16_t *>(reinterpret_cast<uint8_t *>(cache) + at) =
-                        tm_fp8x2_of(bf16f((uint16_t)(rot & 0xffffu)), bf16f((uint16_t)(rot >> 16)));
-                else
-                    *reinterpret_cast<uint32_t *>(cache + at) = rot;
-            }
-        }
+        tm_gemv_rope_store(a.rope, jid, b, (int)ra, rows, o0, o1, out);
         return;
     }
     const int i = threadIdx.x & 15, b = threadIdx.x >> 4;
@@ -304,7 +271,7 @@ bool tm_fp8tc_ok(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up,
 }
 
 cudaError_t tm_fp8tc_run(int epi, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, float up_scale,
-                         int64_t cols, const uint16_t *x, int32_t n, bool out_f32, const tm_fp8tc_rope *rope,
+                         int64_t cols, const uint16_t *x, int32_t n, bool out_f32, const tm_gemv_rope *rope,
                          cudaStream_t stream) {
     tc_args a = {};
     int blocks = 0;
