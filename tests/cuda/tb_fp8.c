@@ -339,14 +339,30 @@ static void run_gv(void *p) {
     a->i = (a->i + 1) % a->nw;
 }
 
+/* nw >= 1 device copies of one (rows, cols) random e4m3 matrix, >= 160 MB in all, so that a timing loop that walks
+ * them is not served by L2; free with free_copies */
+static void **fp8_copies(int64_t rows, int64_t cols, int *nw_out) {
+    const size_t wb = (size_t)(rows * cols);
+    const int nw = (int)((160u << 20) / wb) + 1;
+    uint8_t *w = make_fp8(rows, cols);
+    void **wd = tb_xmalloc((size_t)nw * sizeof(void *));
+    for (int i = 0; i < nw; i++) wd[i] = tb_upload(w, wb);
+    free(w);
+    *nw_out = nw;
+    return wd;
+}
+
+static void free_copies(void **wd, int nw) {
+    for (int i = 0; i < nw; i++) cudaFree(wd[i]);
+    free(wd);
+}
+
 static void time_gemv(int64_t rows, int64_t cols, const char *shape) {
     if (!tb_budget_ok()) return;
     tb_case("time gemv %s", shape);
     const size_t wb = (size_t)(rows * cols);
-    int nw = (int)((160u << 20) / wb) + 1;
-    uint8_t *w = make_fp8(rows, cols);
-    void **wd = tb_xmalloc((size_t)nw * sizeof(void *));
-    for (int i = 0; i < nw; i++) wd[i] = tb_upload(w, wb);
+    int nw;
+    void **wd = fp8_copies(rows, cols, &nw);
     uint16_t *xh = tb_xmalloc((size_t)cols * 2);
     tb_fill_bf16(xh, NULL, (size_t)cols, 1.0f);
     gv_arg a = {wd, nw, 0, tb_upload(xh, (size_t)cols * 2), tb_dev((size_t)rows * 2), rows, cols,
@@ -355,15 +371,13 @@ static void time_gemv(int64_t rows, int64_t cols, const char *shape) {
     char name[96];
     snprintf(name, sizeof name, "%s n=1", shape);
     tb_result("gemv_fp8", name, 0, 0, us, (double)wb + (double)cols * 2 + (double)rows * 2, 0, 'm');
-    for (int i = 0; i < nw; i++) cudaFree(wd[i]);
+    free_copies(wd, nw);
     cudaFree((void *)a.x);
     cudaFree(a.out);
-    free(wd);
-    free(w);
     free(xh);
 }
 
-/* ---- the tensor-core GEMV (branch fp8-tc-gemv) ------------------------------------------------------------ */
+/* ---- the tensor-core GEMV (tm_cuda_gemv_fp8tc.cu) ------------------------------------------------------------ */
 
 /* tm_cuda_gemv_fp8tc from tm_cuda_quant_fp8's xq against the double reference (f32 out with a bias, bf16 out) */
 static void check_tc(int64_t rows, int64_t cols, int n) {
@@ -557,10 +571,8 @@ static void time_tc(int64_t rows, int64_t cols, const char *shape) {
     if (!tb_budget_ok()) return;
     tb_case("time gemv fp8tc %s", shape);
     const size_t wb = (size_t)(rows * cols);
-    int nw = (int)((160u << 20) / wb) + 1;
-    uint8_t *w = make_fp8(rows, cols);
-    void **wd = tb_xmalloc((size_t)nw * sizeof(void *));
-    for (int i = 0; i < nw; i++) wd[i] = tb_upload(w, wb);
+    int nw;
+    void **wd = fp8_copies(rows, cols, &nw);
     uint16_t *xh = tb_xmalloc((size_t)(8 * cols) * 2);
     tb_fill_bf16(xh, NULL, (size_t)(8 * cols), 1.0f);
     uint16_t *x_d = tb_upload(xh, (size_t)(8 * cols) * 2);
@@ -590,12 +602,10 @@ static void time_tc(int64_t rows, int64_t cols, const char *shape) {
             tb_result("gemv_fp8tc", name, 0, 0, uw, (double)wb, 0, 'm');
         }
     }
-    for (int i = 0; i < nw; i++) cudaFree(wd[i]);
+    free_copies(wd, nw);
     cudaFree(x_d);
     cudaFree(xq_d);
     cudaFree(out);
-    free(wd);
-    free(w);
     free(xh);
 }
 
