@@ -377,7 +377,7 @@ static void time_gemv(int64_t rows, int64_t cols, const char *shape) {
     free(xh);
 }
 
-/* ---- the tensor-core GEMV (tm_cuda_gemv_fp8tc.cu) ------------------------------------------------------------ */
+/* ---- the tensor-core GEMV (tm_cuda_gemv_fp8tc.cu) ------------------------------------------------------------- */
 
 /* tm_cuda_gemv_fp8tc from tm_cuda_quant_fp8's xq against the double reference (f32 out with a bias, bf16 out) */
 static void check_tc(int64_t rows, int64_t cols, int n) {
