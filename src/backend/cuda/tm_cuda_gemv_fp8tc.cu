@@ -25,10 +25,10 @@
  * bytes go to two mma as they lie: for mma m (0, 1), the k slots 4 t .. 4 t + 3 of A (rows g, g + 8) and of B
  * (column g) hold columns 64 c + 16 t + 8 m + 0..3, the slots 16 + 4 t .. + 3 columns + 4..7; A and B agree, so
  * each product pairs a weight with its activation. U chunks are loaded at once (4; SwiGLU, two tiles: 2; halved at
- * 32 warps, whose threads have 64 registers). The
- * warps' accumulators meet in shared memory; thread i + 16 b takes (row i, batch row b) (ROPE: thread p + 8 b the
- * pair of rows 2 p, 2 p + 1). The sums are exact products added in f32 (tb_fp8: within 1e-7 of the double sums).
- * Under PDL, the first U chunks' weight loads go before the wait. */
+ * 32 warps, whose threads have 64 registers). The warps' accumulators meet in shared memory; thread i + 16 b takes
+ * (row i, batch row b) (ROPE: thread p + 8 b the pair of rows 2 p, 2 p + 1, through tm_gemv_rope_store as v2 does).
+ * The sums are exact products added in f32 (tb_fp8: within 1e-7 of the double sums). Under PDL, the first U chunks'
+ * weight loads go before the wait (asm volatile: ptxas keeps them there). */
 
 namespace {
 
