@@ -27,8 +27,9 @@
  * each product pairs a weight with its activation. U chunks are loaded at once (4; SwiGLU, two tiles: 2; halved at
  * 32 warps, whose threads have 64 registers). The warps' accumulators meet in shared memory; thread i + 16 b takes
  * (row i, batch row b) (ROPE: thread p + 8 b the pair of rows 2 p, 2 p + 1, through tm_gemv_rope_store as v2 does).
- * The sums are exact products added in f32 (tb_fp8: within 1e-7 of the double sums). Under PDL, the first U chunks'
- * weight loads go before the wait (asm volatile: ptxas keeps them there). */
+ * The sums are exact products added in f32 (tb_fp8: within 1e-7 of the double sums). Under PDL, the source issues
+ * the first U chunks' weight loads before the wait; ptxas may move .nc loads past it (tm_cuda_gemv.cu's header), and
+ * where they end up in the SASS is not checked for this kernel. */
 
 namespace {
 
