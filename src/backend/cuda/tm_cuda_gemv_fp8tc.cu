@@ -28,8 +28,10 @@
  * 32 warps, whose threads have 64 registers). The warps' accumulators meet in shared memory; thread i + 16 b takes
  * (row i, batch row b) (ROPE: thread p + 8 b the pair of rows 2 p, 2 p + 1, through tm_gemv_rope_store as v2 does).
  * The sums are exact products added in f32 (tb_fp8: within 1e-7 of the double sums). Under PDL, the source issues
- * the first U chunks' weight loads before the wait; ptxas may move .nc loads past it (tm_cuda_gemv.cu's header), and
- * where they end up in the SASS is not checked for this kernel. */
+ * the first U chunks' weight loads before the wait: in the SASS (nvdisasm, this session's nvcc) all 8 of them stay
+ * there at 8 warps and 4 at 32 (U = 2), for every epilogue with x rounded in the kernel; with x rounded before
+ * (tm_cuda_gemv_fp8tc) ptxas moves them past the wait. How many are best was not measured (tm_cuda_gemv.cu's v2
+ * keeps 3 of 8, a measured choice). */
 
 namespace {
 
