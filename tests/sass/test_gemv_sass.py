@@ -7,6 +7,8 @@ silently, each worth 1-3% of batch-1 decode on an H200:
     SwiGLU, the output projection) compile without register spills beyond the known, measured ones (KNOWN_SPILLS);
   - under programmatic dependent launch each lane issues exactly kLoadsBeforeWait weight loads before
     griddepcontrol.wait (SASS ACQBULK); ptxas hoists the wait above .nc loads, which is where every load sat before.
+The fp8 tensor-core GEMV (tm_cuda_gemv_fp8tc.cu, twenty-eighth session) is held to the same two: no spills beyond the
+known one, and all of its first round's weight loads before the PDL wait (measured best there).
 Compiles src/backend/cuda/tm_cuda_gemv.cu for sm_90a as CMake does (about a minute on two cores); the SASS check
 uses nvdisasm from the nvidia-cuda-nvdisasm wheel (scripts/deps.sh --test installs it where nvcc is present).
 Skipped on a machine without nvcc."""
@@ -133,3 +135,36 @@ def test_fp8_tensor_core_kernels_do_not_spill(tmp_path):
         if st > known[0] or ld > known[1]:
             spilled.append(f"{n}: frame {frame}, stores {st}, loads {ld} (known {known})")
     assert not spilled, "fp8 tensor-core GEMV kernels that spill more than known: " + "; ".join(spilled)
+
+
+def test_fp8_tensor_core_first_loads_before_pdl_wait(tmp_path):
+    """the fp8 tensor-core GEMV with x rounded in the kernel (the engine's) keeps every weight load of its first
+    round before griddepcontrol.wait: 8 a lane at 8 warps, 4 at 32 (U halved); measured best (docs/PERFORMANCE.md,
+    twenty-eighth session: 8 before the wait against 3 or 0)"""
+    nvcc, dis = nvcc_path(), nvdisasm_path()
+    if not nvcc:
+        pytest.skip("no nvcc: the CUDA backend is not built on this machine")
+    if not dis:
+        pytest.skip("no nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    out = tmp_path / "tc.cubin"
+    cmd = [nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-DNDEBUG", "-D_GNU_SOURCE", "-std=c++17",
+           "--expt-relaxed-constexpr", "-I", os.path.join(ROOT, "include"), "-I", os.path.join(ROOT, "src"),
+           "-o", str(out), TC_SRC]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([dis, "-c", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen = 0
+    for part in r.stdout.split("//--------------------- .text.")[1:]:
+        name = part.split(" ", 1)[0]
+        m = re.search(r"gemv_fp8tc_v1ILi(\d+)ELi(\d)ELb0E", name)
+        if not m:
+            continue
+        warps, epi = int(m.group(1)), int(m.group(2))
+        lines = part.splitlines()
+        wait = next(i for i, l in enumerate(lines) if "ACQBULK" in l)
+        before = sum(1 for l in lines[:wait] if "LDG" in l)
+        want = 8 if warps == 8 else 4
+        assert before == want, f"{warps} warps, epilogue {epi}: {before} loads before the PDL wait, want {want}"
+        seen += 1
+    assert seen == 6, f"{seen} instances with x rounded in the kernel"

@@ -30,8 +30,8 @@
  * The sums are exact products added in f32 (tb_fp8: within 1e-7 of the double sums). Under PDL, the source issues
  * the first U chunks' weight loads before the wait: in the SASS (nvdisasm, this session's nvcc) all 8 of them stay
  * there at 8 warps and 4 at 32 (U = 2), for every epilogue with x rounded in the kernel; with x rounded before
- * (tm_cuda_gemv_fp8tc) ptxas moves them past the wait. How many are best was not measured (tm_cuda_gemv.cu's v2
- * keeps 3 of 8, a measured choice). */
+ * (tm_cuda_gemv_fp8tc) ptxas moves them past the wait. All of them before the wait measured best (docs/PERFORMANCE.md,
+ * twenty-eighth session: 8 against 3 or 0, unlike v2's bf16 products, which keep 3 of 8); tests/sass checks it. */
 
 namespace {
 
