@@ -520,10 +520,13 @@ static void check_tc_rope(int H, int KV, int hd, int64_t cols, bool kv_fp8) {
     free(bref);
 }
 
+/* one replay of a graph on the legacy stream, which tb_time_us's events time */
+static void run_graph(void *p) { TB_CHECK(cudaGraphLaunch(*(cudaGraphExec_t *)p, 0)); }
+
 /* a chain of `len` products of one shape in one graph (PDL as the backend launches them), each over another copy of
- * the weights (>= 160 MB in all, so that L2 does not serve them): us a product. kind 0: tm_cuda_gemv on the CUDA
- * cores (TM_CUDA_GEMV_FP8TC=0), 1: tm_cuda_gemv (the tensor cores, x rounded in the kernel), 2: tm_cuda_gemv_fp8tc
- * (the tensor cores, x rounded before) */
+ * the weights (>= 160 MB in all, so that L2 does not serve them): us a product, the median of 9 replays. kind 0:
+ * tm_cuda_gemv on the CUDA cores (TM_CUDA_GEMV_FP8TC=0), 1: tm_cuda_gemv (the tensor cores, x rounded in the
+ * kernel), 2: tm_cuda_gemv_fp8tc (the tensor cores, x rounded before) */
 static double chain_us(int kind, void **wd, int nw, int64_t rows, int64_t cols, const uint16_t *x, const uint8_t *xq,
                        int n, void *out) {
     cudaStream_t s;
@@ -543,26 +546,11 @@ static double chain_us(int kind, void **wd, int nw, int64_t rows, int64_t cols, 
     unsetenv("TM_CUDA_GEMV_FP8TC");
     cudaGraphExec_t ge;
     TB_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    TB_CHECK(cudaEventCreate(&e0));
-    TB_CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < 2; i++) TB_CHECK(cudaGraphLaunch(ge, s));
-    float best = 1e30f;
-    for (int i = 0; i < 7; i++) {
-        float ms;
-        TB_CHECK(cudaEventRecord(e0, s));
-        TB_CHECK(cudaGraphLaunch(ge, s));
-        TB_CHECK(cudaEventRecord(e1, s));
-        TB_CHECK(cudaEventSynchronize(e1));
-        TB_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (ms < best) best = ms;
-    }
-    TB_CHECK(cudaEventDestroy(e0));
-    TB_CHECK(cudaEventDestroy(e1));
+    const double us = tb_time_us(run_graph, &ge, 2, 9);
     TB_CHECK(cudaGraphExecDestroy(ge));
     TB_CHECK(cudaGraphDestroy(g));
     TB_CHECK(cudaStreamDestroy(s));
-    return (double)best * 1000.0 / len;
+    return us / len;
 }
 
 /* the fp8 GEMV three ways (chain_us's kinds), n = 1 and 8, in chains of one shape; TB_FP8_TC_WARPS="8 32" also

@@ -119,8 +119,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
 __device__ __forceinline__ void store_out(void *out, bool out_f32, int64_t idx, float v) {
     if (out_f32)
         ((float *)out)[idx] = v;
@@ -181,7 +179,7 @@ __global__ void __launch_bounds__(kThreadsV1)
             s1 *= sc_b;
         }
         if (SWIGLU)
-            store_out(out, false, b * rows + r, silu_mul(s0, s1));
+            store_out(out, false, b * rows + r, tm_gemv_silu_mul(s0, s1));
         else
             store_out(out, out_f32, b * rows + r, s0 + (bias ? bias[r] : 0.0f));
     }
@@ -303,13 +301,6 @@ __device__ __forceinline__ void unit_dot(const typename T::Raw (&raw)[NR], int u
     }
 }
 
-/* programmatic dependent launch: wait for the previous kernel to complete (its writes visible), then let the next
- * PDL kernel be scheduled (it waits for this one in turn before it touches what this one writes) */
-__device__ __forceinline__ void gemv_pdl_wait() {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
 /* of a lane's first-step weight loads, how many are issued before the PDL wait (the header) */
 constexpr int kLoadsBeforeWait = 3;
 
@@ -339,7 +330,7 @@ __device__ __forceinline__ void gemv_step(const uint8_t *const (&wr)[NR], int u,
             }
         }
     }
-    if (pdl_wait) gemv_pdl_wait();
+    if (pdl_wait) tm_pdl_wait_trigger();
 #pragma unroll
     for (int k = 0; k < K; k++) unit_dot<T, N, NR, NIN, XS>(raw[k], u + k * stride, x, cols, acc, x_inv, nw, ss);
 }
@@ -354,7 +345,7 @@ __device__ __forceinline__ void gemv_rest(const uint8_t *const (&wr)[NR], int u,
                                           const float *nw, float *ss) {
     for (; u + (U - 1) * stride < nu; u += U * stride)
         gemv_step<T, N, NR, U, NIN, false, XS>(wr, u, stride, x, cols, acc, x_inv, false, nw, ss);
-    if (wait) gemv_pdl_wait();
+    if (wait) tm_pdl_wait_trigger();
     if constexpr (U >= 4) {
         if (u + stride < nu) {
             gemv_step<T, N, NR, 2, NIN, false, XS>(wr, u, stride, x, cols, acc, x_inv, false, nw, ss);
@@ -555,7 +546,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
                 for (int i = 0; i < NR; i++) T::load(wr[i], u + k * stride, raw0[k][i]);
             }
         }
-        if (wait) gemv_pdl_wait();
+        if (wait) tm_pdl_wait_trigger();
         const int nv = N * cols / 8;
         for (int v = (int)threadIdx.x; v < nv; v += (int)blockDim.x)
             xs_smem[v] = __ldcg(reinterpret_cast<const uint4 *>(x) + v);
@@ -576,7 +567,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
         }
         for (; u + (U - 1) * stride < nu; u += U * stride)
             gemv_step<T, N, NR, U, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
-        if (wait) gemv_pdl_wait();
+        if (wait) tm_pdl_wait_trigger();
         if constexpr (U >= 4) {
             if (u + stride < nu) {
                 gemv_step<T, N, NR, 2, NIN>(wr, u, stride, x, cols, acc, a.x_inv, false, a.nin_w, ss);
@@ -679,7 +670,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, min_blocks_for(N)) gemv_kernel
                 s2 *= sc;
             }
             if (SWIGLU)
-                store_out(out, false, (int64_t)b * rows + r, silu_mul(s, s2));
+                store_out(out, false, (int64_t)b * rows + r, tm_gemv_silu_mul(s, s2));
             else
                 store_out(out, a.out_f32, (int64_t)b * rows + r, s + (bias ? bias[r] : 0.0f));
         }

@@ -147,8 +147,7 @@ __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
             }
         }
         if (wait) {
-            asm volatile("griddepcontrol.wait;" ::: "memory");
-            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+            tm_pdl_wait_trigger();
             wait = false;
         }
 #pragma unroll
@@ -162,10 +161,7 @@ __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
             }
         }
     }
-    if (wait) {
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    }
+    if (wait) tm_pdl_wait_trigger();
     for (; ch < nch; ch += W) {
         const int64_t off = (int64_t)ch << 6;
         const uint4 xv = x_chunk<XQ>(a, xr, xb, off, has_x);
@@ -206,7 +202,7 @@ __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
     const int64_t r = r0 + i, idx = (int64_t)b * rows + r;
     if constexpr (SW) {
         const float gs = sum_of(i, b, 0) * sc, us = sum_of(i, b, 1) * a.sc_up;
-        ((uint16_t *)out)[idx] = bf16_bits(gs / (1.0f + expf(-gs)) * us);
+        ((uint16_t *)out)[idx] = bf16_bits(tm_gemv_silu_mul(gs, us));
     } else {
         const float s = sum_of(i, b, 0) * sc + (bias ? bias[r] : 0.0f);
         if (a.out_f32)

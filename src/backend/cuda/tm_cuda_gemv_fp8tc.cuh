@@ -1,5 +1,5 @@
-/* tm_cuda_gemv_fp8tc.cuh -- the tensor-core fp8 GEMV as tm_cuda_gemv.cu's launchers call it, and the q|k|v RoPE
- * epilogue both GEMV kernels share (CUDA C++ only). */
+/* tm_cuda_gemv_fp8tc.cuh -- the tensor-core fp8 GEMV as tm_cuda_gemv.cu's launchers call it, and the SwiGLU and
+ * q|k|v RoPE epilogues both GEMV kernels share (CUDA C++ only). */
 #ifndef TM_CUDA_GEMV_FP8TC_CUH
 #define TM_CUDA_GEMV_FP8TC_CUH
 
@@ -12,6 +12,9 @@
 
 /* what the kernel does with its sums */
 enum { TM_FP8TC_PLAIN = 0, TM_FP8TC_SWIGLU = 1, TM_FP8TC_ROPE = 2 };
+
+/* The SwiGLU epilogue's value, silu(g) * u, as both GEMV kernels compute it */
+__device__ __forceinline__ float tm_gemv_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 /* The q|k|v RoPE epilogue's arguments (tm_cuda_gemv_qkv_rope: jobs 0, 1, 2 = q, k, v) */
 struct tm_gemv_rope {

@@ -22,6 +22,14 @@ __device__ __forceinline__ void tm_pdl_enter() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
+/* The other order, for the GEMVs (tm_cuda_gemv.cu, tm_cuda_gemv_fp8tc.cu), whose first weight loads go before it:
+ * wait for the previous kernel to complete (its writes visible), then let the next PDL kernel be scheduled (it waits
+ * for this one in turn before it touches what this one writes). */
+__device__ __forceinline__ void tm_pdl_wait_trigger() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 /* an environment switch (TM_CUDA_<KERNEL>_V=1 and the like) is on when it is exactly "1" */
 static inline bool tm_env_is_1(const char *name) {
     const char *s = getenv(name);
