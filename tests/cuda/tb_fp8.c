@@ -139,9 +139,9 @@ static void check_gemv(int64_t rows, int64_t cols, int n) {
     set_version(2);
     /* a group of three (q, k, v-like: the gate twice, with different scales, and the up weights): each output
      * bit-identical to the single product with that job's scale */
-    const tm_cuda_gemv_job jobs[3] = {{wg_d, rows, NULL, NULL, sg, ACT_SCALE, NULL, 0},
-                                      {wu_d, rows, bias_d, NULL, su, ACT_SCALE, NULL, 0},
-                                      {wg_d, rows, NULL, NULL, 2.0f * sg, ACT_SCALE, NULL, 0}};
+    const tm_cuda_gemv_job jobs[3] = {{wg_d, rows, NULL, NULL, sg, ACT_SCALE, NULL, 0, NULL},
+                                      {wu_d, rows, bias_d, NULL, su, ACT_SCALE, NULL, 0, NULL},
+                                      {wg_d, rows, NULL, NULL, 2.0f * sg, ACT_SCALE, NULL, 0, NULL}};
     tm_cuda_gemv_job gj[3];
     float *single = tb_xmalloc(no * 4);
     size_t diff = 0;
@@ -241,6 +241,10 @@ static void check_args(tm_cuda_blas *blas) {
     bad += tm_cuda_gemv(w, TM_DT_FP8_E4M3, 4, 24, x, 1, NULL, o, true, &ok, 0) != cudaErrorInvalidValue; /* cols % 16 */
     bad += tm_cuda_gemv(w, TM_DT_FP8_E4M3, 4, 32, x, 1, NULL, o, true, &ok, 0) != cudaSuccess;
     bad += tm_cuda_gemv_swiglu(w, w, TM_DT_FP8_E4M3, 4, 32, x, 1, o, &third, 0) != cudaErrorInvalidValue;
+    const tm_cuda_fp8_scales o8 = {.w = 1.0f, .w_up = 1.0f, .act = 0.25f, .out8 = w + 2048};
+    bad += tm_cuda_gemv(w, TM_DT_FP8_E4M3, 4, 32, x, 1, NULL, o, true, &o8, 0) != cudaErrorInvalidValue; /* swiglu's */
+    const tm_cuda_gemv_job xqb = {w, 4, NULL, o, 1.0f, 0.25f, NULL, 0.0f, w + 2048}; /* xq with bf16 weights */
+    bad += tm_cuda_gemv_group(&xqb, 1, TM_DT_BF16, 32, x, 1, false, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_dequant_bf16(w, TM_DT_FP8_E4M3, 4, 32, o, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_quant_fp8(x, 16, 0.0f, w, 0) != cudaErrorInvalidValue;
     tm_error err;
@@ -466,9 +470,9 @@ static void check_tc_rope(int H, int KV, int hd, int64_t cols, bool kv_fp8) {
         TB_CHECK(cudaMemset(vc_d[m], 0, cache_el * esz));
         if (m == 0) setenv("TM_CUDA_GEMV_FP8TC", "0", 1);
         const float sq = 0.02f / 448.0f, sk = 0.03f / 448.0f, sv = 0.01f / 448.0f;
-        const tm_cuda_gemv_job jobs[3] = {{wd[0], rq, NULL, q_d[m], sq, ACT_SCALE, NULL, 0},
-                                          {wd[1], rk, NULL, NULL, sk, ACT_SCALE, NULL, 0},
-                                          {wd[2], rk, NULL, NULL, sv, ACT_SCALE, NULL, 0}};
+        const tm_cuda_gemv_job jobs[3] = {{wd[0], rq, NULL, q_d[m], sq, ACT_SCALE, NULL, 0, NULL},
+                                          {wd[1], rk, NULL, NULL, sk, ACT_SCALE, NULL, 0, NULL},
+                                          {wd[2], rk, NULL, NULL, sv, ACT_SCALE, NULL, 0, NULL}};
         const tm_cuda_rope_args r = {.n_tokens = n, .n_heads = H, .n_kv_heads = KV, .head_dim = hd, .rope_dim = hd,
                                      .block_size = bs, .inv_freq = inv_d, .positions = pos_d, .slot_mapping = slot_d,
                                      .q = q_d[m], .k_cache = kc_d[m], .v_cache = vc_d[m], .kv_fp8 = kv_fp8};
@@ -518,6 +522,87 @@ static void check_tc_rope(int H, int KV, int hd, int64_t cols, bool kv_fp8) {
     free(inv);
     free(a);
     free(bref);
+}
+
+/* x rounded before (tm_cuda_fp8_scales.xq, tm_cuda_gemv_job.xq) through every launcher, as the engine passes it at
+ * batch <= 8: the same bytes as the kernel's own rounding, so every output bit-identical to the launch from bf16 x
+ * (tensor cores; the CUDA cores ignore xq); the SwiGLU's out8 bit-identical to tm_cuda_quant_fp8 of its bf16 output,
+ * from either kernel; an unaligned xq ignored. Outputs poisoned before each launch. */
+static void check_xq(int64_t rows, int64_t cols, int n, bool cuda_cores) {
+    tb_case("gemv fp8 xq %lldx%lld n%d%s", (long long)rows, (long long)cols, n, cuda_cores ? " cuda cores" : "");
+    if (cuda_cores) setenv("TM_CUDA_GEMV_FP8TC", "0", 1);
+    const float sg = 0.04f / 448.0f, su = 0.013f / 448.0f;
+    uint8_t *wg = make_fp8(rows, cols), *wu = make_fp8(rows, cols);
+    uint16_t *xh = tb_xmalloc((size_t)(n * cols) * 2);
+    tb_fill_bf16(xh, NULL, (size_t)(n * cols), 3.0f);
+    void *wg_d = tb_upload(wg, (size_t)(rows * cols)), *wu_d = tb_upload(wu, (size_t)(rows * cols));
+    uint16_t *x_d = tb_upload(xh, (size_t)(n * cols) * 2);
+    uint8_t *xq_d = tb_dev((size_t)(n * cols)), *xu_d = tb_dev((size_t)(n * cols) + 16),
+            *o8_d = tb_dev((size_t)(n * rows)), *q8_d = tb_dev((size_t)(n * rows));
+    TB_RUN(tm_cuda_quant_fp8(x_d, (size_t)(n * cols), 1.0f / ACT_SCALE, xq_d, 0));
+    TB_RUN(tm_cuda_quant_fp8(x_d, (size_t)(n * cols), 1.0f / ACT_SCALE, xu_d + 1, 0)); /* an unaligned copy */
+    const uint8_t *xqs[2] = {xq_d, xu_d + 1};
+    const size_t no = (size_t)(n * rows);
+    void *a_d = tb_dev(no * 4), *b_d = tb_dev(no * 4);
+    uint8_t *ah = tb_xmalloc(no * 4), *bh = tb_xmalloc(no * 4);
+    size_t diff = 0;
+    /* launch `what` from bf16 x into a_d, then with xq into b_d; bytes compared */
+#define XQ_PAIR(bytes, LAUNCH_A, LAUNCH_B)                                                                              do {                                                                                                                    tb_poison(a_d, no * 4);                                                                                             tb_poison(b_d, no * 4);                                                                                             TB_RUN(LAUNCH_A);                                                                                                   TB_RUN(LAUNCH_B);                                                                                                   tb_download(ah, a_d, (bytes));                                                                                      tb_download(bh, b_d, (bytes));                                                                                      diff += memcmp(ah, bh, (bytes)) != 0;                                                                           } while (0)
+    const tm_cuda_fp8_scales sx = {.w = sg, .w_up = su, .act = ACT_SCALE};
+    for (int u = 0; u < 2; u++) { /* aligned xq, then the unaligned one (ignored) */
+        tm_cuda_fp8_scales sq = sx;
+        sq.xq = xqs[u];
+        XQ_PAIR(no * 4, tm_cuda_gemv(wg_d, TM_DT_FP8_E4M3, rows, cols, x_d, n, NULL, a_d, true, &sx, 0),
+                tm_cuda_gemv(wg_d, TM_DT_FP8_E4M3, rows, cols, x_d, n, NULL, b_d, true, &sq, 0));
+        XQ_PAIR(no * 2, tm_cuda_gemv_swiglu(wg_d, wu_d, TM_DT_FP8_E4M3, rows, cols, x_d, n, a_d, &sx, 0),
+                tm_cuda_gemv_swiglu(wg_d, wu_d, TM_DT_FP8_E4M3, rows, cols, x_d, n, b_d, &sq, 0));
+        tm_cuda_gemv_job ja[2] = {{wg_d, rows, NULL, a_d, sg, ACT_SCALE, NULL, 0, NULL},
+                                  {wu_d, rows, NULL, (uint16_t *)a_d + no, su, ACT_SCALE, NULL, 0, NULL}};
+        tm_cuda_gemv_job jb[2] = {ja[0], ja[1]};
+        jb[0].out = b_d;
+        jb[1].out = (uint16_t *)b_d + no;
+        jb[0].xq = jb[1].xq = xqs[u];
+        XQ_PAIR(no * 4, tm_cuda_gemv_group(ja, 2, TM_DT_FP8_E4M3, cols, x_d, n, false, 0),
+                tm_cuda_gemv_group(jb, 2, TM_DT_FP8_E4M3, cols, x_d, n, false, 0));
+    }
+    char name[128];
+    snprintf(name, sizeof name, "%lldx%lld n%d%s: gemv, swiglu, group with xq vs without (launches differing)",
+             (long long)rows, (long long)cols, n, cuda_cores ? " cuda cores" : "");
+    tb_result("gemv_fp8_xq", name, (double)diff, 0, 0, 0, 0, 'm');
+    /* the SwiGLU's e4m3 output, with and without xq in */
+    size_t d8 = 0;
+    for (int u = 0; u < 2; u++) {
+        tm_cuda_fp8_scales so = sx;
+        so.xq = u ? xq_d : NULL;
+        so.out8 = o8_d;
+        tb_poison(a_d, no * 4);
+        tb_poison(o8_d, no);
+        tb_poison(q8_d, no);
+        TB_RUN(tm_cuda_gemv_swiglu(wg_d, wu_d, TM_DT_FP8_E4M3, rows, cols, x_d, n, a_d, &so, 0));
+        TB_RUN(tm_cuda_quant_fp8(a_d, no, 1.0f / ACT_SCALE, q8_d, 0));
+        tb_download(ah, o8_d, no);
+        tb_download(bh, q8_d, no);
+        d8 += memcmp(ah, bh, no) != 0;
+    }
+    snprintf(name, sizeof name, "%lldx%lld n%d%s: swiglu out8 vs quant_fp8(out) (launches differing)", (long long)rows,
+             (long long)cols, n, cuda_cores ? " cuda cores" : "");
+    tb_result("gemv_fp8_out8", name, (double)d8, 0, 0, 0, 0, 'm');
+#undef XQ_PAIR
+    unsetenv("TM_CUDA_GEMV_FP8TC");
+    cudaFree(wg_d);
+    cudaFree(wu_d);
+    cudaFree(x_d);
+    cudaFree(xq_d);
+    cudaFree(xu_d);
+    cudaFree(o8_d);
+    cudaFree(q8_d);
+    cudaFree(a_d);
+    cudaFree(b_d);
+    free(wg);
+    free(wu);
+    free(xh);
+    free(ah);
+    free(bh);
 }
 
 /* one replay of a graph on the legacy stream, which tb_time_us's events time */
@@ -670,6 +755,12 @@ int main(int argc, char **argv) {
     check_tc_rope(9, 3, 64, 576, false);
     check_tc_rope(32, 8, 64, 2048, true);
     check_tc_rope(32, 8, 128, 4096, false);
+    for (int cc = 0; cc < 2; cc++) {
+        check_xq(64, 2048, 1, cc);
+        check_xq(1024, 4096, 8, cc);
+        check_xq(4096, 14336, 3, cc); /* 32 warps */
+        check_xq(48, 1280, 5, cc);
+    }
     const int64_t tsh[][2] = {{6144, 4096}, {28672, 4096}, {4096, 4096}, {4096, 14336},
                               {3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
     static const char *const tnm[] = {"8b-qkv", "8b-gateup", "8b-o", "8b-down", "1b-qkv", "1b-o", "1b-gateup",

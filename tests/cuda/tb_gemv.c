@@ -272,7 +272,7 @@ static void check_group(int32_t t, int64_t cols, const int64_t *rows, int nj, bo
                 tm_cuda_gemv_job jobs[MAX_JOBS];
                 for (int j = 0; j < nj; j++) {
                     jobs[j] = (tm_cuda_gemv_job){w_d[j], rows[j], f32 && j != 1 ? bias_d[j] : NULL, out_g[j], 0, 0,
-                                                 NULL, 0};
+                                                 NULL, 0, NULL};
                     tb_poison(out_g[j], (size_t)MAX_N * (size_t)rows[j] * 4);
                     tb_poison(out_s[j], (size_t)MAX_N * (size_t)rows[j] * 4);
                 }
@@ -386,7 +386,7 @@ static void check_chain(bool pdl) {
     set_pdl(pdl);
     cudaStream_t s;
     TB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const tm_cuda_gemv_job jobs[2] = {{w1_d, f, NULL, h_d, 0, 0, NULL, 0}, {w3_d, e, b3_d, g_d, 0, 0, NULL, 0}};
+    const tm_cuda_gemv_job jobs[2] = {{w1_d, f, NULL, h_d, 0, 0, NULL, 0, NULL}, {w3_d, e, b3_d, g_d, 0, 0, NULL, 0, NULL}};
     for (int graph = 0; graph < 2; graph++) {
         tb_poison(h_d, (size_t)n * f * 2);
         tb_poison(g_d, (size_t)n * e * 2);
@@ -826,9 +826,9 @@ static void check_fused_rope(int32_t t, const qkv_shape *c, bool nin) {
             tb_poison(kc_d, ncache * 2);
             tb_poison(vc_d, ncache * 2);
             TB_CHECK(cudaDeviceSynchronize());
-            rope_run r = {{{w_d[0], rq, c->bias ? b_d[0] : NULL, o_d[0], 0, 0, nwj, eps},
-                           {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL, 0, 0, nwj, eps},
-                           {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL, 0, 0, nwj, eps}},
+            rope_run r = {{{w_d[0], rq, c->bias ? b_d[0] : NULL, o_d[0], 0, 0, nwj, eps, NULL},
+                           {w_d[1], rk, c->bias ? b_d[1] : NULL, kv_out ? o_d[1] : NULL, 0, 0, nwj, eps, NULL},
+                           {w_d[2], rk, c->bias ? b_d[2] : NULL, kv_out ? o_d[2] : NULL, 0, 0, nwj, eps, NULL}},
                           t, cols, x_d, n,
                           {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, NULL, NULL, NULL, kc_d, vc_d, false, NULL, 0, NULL, NULL},
                           ncache * 2, mode == 2};
@@ -861,7 +861,7 @@ static void check_fused_rope(int32_t t, const qkv_shape *c, bool nin) {
             TB_CHECK(cudaDeviceSynchronize());
             tm_cuda_gemv_job gj[3];
             for (int j = 0; j < 3; j++)
-                gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0, nwj, eps};
+                gj[j] = (tm_cuda_gemv_job){w_d[j], rows[j], c->bias ? b_d[j] : NULL, o2_d[j], 0, 0, nwj, eps, NULL};
             TB_CHECK(tm_cuda_gemv_group(gj, 3, t, cols, x_d, n, false, s));
             tm_cuda_rope_args ra = {n, H, KV, hd, rdim, bs, false, inv_d, pos_d, slot_d, o2_d[0], o2_d[1], o2_d[2],
                                     kc2_d, vc2_d, false, NULL, 0, NULL, NULL};
@@ -972,8 +972,8 @@ static int fused_refusals(void) {
     int64_t *sl = tb_dev(64);
     TB_CHECK(cudaMemset(pos, 0, 64));
     TB_CHECK(cudaMemset(sl, 0xFF, 64)); /* slot -1: the valid call writes no cache entry */
-    tm_cuda_gemv_job jobs[3] = {{w, 4 * 64, NULL, o, 0, 0, NULL, 0}, {w, 2 * 64, NULL, NULL, 0, 0, NULL, 0},
-                                {w, 2 * 64, NULL, NULL, 0, 0, NULL, 0}};
+    tm_cuda_gemv_job jobs[3] = {{w, 4 * 64, NULL, o, 0, 0, NULL, 0, NULL}, {w, 2 * 64, NULL, NULL, 0, 0, NULL, 0, NULL},
+                                {w, 2 * 64, NULL, NULL, 0, 0, NULL, 0, NULL}};
     tm_cuda_rope_args ra = {1, 4, 2, 64, 64, 16, false, nw, pos, sl, NULL, NULL, NULL, (uint16_t *)res,
                             (uint16_t *)res, false, NULL, 0, NULL, NULL};
     bad += tm_cuda_gemv_qkv_rope(jobs, TM_DT_BF16, 64, x, 1, &ra, 0) != cudaSuccess;
@@ -1040,7 +1040,7 @@ static void check_args(void) {
     bad += tm_cuda_gemv_swiglu(w, NULL, TM_DT_BF16, 4, 8, x, 1, o, NULL, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_gemv(w, TM_DT_BF16, 0, 8, x, 1, NULL, o, true, NULL, 0) != cudaSuccess; /* nothing to do */
     tm_cuda_gemv_job jobs[MAX_JOBS + 1];
-    for (int j = 0; j <= MAX_JOBS; j++) jobs[j] = (tm_cuda_gemv_job){w, 2, NULL, o, 0, 0, NULL, 0};
+    for (int j = 0; j <= MAX_JOBS; j++) jobs[j] = (tm_cuda_gemv_job){w, 2, NULL, o, 0, 0, NULL, 0, NULL};
     bad += tm_cuda_gemv_group(jobs, 0, TM_DT_BF16, 8, x, 1, true, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_gemv_group(jobs, MAX_JOBS + 1, TM_DT_BF16, 8, x, 1, true, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_gemv_group(NULL, 1, TM_DT_BF16, 8, x, 1, true, 0) != cudaErrorInvalidValue;
@@ -1109,7 +1109,7 @@ static void run_timed(void *p) {
         tm_cuda_gemv_job jobs[3];
         size_t wo = 0, oo = 0;
         for (int j = 0; j < 3; j++) {
-            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0, NULL, 0};
+            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0, NULL, 0, NULL};
             wo += rb * (size_t)a->rows[j];
             oo += (size_t)a->n * (size_t)a->rows[j] * 2;
         }
@@ -1131,7 +1131,7 @@ static void run_timed(void *p) {
         tm_cuda_gemv_job jobs[3];
         size_t wo = 0, oo = 0;
         for (int j = 0; j < 3; j++) {
-            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0, NULL, 0};
+            jobs[j] = (tm_cuda_gemv_job){w + wo, a->rows[j], NULL, (uint8_t *)a->out + oo, 0, 0, NULL, 0, NULL};
             wo += rb * (size_t)a->rows[j];
             oo += (size_t)a->n * (size_t)a->rows[j] * (a->out_f32 ? 4 : 2);
         }
@@ -1236,7 +1236,7 @@ static void check_nin(int32_t t, int64_t rows, int64_t cols) {
             if (sw) {
                 TB_RUN(tm_cuda_gemv_swiglu_nin(wg_d, wu_d, t, rows, cols, x_d, n, o_d, nw_d, eps, 0));
             } else {
-                const tm_cuda_gemv_job job = {wg_d, rows, NULL, o_d, 0, 0, nw_d, eps};
+                const tm_cuda_gemv_job job = {wg_d, rows, NULL, o_d, 0, 0, nw_d, eps, NULL};
                 TB_RUN(tm_cuda_gemv_group(&job, 1, t, cols, x_d, n, false, 0));
             }
             tb_download(on, o_d, (size_t)n * rows * 2);
@@ -1287,7 +1287,7 @@ static void check_nin(int32_t t, int64_t rows, int64_t cols) {
     if (t == TM_DT_BF16) { /* a type that cannot norm its input says so, having launched nothing */
         uint8_t *wq = make_weights(TM_DT_Q4_K, 256, 256, false);
         void *wq_d = tb_upload(wq, row_bytes_of(TM_DT_Q4_K, 256) * 256);
-        const tm_cuda_gemv_job job = {wq_d, 256, NULL, o_d, 0, 0, nw_d, eps};
+        const tm_cuda_gemv_job job = {wq_d, 256, NULL, o_d, 0, 0, nw_d, eps, NULL};
         const cudaError_t e = tm_cuda_gemv_group(&job, 1, TM_DT_Q4_K, 256, x_d, 1, false, 0);
         snprintf(name, sizeof name, "q4_K norm-in refused (%s)", cudaGetErrorName(e));
         tb_result("gemv_nin", name, e == cudaErrorNotSupported ? 0.0 : 1.0, 0.0, 0, 0, 0, 'm');
@@ -1366,8 +1366,8 @@ static void time_layer_chain(const char *label, int64_t dim, int64_t qd, int64_t
     TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     for (int l = 0; l < layers; l++) {
         const tm_cuda_gemv_job qkv[3] = {
-            {w[l][0], qd, NULL, q, 0, 0, NULL, 0}, {w[l][1], kvd, NULL, kv, 0, 0, NULL, 0},
-            {w[l][2], kvd, NULL, kv + kvd, 0, 0, NULL, 0}};
+            {w[l][0], qd, NULL, q, 0, 0, NULL, 0, NULL}, {w[l][1], kvd, NULL, kv, 0, 0, NULL, 0, NULL},
+            {w[l][2], kvd, NULL, kv + kvd, 0, 0, NULL, 0, NULL}};
         TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s));
         TB_CHECK(tm_cuda_gemv_group(qkv, 3, t, dim, xn, 1, false, s));
         TB_CHECK(tm_cuda_add_rmsnorm(res, o, nw, 1e-5f, 1, (int32_t)dim, xn, s)); /* in attention's place */
@@ -1647,9 +1647,9 @@ static void time_norm_chain(const char *label, int64_t dim, int64_t qd, int64_t 
         TB_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
         for (int l = 0; l < layers; l++) {
             const bool nin = way >= 2 && l > 0; /* layer 0 reads the first norm (below), made as in the other ways */
-            const tm_cuda_gemv_job qkv[3] = {{w[l][0], qd, NULL, qo, 0, 0, nin ? nw : NULL, eps},
-                                             {w[l][1], kvd, NULL, ko, 0, 0, nin ? nw : NULL, eps},
-                                             {w[l][2], kvd, NULL, vo, 0, 0, nin ? nw : NULL, eps}};
+            const tm_cuda_gemv_job qkv[3] = {{w[l][0], qd, NULL, qo, 0, 0, nin ? nw : NULL, eps, NULL},
+                                             {w[l][1], kvd, NULL, ko, 0, 0, nin ? nw : NULL, eps, NULL},
+                                             {w[l][2], kvd, NULL, vo, 0, 0, nin ? nw : NULL, eps, NULL}};
             TB_CHECK(tm_cuda_gemv_group(qkv, 3, t, dim, xn, 1, false, s));
             add_norm(way, false, w[l][3], dim, qd, qo, &nc, s);
             if (way == 2)

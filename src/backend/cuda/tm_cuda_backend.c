@@ -77,12 +77,15 @@ typedef struct cu_backend {
     size_t attn_work_bytes;
     uint16_t *deq;               /* (deq_elems) dequantized weight for large-batch GEMMs */
     size_t deq_elems, deq_need;
-    uint8_t *xq8;                /* (xq8_bytes) e4m3 activations of the fp8 GEMMs: (max_tokens, max_fp8_cols) */
+    uint8_t *xq8;                /* (xq8_bytes) e4m3 activations of the fp8 products: (max(max_tokens, 16),
+                                  * max_fp8_cols); at batch <= 8 two slots (xq8_small_out) */
     size_t xq8_bytes;
-    /* what xq8 holds: e4m3(src / act) for xq8_elems elements of the activation buffer src, left by the op that
-     * wrote src (a norm, the fused SwiGLU: xq8_leave); NULL: nothing. Used once by matmul_fp8, cleared when src is
-     * written again (buf_mark) and at each step's start. */
+    /* what xq8 holds: e4m3(src / act) for xq8_elems elements of the activation buffer src at xq8_at, left by the op
+     * that wrote src (a norm, the attention, the SwiGLU: xq8_leave); NULL: nothing. Used once by the fp8 product
+     * that reads src next (matmul_fp8, xq8_take), cleared when src is written again (buf_mark) and at each step's
+     * start. */
     const void *xq8_src;
+    const uint8_t *xq8_at;
     float xq8_act;
     size_t xq8_elems;
     /* bf16 outputs a producer that left the e4m3 copy did not write (TM_CUDA_FP8_ONLY, on by default;
@@ -98,6 +101,7 @@ typedef struct cu_backend {
                                   * producer leaves an fp8 copy */
     bool no_fp8_left;            /* TM_CUDA_FP8_LEFT=0: the producers (norms, SwiGLU) leave no fp8 copy; every fp8
                                   * product rounds its own input */
+    bool no_fp8_left_small;      /* TM_CUDA_FP8_LEFT_SMALL=0: not at batch <= 8 (the GEMV path) */
     float fp8_act;               /* the one act_scale of every fp8 weight placed (0: none, -1: several), which lets
                                   * the norms round their output for the products that follow (xq8_src) */
     int64_t max_fp8_cols;
@@ -540,7 +544,8 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
                   err)) != TM_OK)
         return s;
     c->ffn_elems = ffn_bytes / 2;
-    if ((s = grow(c, (void **)&c->xq8, &c->xq8_bytes, (size_t)c->max_tokens * (size_t)c->max_fp8_cols, "fp8 activations",
+    const size_t xq8_rows = c->max_tokens > 2 * TM_CUDA_GEMV_MAX_N ? (size_t)c->max_tokens : 2 * TM_CUDA_GEMV_MAX_N;
+    if ((s = grow(c, (void **)&c->xq8, &c->xq8_bytes, xq8_rows * (size_t)c->max_fp8_cols + 256, "fp8 activations",
                   err)) != TM_OK)
         return s;
 
@@ -733,11 +738,27 @@ static void cu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids,
     buf_mark(c, x, true);
 }
 
-/* src's op also wrote e4m3(src / act) for elems elements into xq8 (after its buf_mark of src) */
-static void xq8_leave(cu_backend *c, const void *src, float act, size_t elems) {
+/* src's op also wrote e4m3(src / act) for elems elements at `at` in xq8 (after its buf_mark of src) */
+static void xq8_leave(cu_backend *c, const void *src, float act, size_t elems, const uint8_t *at) {
     c->xq8_src = src;
+    c->xq8_at = at;
     c->xq8_act = act;
     c->xq8_elems = elems;
+}
+
+/* x's e4m3 copy for an fp8 product with activation scale act over elems elements of x, when x's producer left one
+ * (used once), else NULL */
+static const uint8_t *xq8_take(cu_backend *c, const void *x, float act, size_t elems) {
+    if (c->xq8_src != x || c->xq8_act != act || c->xq8_elems != elems) return NULL;
+    c->xq8_src = NULL;
+    return c->xq8_at;
+}
+
+/* Batch <= 8: the second slot of xq8, which the SwiGLU GEMV writes its e4m3 output to while it reads its input's
+ * copy from the first (one launch reads one and writes the other); the first when `in` is the second */
+static uint8_t *xq8_small_out(cu_backend *c, const uint8_t *in) {
+    uint8_t *second = c->xq8 + (((size_t)TM_CUDA_GEMV_MAX_N * (size_t)c->max_fp8_cols + 255) & ~(size_t)255);
+    return in == second ? c->xq8 : second;
 }
 
 /* A norm (or the decode attention) at a GEMM-sized batch of an fp8 model (one activation scale) also leaves its
@@ -746,6 +767,14 @@ static bool leaves_fp8(const cu_backend *c, int64_t dim, int32_t n) {
     return !c->no_fuse_gemm && !c->no_fp8_left && n > TM_CUDA_GEMV_MAX_N && c->fp8_act > 0.0f && c->xq8 &&
            dim % 8 == 0 && dim <= 8192 &&
            (size_t)n * (size_t)dim <= c->xq8_bytes;
+}
+
+/* The same at batch <= 8 (the GEMV path), for the tensor-core GEMV (tm_cuda_fp8_scales.xq): the copy goes to xq8's
+ * first slot, and the bf16 output is written too (a few KB; nothing is deferred). Rounding x in every product cost
+ * it 1-14% (docs/PERFORMANCE.md, twenty-eighth session). */
+static bool leaves_fp8_small(const cu_backend *c, int64_t dim, int32_t n) {
+    return !c->no_fp8_left && !c->no_fp8_left_small && n >= 1 && n <= TM_CUDA_GEMV_MAX_N && c->fp8_act > 0.0f &&
+           c->xq8 && dim % 64 == 0 && dim <= c->max_fp8_cols;
 }
 
 static void norm_run(cu_backend *c, float *residual, const void *x, const tm_weight *w, float eps, int32_t n, void *out) {
@@ -758,8 +787,17 @@ static void norm_run(cu_backend *c, float *residual, const void *x, const tm_wei
                     "rmsnorm_fp8"))
             return;
         buf_mark(c, out, false);
-        xq8_leave(c, out, c->fp8_act, (size_t)n * (size_t)dim);
+        xq8_leave(c, out, c->fp8_act, (size_t)n * (size_t)dim, c->xq8);
         if (c->fp8_only) lazy_add(c, out, residual ? (const void *)residual : x, w, eps, n, dim);
+        return;
+    }
+    if (dim <= 8192 && leaves_fp8_small(c, dim, n)) { /* both outputs: the same kernel as below, with the e4m3 copy */
+        if (cu_fail(c, tm_cuda_rmsnorm_fp8(residual, residual ? x : NULL, residual ? NULL : x, w->data, eps, n, dim,
+                                           out, c->xq8, 1.0f / c->fp8_act, c->stream),
+                    "rmsnorm_fp8"))
+            return;
+        buf_mark(c, out, false);
+        xq8_leave(c, out, c->fp8_act, (size_t)n * (size_t)dim, c->xq8);
         return;
     }
     if (residual)
@@ -785,7 +823,8 @@ static void cu_add_rmsnorm(tm_backend *be, void *residual, const void *x, const 
 /* the GEMV launchers' view of a weight: its fp8 scales (gate and up for SwiGLU), or NULL for the other types */
 static const tm_cuda_fp8_scales *fp8_of(const tm_weight *w, const tm_weight *up, tm_cuda_fp8_scales *buf) {
     if (w->type != TM_DT_FP8_E4M3) return NULL;
-    *buf = (tm_cuda_fp8_scales){.w = w->scale, .w_up = up ? up->scale : 0.0f, .act = w->act_scale};
+    *buf = (tm_cuda_fp8_scales){.w = w->scale, .w_up = up ? up->scale : 0.0f, .act = w->act_scale, .xq = NULL,
+                                .out8 = NULL};
     return buf;
 }
 
@@ -793,14 +832,20 @@ static const tm_cuda_fp8_scales *fp8_of(const tm_weight *w, const tm_weight *up,
 static tm_cuda_gemv_job gemv_job(const tm_weight *w, const tm_weight *bias, void *out, const tm_lazy_rec *nin) {
     return (tm_cuda_gemv_job){.w = w->data, .rows = w->rows, .bias = bias ? bias->data : NULL, .out = out,
                               .scale = w->scale, .act_scale = w->act_scale, .norm_w = nin ? nin->w->data : NULL,
-                              .norm_eps = nin ? nin->eps : 0.0f};
+                              .norm_eps = nin ? nin->eps : 0.0f, .xq = NULL};
+}
+
+/* the e4m3 copy of x (n, w's cols) that x's producer left for the GEMV of fp8 weight w (a group shares it), or NULL */
+static const uint8_t *gemv_xq(cu_backend *c, const tm_weight *w, const void *x, int32_t n) {
+    return w->type == TM_DT_FP8_E4M3 ? xq8_take(c, x, w->act_scale, (size_t)n * (size_t)w->cols) : NULL;
 }
 
 /* fp8 weights at large n (W8A8, backend.h): x (n, cols) rounded to e4m3 once for every product that shares its
  * act_scale, then one cuBLASLt fp8 GEMM per weight: outs[i] (n, ws[i]->rows) bf16 = scale * act_scale * xq · wqᵀ */
 static void matmul_fp8(cu_backend *c, const tm_weight *const *ws, const tm_weight *const *biases, void *const *outs,
                        const bool *out_f32, int32_t count, const void *x, int32_t n) {
-    float quantized_for = 0.0f; /* the act_scale xq8 holds x for, 0: none yet */
+    float quantized_for = 0.0f; /* the act_scale xin holds x for, 0: none yet */
+    const uint8_t *xin = c->xq8;  /* x in e4m3 */
     for (int32_t i = 0; i < count && !cu_failed(c); i++) {
         const tm_weight *w = ws[i];
         if (biases[i]) {
@@ -813,15 +858,18 @@ static void matmul_fp8(cu_backend *c, const tm_weight *const *ws, const tm_weigh
         }
         if (w->act_scale != quantized_for) {
             const size_t elems = (size_t)n * (size_t)w->cols;
-            const bool left = c->xq8_src == x && c->xq8_act == w->act_scale && c->xq8_elems == elems;
+            xin = xq8_take(c, x, w->act_scale, elems);
             c->xq8_src = NULL; /* used once, or overwritten now */
-            if (!left) lazy_read(c, x);
-            if (!left && cu_fail(c, tm_cuda_quant_fp8(x, elems, 1.0f / w->act_scale, c->xq8, c->stream), "quant_fp8"))
-                return;
+            if (!xin) {
+                lazy_read(c, x);
+                if (cu_fail(c, tm_cuda_quant_fp8(x, elems, 1.0f / w->act_scale, c->xq8, c->stream), "quant_fp8"))
+                    return;
+                xin = c->xq8;
+            }
             quantized_for = w->act_scale;
         }
         tm_error e;
-        if (tm_cuda_blas_gemm_fp8(c->blas, c->xq8, w->data, w->scale * w->act_scale, outs[i], out_f32[i], n, w->rows,
+        if (tm_cuda_blas_gemm_fp8(c->blas, xin, w->data, w->scale * w->act_scale, outs[i], out_f32[i], n, w->rows,
                                   w->cols, c->stream, &e) != TM_OK &&
             c->err_code == TM_OK)
             c->err_code = tm_err(&c->err, TM_ERR_DEVICE, "%s", e.msg);
@@ -836,8 +884,9 @@ static void matmul_one(cu_backend *c, const tm_weight *w, const tm_weight *bias,
     if (w->type != TM_DT_FP8_E4M3 || n <= TM_CUDA_GEMV_MAX_N) lazy_read(c, x); /* fp8 GEMMs: in matmul_fp8 */
     if (n <= TM_CUDA_GEMV_MAX_N) {
         tm_cuda_fp8_scales f8;
-        cu_fail(c, tm_cuda_gemv(w->data, (int32_t)w->type, w->rows, w->cols, x, n, bd, out, out_f32, fp8_of(w, NULL, &f8),
-                                c->stream),
+        const tm_cuda_fp8_scales *fs = fp8_of(w, NULL, &f8);
+        if (fs) f8.xq = xq8_take(c, x, w->act_scale, (size_t)n * (size_t)w->cols);
+        cu_fail(c, tm_cuda_gemv(w->data, (int32_t)w->type, w->rows, w->cols, x, n, bd, out, out_f32, fs, c->stream),
                 "gemv");
         return;
     }
@@ -883,9 +932,11 @@ static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs,
         tm_lazy_rec nr;
         const bool nin = nin_take(c, x, (int32_t)jobs[0].w->type, n, &nr);
         if (!nin) lazy_read(c, x);
+        const uint8_t *xq = gemv_xq(c, jobs[0].w, x, n);
         tm_cuda_gemv_job gj[TM_CUDA_GEMV_MAX_JOBS];
         for (int32_t j = 0; j < n_jobs; j++) {
             gj[j] = gemv_job(jobs[j].w, jobs[j].bias, jobs[j].out, nin ? &nr : NULL);
+            gj[j].xq = xq;
             buf_mark(c, jobs[j].out, jobs[j].out_f32);
         }
         cudaError_t e = tm_cuda_gemv_group(gj, n_jobs, (int32_t)jobs[0].w->type, jobs[0].w->cols, x, n,
@@ -939,9 +990,17 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
         }
         lazy_read(c, x);
         tm_cuda_fp8_scales f8;
-        cu_fail(c, tm_cuda_gemv_swiglu(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x, n, out,
-                                       fp8_of(gate, up, &f8), c->stream),
-                "gemv_swiglu");
+        const tm_cuda_fp8_scales *fs = fp8_of(gate, up, &f8);
+        if (fs) { /* fp8: x's e4m3 copy in, the output's (the down product's input) out, in the other slot */
+            f8.xq = gemv_xq(c, gate, x, n);
+            if (leaves_fp8_small(c, gate->rows, n) && gate->act_scale == c->fp8_act)
+                f8.out8 = xq8_small_out(c, f8.xq);
+        }
+        if (!cu_fail(c, tm_cuda_gemv_swiglu(gate->data, up->data, (int32_t)gate->type, gate->rows, gate->cols, x, n,
+                                            out, fs, c->stream),
+                     "gemv_swiglu") &&
+            fs && f8.out8)
+            xq8_leave(c, out, gate->act_scale, (size_t)n * (size_t)gate->rows, f8.out8);
         return;
     }
     const bool fp8 = gate->type == TM_DT_FP8_E4M3 && up->type == TM_DT_FP8_E4M3;
@@ -963,7 +1022,7 @@ static void cu_matmul_swiglu(tm_backend *be, const tm_weight *gate, const tm_wei
                                            left ? 1.0f / gate->act_scale : 0.0f, c->stream),
                     "swiglu_rows"))
             return;
-        if (left) xq8_leave(c, out, gate->act_scale, (size_t)n * (size_t)ffn);
+        if (left) xq8_leave(c, out, gate->act_scale, (size_t)n * (size_t)ffn, c->xq8);
         if (only) lazy_add(c, out, c->ffn_tmp, NULL, 0.0f, n, (int32_t)ffn);
         return;
     }
@@ -1115,8 +1174,12 @@ static bool cu_matmul_qkv_rope(tm_backend *be, const tm_matmul_job *jobs, const 
     tm_lazy_rec nr;
     const bool nin = nin_take(c, x, (int32_t)jobs[0].w->type, n, &nr);
     if (!nin) lazy_read(c, x);
+    const uint8_t *xq = gemv_xq(c, jobs[0].w, x, n);
     tm_cuda_gemv_job gj[3];
-    for (int32_t j = 0; j < 3; j++) gj[j] = gemv_job(jobs[j].w, jobs[j].bias, j == 0 ? q : NULL, nin ? &nr : NULL);
+    for (int32_t j = 0; j < 3; j++) {
+        gj[j] = gemv_job(jobs[j].w, jobs[j].bias, j == 0 ? q : NULL, nin ? &nr : NULL);
+        gj[j].xq = xq;
+    }
     tm_cuda_rope_args r = {
         .n_tokens = c->n_tokens, .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
         .rope_dim = a->rope_dim, .block_size = c->kv.block_size, .neox = a->rope_neox, .inv_freq = c->d_inv_freq,
@@ -1218,7 +1281,8 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
         g.work_bytes = have;
     }
     const int64_t dim = (int64_t)a->n_heads * a->head_dim;
-    const bool left = decode && !c->attn_out8_off && leaves_fp8(c, dim, c->n_tokens);
+    const bool left = decode && !c->attn_out8_off &&
+                      (leaves_fp8(c, dim, c->n_tokens) || leaves_fp8_small(c, dim, c->n_tokens));
     if (left) { /* the o product's e4m3 input too */
         g.out8 = c->xq8;
         g.out8_inv = 1.0f / c->fp8_act;
@@ -1228,7 +1292,7 @@ static void cu_attention(tm_backend *be, const tm_attn_cfg *a, int32_t layer, co
     else
         prefill_part(c, &g, 0, rows, "attention");
     buf_mark(c, out, false);
-    if (left) xq8_leave(c, out, c->fp8_act, (size_t)c->n_tokens * (size_t)dim);
+    if (left) xq8_leave(c, out, c->fp8_act, (size_t)c->n_tokens * (size_t)dim, c->xq8);
 }
 
 /* The whole layer as one kernel for a one-token step (batch-1 decode): bf16 weights without biases, llama RoPE, a
@@ -1625,6 +1689,7 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
         }
     c->no_fuse_gemm = env_is("TM_CUDA_NO_FUSE_GEMM", "1"); /* weights placed together still run one product each */
     c->no_fp8_left = env_is("TM_CUDA_FP8_LEFT", "0");      /* no producer leaves the next product's e4m3 input */
+    c->no_fp8_left_small = env_is("TM_CUDA_FP8_LEFT_SMALL", "0"); /* not at batch <= 8 */
     c->fp8_only = !env_is("TM_CUDA_FP8_ONLY", "0"); /* "0": producers that leave the e4m3 copy write bf16 too */
     c->no_fuse = env_is("TM_CUDA_NO_FUSE", "1");
     c->split_mixed = !env_is("TM_CUDA_NO_SPLIT_MIXED", "1"); /* "1": mixed steps: every token to prefill attention */

@@ -785,12 +785,15 @@ bool fp8_scales_ok(int32_t type, const tm_cuda_gemv_job &j, bool swiglu, float u
 }
 
 /* Every launcher ends here: n_jobs products sharing type, cols and x (swiglu: exactly one job, whose w is the
- * gate, with w_up the up weights and up_scale their fp8 scale). Jobs with 0 rows are skipped. */
+ * gate, with w_up the up weights and up_scale their fp8 scale; out8: its e4m3 copy, tm_cuda_fp8_scales.out8).
+ * Jobs with 0 rows are skipped. */
 cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, float up_scale, int32_t type,
-                     int64_t cols, const uint16_t *x, int32_t n, bool out_f32, bool swiglu, cudaStream_t stream) {
+                     int64_t cols, const uint16_t *x, int32_t n, bool out_f32, bool swiglu, uint8_t *out8,
+                     cudaStream_t stream) {
     tmq::info ti;
     if (!jobs || n_jobs < 1 || n_jobs > kMaxJobs || !x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 ||
-        cols > INT32_MAX || !tmq::type_info(type, &ti) || cols % ti.qk || (swiglu && (n_jobs != 1 || !w_up)))
+        cols > INT32_MAX || !tmq::type_info(type, &ti) || cols % ti.qk || (swiglu && (n_jobs != 1 || !w_up)) ||
+        (out8 && (!swiglu || type != TM_DT_FP8_E4M3)) || (jobs[0].xq && type != TM_DT_FP8_E4M3))
         return cudaErrorInvalidValue;
     for (int32_t j = 0; j < n_jobs; j++)
         if (!jobs[j].w || !jobs[j].out || jobs[j].rows < 0 || jobs[j].rows > INT32_MAX ||
@@ -804,7 +807,15 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     /* fp8 weights: the tensor-core kernel (tm_cuda_gemv_fp8tc.cu) where its shapes fit */
     if (type == TM_DT_FP8_E4M3 && !tm_env_is_1("TM_CUDA_GEMV_V") && tm_fp8tc_ok(jobs, n_jobs, w_up, cols, x))
         return tm_fp8tc_run(swiglu ? TM_FP8TC_SWIGLU : TM_FP8TC_PLAIN, jobs, n_jobs, w_up, up_scale, cols, x, n,
-                            out_f32, NULL, stream);
+                            out_f32, NULL, out8, stream);
+    /* the CUDA-core kernels round x themselves and leave out8 to tm_cuda_quant_fp8 */
+    if (out8) {
+        if (cudaError_t e = gemv_run(jobs, 1, w_up, up_scale, type, cols, x, n, false, true, NULL, stream);
+            e != cudaSuccess)
+            return e;
+        return tm_cuda_quant_fp8((const uint16_t *)jobs[0].out, (size_t)n * (size_t)jobs[0].rows,
+                                 1.0f / jobs[0].act_scale, out8, stream);
+    }
 
     /* v2 for all jobs at once when every job meets its alignment needs (and, fp8, all share the activation
      * scale), else each job on its own as tm_cuda_gemv would run it (v2 or v1), so that a job's results never
@@ -819,7 +830,8 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
         for (int32_t j = 0; j < n_jobs; j++) {
             if (jobs[j].rows == 0) continue;
             cudaError_t e = (n_jobs > 1 && !tm_env_is_1("TM_CUDA_GEMV_V"))
-                                ? gemv_run(&jobs[j], 1, w_up, up_scale, type, cols, x, n, out_f32, swiglu, stream)
+                                ? gemv_run(&jobs[j], 1, w_up, up_scale, type, cols, x, n, out_f32, swiglu, NULL,
+                                           stream)
                                 : launch_v1(jobs[j], w_up, up_scale, type, cols, row_bytes, x, n, out_f32, swiglu,
                                             stream);
             if (e != cudaSuccess) return e;
@@ -880,7 +892,7 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
                       const uint16_t *x, int32_t n, cudaStream_t stream) {
     tmq::info ti;
     if (!x || n < 1 || n > TM_CUDA_GEMV_MAX_N || cols <= 0 || cols > INT32_MAX || !tmq::type_info(type, &ti) ||
-        cols % ti.qk)
+        cols % ti.qk || (jobs[0].xq && type != TM_DT_FP8_E4M3))
         return cudaErrorInvalidValue;
     if (tm_env_is_1("TM_CUDA_GEMV_V")) return cudaErrorNotSupported;
     int64_t blocks = 0;
@@ -901,7 +913,7 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     if (blocks > INT32_MAX) return cudaErrorInvalidValue;
     if constexpr (EPI == EPI_ROPE) { /* fp8 weights: the tensor-core kernel where its shapes fit */
         if (type == TM_DT_FP8_E4M3 && tm_fp8tc_ok(jobs, n_jobs, NULL, cols, x)) {
-            return tm_fp8tc_run(TM_FP8TC_ROPE, jobs, n_jobs, NULL, 0.0f, cols, x, n, false, &a.rope, stream);
+            return tm_fp8tc_run(TM_FP8TC_ROPE, jobs, n_jobs, NULL, 0.0f, cols, x, n, false, &a.rope, NULL, stream);
         }
     }
     for (int j = n_jobs; j < kMaxJobs; j++) {
@@ -937,28 +949,32 @@ bool aligned(const void *p, uintptr_t k) { return ((uintptr_t)p & (k - 1)) == 0;
 extern "C" cudaError_t tm_cuda_gemv(const void *w, int32_t type, int64_t rows, int64_t cols, const uint16_t *x,
                                     int32_t n, const float *bias, void *out, bool out_f32,
                                     const tm_cuda_fp8_scales *fp8, cudaStream_t stream) {
-    const tm_cuda_gemv_job job = {w, rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f, NULL, 0.0f};
-    return gemv_run(&job, 1, NULL, 0.0f, type, cols, x, n, out_f32, false, stream);
+    if (fp8 && fp8->out8) return cudaErrorInvalidValue; /* tm_cuda_gemv_swiglu's */
+    const tm_cuda_gemv_job job = {w,    rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f, NULL, 0.0f,
+                                  fp8 ? fp8->xq : NULL};
+    return gemv_run(&job, 1, NULL, 0.0f, type, cols, x, n, out_f32, false, NULL, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                           const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream) {
-    return gemv_run(jobs, n_jobs, NULL, 0.0f, type, cols, x, n, out_f32, false, stream);
+    return gemv_run(jobs, n_jobs, NULL, 0.0f, type, cols, x, n, out_f32, false, NULL, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_swiglu(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
                                            int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
                                            const tm_cuda_fp8_scales *fp8, cudaStream_t stream) {
-    const tm_cuda_gemv_job job = {w_gate, rows, NULL, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f, NULL, 0.0f};
-    return gemv_run(&job, 1, w_up, fp8 ? fp8->w_up : 0.0f, type, cols, x, n, false, true, stream);
+    const tm_cuda_gemv_job job = {w_gate, rows, NULL, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f, NULL, 0.0f,
+                                  fp8 ? fp8->xq : NULL};
+    return gemv_run(&job, 1, w_up, fp8 ? fp8->w_up : 0.0f, type, cols, x, n, false, true, fp8 ? fp8->out8 : NULL,
+                    stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_swiglu_nin(const void *w_gate, const void *w_up, int32_t type, int64_t rows,
                                                int64_t cols, const uint16_t *x, int32_t n, uint16_t *out,
                                                const float *norm_w, float eps, cudaStream_t stream) {
     if (!norm_w) return cudaErrorInvalidValue;
-    tm_cuda_gemv_job job = {w_gate, rows, NULL, out, 0.0f, 0.0f, norm_w, eps};
-    return gemv_run(&job, 1, w_up, 0.0f, type, cols, x, n, false, true, stream);
+    tm_cuda_gemv_job job = {w_gate, rows, NULL, out, 0.0f, 0.0f, norm_w, eps, NULL};
+    return gemv_run(&job, 1, w_up, 0.0f, type, cols, x, n, false, true, NULL, stream);
 }
 
 extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int64_t rows, int64_t cols,
@@ -975,7 +991,7 @@ extern "C" cudaError_t tm_cuda_gemv_add_rmsnorm(const void *w, int32_t type, int
     a.norm_out = norm_out;
     a.counter = (unsigned int *)scratch;
     a.eps = eps;
-    const tm_cuda_gemv_job job = {w, rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f, NULL, 0.0f};
+    const tm_cuda_gemv_job job = {w, rows, bias, out, fp8 ? fp8->w : 0.0f, fp8 ? fp8->act : 0.0f, NULL, 0.0f, NULL};
     return fused_run<EPI_NORM>(a, &job, 1, type, cols, x, n, stream);
 }
 

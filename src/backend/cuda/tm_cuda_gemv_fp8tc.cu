@@ -45,6 +45,17 @@ __device__ __forceinline__ uint4 ld_w(const uint8_t *p) {
     return v;
 }
 
+/* ld_w that ptxas keeps where the source puts it against griddepcontrol.wait (ld.relaxed.gpu: it moves .nc loads
+ * past the wait freely) */
+__device__ __forceinline__ uint4 ld_w_ordered(const uint8_t *p) {
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
 __device__ __forceinline__ void mma_e4m3(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -67,6 +78,7 @@ struct tc_args {
     const uint8_t *xq;            /* (n, cols) e4m3 (XQ) */
     const uint16_t *x;            /* (n, cols) bf16 (!XQ) */
     float x_inv;                  /* 1 / act_scale */
+    uint8_t *out8;                /* SwiGLU: NULL, or (n, rows_0) e4m3(out * x_inv) as well */
     int cols, n;
     bool out_f32, pdl;
     tm_gemv_rope rope;
@@ -142,8 +154,13 @@ __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
             const int64_t off = (int64_t)(ch + u * W) << 6;
 #pragma unroll
             for (int s = 0; s < NT; s++) {
-                wa[u][s] = ld_w(wr[s][0] + off);
-                wb[u][s] = ld_w(wr[s][1] + off);
+                if (XQ && wait) { /* else ptxas issues them after the wait (nvdisasm) */
+                    wa[u][s] = ld_w_ordered(wr[s][0] + off);
+                    wb[u][s] = ld_w_ordered(wr[s][1] + off);
+                } else {
+                    wa[u][s] = ld_w(wr[s][0] + off);
+                    wb[u][s] = ld_w(wr[s][1] + off);
+                }
             }
         }
         if (wait) {
@@ -202,7 +219,9 @@ __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
     const int64_t r = r0 + i, idx = (int64_t)b * rows + r;
     if constexpr (SW) {
         const float gs = sum_of(i, b, 0) * sc, us = sum_of(i, b, 1) * a.sc_up;
-        ((uint16_t *)out)[idx] = bf16_bits(tm_gemv_silu_mul(gs, us));
+        const uint16_t h = bf16_bits(tm_gemv_silu_mul(gs, us));
+        ((uint16_t *)out)[idx] = h;
+        if (a.out8) a.out8[idx] = tm_fp8_of(__uint_as_float((uint32_t)h << 16) * a.x_inv); /* tm_cuda_quant_fp8's */
     } else {
         const float s = sum_of(i, b, 0) * sc + (bias ? bias[r] : 0.0f);
         if (a.out_f32)
@@ -271,7 +290,8 @@ bool tm_fp8tc_ok(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up,
 
 cudaError_t tm_fp8tc_run(int epi, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, float up_scale,
                          int64_t cols, const uint16_t *x, int32_t n, bool out_f32, const tm_gemv_rope *rope,
-                         cudaStream_t stream) {
+                         uint8_t *out8, cudaStream_t stream) {
+    if (out8 && epi != TM_FP8TC_SWIGLU) return cudaErrorInvalidValue;
     tc_args a = {};
     int blocks = 0;
     if (!fill_jobs(a, jobs, n_jobs, &blocks)) return cudaErrorInvalidValue;
@@ -279,17 +299,23 @@ cudaError_t tm_fp8tc_run(int epi, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     a.w_up = (const uint8_t *)w_up;
     a.sc_up = up_scale * jobs[0].act_scale;
     a.x = x;
-    a.xq = NULL;
+    a.xq = jobs[0].xq && tm_aligned16(jobs[0].xq) ? jobs[0].xq : NULL; /* NULL or unaligned: x rounded in the kernel */
     a.x_inv = 1.0f / jobs[0].act_scale;
+    a.out8 = out8;
     a.cols = (int)cols;
     a.n = n;
     a.out_f32 = out_f32;
     a.pdl = tm_pdl_gemv_on();
     if (rope) a.rope = *rope;
+    const bool xq = a.xq != NULL;
     switch (epi) {
-    case TM_FP8TC_PLAIN: return launch<TM_FP8TC_PLAIN, false>(a, blocks, stream);
-    case TM_FP8TC_SWIGLU: return launch<TM_FP8TC_SWIGLU, false>(a, blocks, stream);
-    case TM_FP8TC_ROPE: return rope ? launch<TM_FP8TC_ROPE, false>(a, blocks, stream) : cudaErrorInvalidValue;
+    case TM_FP8TC_PLAIN: return xq ? launch<TM_FP8TC_PLAIN, true>(a, blocks, stream)
+                                   : launch<TM_FP8TC_PLAIN, false>(a, blocks, stream);
+    case TM_FP8TC_SWIGLU: return xq ? launch<TM_FP8TC_SWIGLU, true>(a, blocks, stream)
+                                    : launch<TM_FP8TC_SWIGLU, false>(a, blocks, stream);
+    case TM_FP8TC_ROPE:
+        if (!rope) return cudaErrorInvalidValue;
+        return xq ? launch<TM_FP8TC_ROPE, true>(a, blocks, stream) : launch<TM_FP8TC_ROPE, false>(a, blocks, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -298,13 +324,13 @@ extern "C" cudaError_t tm_cuda_gemv_fp8tc(const void *w, int64_t rows, int64_t c
                                           float scale, const float *bias, void *out, bool out_f32,
                                           cudaStream_t stream) {
     if (rows <= 0 || rows % 16 || rows > INT32_MAX || cols <= 0 || cols % 64 || cols > INT32_MAX || n < 1 ||
-        n > 8 || !tm_aligned16(w) || !tm_aligned16(xq))
+        n > 8 || !w || !xq || !tm_aligned16(w) || !tm_aligned16(xq))
         return cudaErrorInvalidValue;
     tc_args a = {};
-    const tm_cuda_gemv_job job = {w, rows, bias, out, scale, 1.0f, NULL, 0.0f};
+    const tm_cuda_gemv_job job = {w, rows, bias, out, scale, 1.0f, NULL, 0.0f, xq};
     int blocks = 0;
     fill_jobs(a, &job, 1, &blocks);
-    a.xq = xq;
+    a.xq = job.xq;
     a.cols = (int)cols;
     a.n = n;
     a.out_f32 = out_f32;

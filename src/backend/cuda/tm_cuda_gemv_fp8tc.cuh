@@ -69,9 +69,11 @@ __device__ __forceinline__ void tm_gemv_rope_store(const tm_gemv_rope &rp, int j
 bool tm_fp8tc_ok(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, int64_t cols, const uint16_t *x);
 
 /* The products of jobs (non-empty ones; SwiGLU: one job, the gate, with w_up / up_scale) from bf16 x (n, cols),
- * each block rounding its slice of x to e4m3 as tm_cuda_quant_fp8 does. rope: for TM_FP8TC_ROPE. */
+ * each block rounding its slice of x to e4m3 as tm_cuda_quant_fp8 does, or reading jobs[0].xq (x rounded before)
+ * when it is set and 16-byte aligned. rope: for TM_FP8TC_ROPE. out8: SwiGLU only, NULL or the e4m3 copy of out
+ * (tm_cuda_fp8_scales.out8). */
 cudaError_t tm_fp8tc_run(int epi, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, float up_scale,
                          int64_t cols, const uint16_t *x, int32_t n, bool out_f32, const tm_gemv_rope *rope,
-                         cudaStream_t stream);
+                         uint8_t *out8, cudaStream_t stream);
 
 #endif /* TM_CUDA_GEMV_FP8TC_CUH */

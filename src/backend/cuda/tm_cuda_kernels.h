@@ -117,9 +117,17 @@ bool tm_cuda_weight_type_supported(int32_t type);
 cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t cols, const int32_t *ids, int32_t n, float *x,
                           cudaStream_t stream);
 /* The scales of an fp8_e4m3 weight (backend.h's tm_weight scale and act_scale; w_up: the SwiGLU up weight's
- * scale). Launchers take NULL for the other types. */
+ * scale). Launchers take NULL for the other types. Two optional buffers let a chain of small-batch fp8 products
+ * skip rounding x in every product (both NULL: nothing changes):
+ *   xq:   x (n, cols) already rounded, e4m3(x * (1 / act)) as tm_cuda_quant_fp8 makes it from x (the norms' and the
+ *         decode attention's out8, the SwiGLU's out8 below). The tensor-core kernel reads it instead of rounding x
+ *         (the same bytes, so the same results); x is still required (the CUDA-core kernels read it);
+ *   out8: (tm_cuda_gemv_swiglu only) also receives e4m3(out * (1 / act)) (n, rows), what tm_cuda_quant_fp8 makes of
+ *         the bf16 output: the down product's xq. It must not overlap xq. */
 typedef struct tm_cuda_fp8_scales {
     float w, w_up, act;
+    const uint8_t *xq;
+    uint8_t *out8;
 } tm_cuda_fp8_scales;
 /* out (rows, cols) bf16 = dequant(w) ; for large batches, followed by a cuBLASLt GEMM */
 cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t rows, int64_t cols, uint16_t *out,
@@ -164,6 +172,8 @@ typedef struct tm_cuda_gemv_job {
      * of a launch carries the same norm_w and norm_eps. */
     const float *norm_w;          /* (cols) f32, or NULL */
     float norm_eps;
+    const uint8_t *xq;            /* fp8 weights: x already rounded (tm_cuda_fp8_scales.xq), or NULL; every job of a
+                                   * launch carries the same */
 } tm_cuda_gemv_job;
 cudaError_t tm_cuda_gemv_group(const tm_cuda_gemv_job *jobs, int32_t n_jobs, int32_t type, int64_t cols,
                                const uint16_t *x, int32_t n, bool out_f32, cudaStream_t stream);
