@@ -252,6 +252,15 @@ if want fp8; then
       cmp -s pipe_eval_1.txt pipe_eval_noout8.txt
       then echo "the same greedy ids, $(wc -l <pipe_eval_1.txt) prompts"; else echo "DIFFERENT greedy ids or missing"; fi)
   row "8B fp8 engine: pipelined / not / bf16 written / no e4m3 attn out" "$r"
+  # batch <= 8 (decode steps on the GEMV path): the norms', attention's and SwiGLU's e4m3 copies are the bytes the
+  # tensor-core GEMV's own rounding makes: the same ids with and without them (TM_CUDA_FP8_LEFT_SMALL)
+  for ls in 1 0; do
+    TM_CUDA_FP8_LEFT_SMALL=$ls timeout 200 $TM eval -m dummy:llama3-8b:fp8 --device cuda --kv-cache-dtype fp8 \
+      --ids-file "$OUT/pipe_ids.txt" --max-seqs 8 -n 24 >"$OUT/small_eval_$ls.txt" 2>/dev/null
+  done
+  r=$(cd "$OUT" && if [ -s small_eval_1.txt ] && cmp -s small_eval_1.txt small_eval_0.txt
+      then echo "the same greedy ids, $(wc -l <small_eval_1.txt) prompts"; else echo "DIFFERENT greedy ids or missing"; fi)
+  row "8B fp8 engine, 8 seqs: e4m3 copies left / not" "$r"
   # chunked prefill (a 256-token budget: chunks continued across steps, mixed steps), the prompts' own keys read
   # from the q|k|v rows against every key from the cache: the kernels differ (v5 / v3), so only this random
   # model's near-ties may part the ids (informational)
