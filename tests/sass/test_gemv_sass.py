@@ -7,9 +7,9 @@ silently, each worth 1-3% of batch-1 decode on an H200:
     SwiGLU, the output projection) compile without register spills beyond the known, measured ones (KNOWN_SPILLS);
   - under programmatic dependent launch each lane issues exactly kLoadsBeforeWait weight loads before
     griddepcontrol.wait (SASS ACQBULK); ptxas hoists the wait above .nc loads, which is where every load sat before.
-The fp8 tensor-core GEMV (tm_cuda_gemv_fp8tc.cu, twenty-eighth session) is held to the same two: no spills, and all
-of its first round's weight loads before the PDL wait (measured best there), with x rounded in the kernel or before
-(the batch <= 8 producers' e4m3 copy, twenty-ninth session).
+The tensor-core GEMV (tm_cuda_gemv_fp8tc.cu, twenty-eighth session: fp8 weights, x rounded in the kernel or before;
+twenty-ninth: bf16 and f16 weights at batch 4-8) is held to the same two: no spills, and all of its first round's
+weight loads before the PDL wait (measured best for fp8).
 Compiles src/backend/cuda/tm_cuda_gemv.cu for sm_90a as CMake does (about a minute on two cores); the SASS check
 uses nvdisasm from the nvidia-cuda-nvdisasm wheel (scripts/deps.sh --test installs it where nvcc is present).
 Skipped on a machine without nvcc."""
@@ -110,14 +110,14 @@ def test_first_loads_before_pdl_wait(build):
 
 
 TC_SRC = os.path.join(ROOT, "src/backend/cuda/tm_cuda_gemv_fp8tc.cu")
-# the fp8 tensor-core GEMV (tm_cuda_gemv_fp8tc.cu), gemv_fp8tc_v1<W, EPI, XQ>: known spills (bytes stored, loaded);
+# the tensor-core GEMV (tm_cuda_gemv_fp8tc.cu), gemv_fp8tc_v1<W, EPI, MODE>: known spills (bytes stored, loaded);
 # none since the twenty-ninth session (the 1024-thread SwiGLU kernel, held to 64 registers, spilled 4 bytes before)
 TC_KNOWN_SPILLS = {}
 
 
 def test_fp8_tensor_core_kernels_do_not_spill(tmp_path):
-    """every instance of the fp8 tensor-core GEMV (8 and 32 warps; plain, SwiGLU, RoPE; x rounded in the kernel or
-    before) compiles without register spills beyond TC_KNOWN_SPILLS"""
+    """every instance of the tensor-core GEMV (8 and 32 warps; plain, SwiGLU, RoPE; fp8 weights with x rounded in
+    the kernel or before, bf16, f16) compiles without register spills beyond TC_KNOWN_SPILLS"""
     nvcc = nvcc_path()
     if not nvcc:
         pytest.skip("no nvcc: the CUDA backend is not built on this machine")
@@ -128,7 +128,7 @@ def test_fp8_tensor_core_kernels_do_not_spill(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     info = cuda_spills.ptxas_entries(r.stderr)
     names = [n for n in info if "gemv_fp8tc_v1" in n]
-    assert len(names) == 12, f"{len(names)} instances of gemv_fp8tc_v1: {names}"
+    assert len(names) == 24, f"{len(names)} instances of gemv_fp8tc_v1: {names}"
     spilled = []
     for n in names:
         frame, st, ld = info[n][:3]
@@ -139,11 +139,11 @@ def test_fp8_tensor_core_kernels_do_not_spill(tmp_path):
 
 
 def test_fp8_tensor_core_first_loads_before_pdl_wait(tmp_path):
-    """every instance of the fp8 tensor-core GEMV keeps each weight load of its first round before
-    griddepcontrol.wait: 8 a lane at 8 warps, 4 at 32 (U halved); measured best (docs/PERFORMANCE.md, twenty-eighth
-    session: 8 before the wait against 3 or 0). With x rounded in the kernel ptxas leaves its .nc loads there
-    (LDG ... CONSTANT); with x rounded before it moved them past the wait, so that variant's first round is ordered
-    loads (LDG ... STRONG.GPU; its later rounds' .nc loads, predicated off in the first, may sit above the wait)"""
+    """every instance of the tensor-core GEMV keeps each weight load of its first round before griddepcontrol.wait:
+    8 a lane at 8 warps, 4 at 32 (U halved); measured best for fp8 (docs/PERFORMANCE.md, twenty-eighth session: 8
+    before the wait against 3 or 0). With fp8 x rounded in the kernel (MODE 0) ptxas leaves its .nc loads there
+    (LDG ... CONSTANT); in the other modes it moved them past the wait, so their first round is ordered loads
+    (LDG ... STRONG.GPU; the later rounds' .nc loads, predicated off in the first, may sit above the wait)"""
     nvcc, dis = nvcc_path(), nvdisasm_path()
     if not nvcc:
         pytest.skip("no nvcc: the CUDA backend is not built on this machine")
@@ -160,16 +160,16 @@ def test_fp8_tensor_core_first_loads_before_pdl_wait(tmp_path):
     seen = 0
     for part in r.stdout.split("//--------------------- .text.")[1:]:
         name = part.split(" ", 1)[0]
-        m = re.search(r"gemv_fp8tc_v1ILi(\d+)ELi(\d)ELb([01])E", name)
+        m = re.search(r"gemv_fp8tc_v1ILi(\d+)ELi(\d)ELi(\d)E", name)
         if not m:
             continue
-        warps, epi, xq = int(m.group(1)), int(m.group(2)), m.group(3) == "1"
+        warps, epi, mode = int(m.group(1)), int(m.group(2)), int(m.group(3))
         lines = part.splitlines()
         wait = next(i for i, l in enumerate(lines) if "ACQBULK" in l)
-        kind = "STRONG.GPU" if xq else "CONSTANT"
-        before = sum(1 for l in lines[:wait] if "LDG" in l and kind in l)
+        kind = "CONSTANT" if mode == 0 else "STRONG.GPU"
+        before = sum(1 for l in lines[:wait] if "LDG" in l and ".NA." in l and kind in l)
         want = 8 if warps == 8 else 4
-        assert before == want, (f"{warps} warps, epilogue {epi}, xq {xq}: {before} {kind} loads before the PDL wait, "
-                                f"want {want}")
+        assert before == want, (f"{warps} warps, epilogue {epi}, mode {mode}: {before} {kind} loads before the PDL "
+                                f"wait, want {want}")
         seen += 1
-    assert seen == 12, f"{seen} instances"
+    assert seen == 24, f"{seen} instances"

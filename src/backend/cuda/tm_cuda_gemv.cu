@@ -76,8 +76,9 @@
  *
  * fp8 weights: where every job has a multiple of 16 rows and cols is a multiple of 64 (all the model shapes), the
  * plain, SwiGLU and q|k|v + RoPE launches run tm_cuda_gemv_fp8tc.cu's tensor-core kernel instead of v2 (one
- * mma.m16n8k32 e4m3 per 512 weight bytes; TM_CUDA_GEMV_FP8TC=0: v2); the same W8A8 sums in another order. The
- * add+RMSNorm epilogue (TM_CUDA_FUSE_NORM=1) stays on v2.
+ * mma.m16n8k32 e4m3 per 512 weight bytes; TM_CUDA_GEMV_FP8TC=0: v2); the same W8A8 sums in another order. bf16
+ * and f16 weights go there too from batch 4 (tm_cuda_gemv_tc_min_n; cols a multiple of 32). Launches with
+ * norm-in and the add+RMSNorm epilogue (TM_CUDA_FUSE_NORM=1) stay on v2.
  *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads
  * per output row, each thread striding over the row's elements through tmq::deq_elem, a block reduction. A group
@@ -805,9 +806,9 @@ cudaError_t gemv_run(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w
     if (nin && tm_env_is_1("TM_CUDA_GEMV_V")) return cudaErrorNotSupported;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
     /* fp8 weights: the tensor-core kernel (tm_cuda_gemv_fp8tc.cu) where its shapes fit */
-    if (type == TM_DT_FP8_E4M3 && !tm_env_is_1("TM_CUDA_GEMV_V") && tm_fp8tc_ok(jobs, n_jobs, w_up, cols, x))
-        return tm_fp8tc_run(swiglu ? TM_FP8TC_SWIGLU : TM_FP8TC_PLAIN, jobs, n_jobs, w_up, up_scale, cols, x, n,
-                            out_f32, NULL, out8, stream);
+    if (!tm_env_is_1("TM_CUDA_GEMV_V") && tm_fp8tc_ok(type, jobs, n_jobs, w_up, cols, x, n))
+        return tm_fp8tc_run(swiglu ? TM_FP8TC_SWIGLU : TM_FP8TC_PLAIN, type, jobs, n_jobs, w_up, up_scale, cols, x,
+                            n, out_f32, NULL, out8, stream);
     /* the CUDA-core kernels round x themselves and leave out8 to tm_cuda_quant_fp8 */
     if (out8) {
         if (cudaError_t e = gemv_run(jobs, 1, w_up, up_scale, type, cols, x, n, false, true, NULL, stream);
@@ -912,9 +913,9 @@ cudaError_t fused_run(v2_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, 
     }
     if (blocks > INT32_MAX) return cudaErrorInvalidValue;
     if constexpr (EPI == EPI_ROPE) { /* fp8 weights: the tensor-core kernel where its shapes fit */
-        if (type == TM_DT_FP8_E4M3 && tm_fp8tc_ok(jobs, n_jobs, NULL, cols, x)) {
-            return tm_fp8tc_run(TM_FP8TC_ROPE, jobs, n_jobs, NULL, 0.0f, cols, x, n, false, &a.rope, NULL, stream);
-        }
+        if (tm_fp8tc_ok(type, jobs, n_jobs, NULL, cols, x, n))
+            return tm_fp8tc_run(TM_FP8TC_ROPE, type, jobs, n_jobs, NULL, 0.0f, cols, x, n, false, &a.rope, NULL,
+                                stream);
     }
     for (int j = n_jobs; j < kMaxJobs; j++) {
         a.w[j] = a.w[0];

@@ -1,7 +1,8 @@
-/* tm_cuda_gemv_fp8tc.cu -- fp8 (W8A8) products of up to 8 rows on the tensor cores. */
+/* tm_cuda_gemv_fp8tc.cu -- products of up to 8 rows on the tensor cores: fp8 (W8A8) weights, and bf16 / f16 ones. */
 #include "tm_cuda_gemv_fp8tc.cuh"
 #include "tm_cuda_launch.cuh"
 #include "backend/cuda/tm_cuda_kernels.h"
+#include "core/tm_dtype.h"
 
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -27,11 +28,24 @@
  * each product pairs a weight with its activation. U chunks are loaded at once (4; SwiGLU, two tiles: 2; halved at
  * 32 warps, whose threads have 64 registers). The warps' accumulators meet in shared memory; thread i + 16 b takes
  * (row i, batch row b) (ROPE: thread p + 8 b the pair of rows 2 p, 2 p + 1, through tm_gemv_rope_store as v2 does).
- * The sums are exact products added in f32 (tb_fp8: within 1e-7 of the double sums). Under PDL, the source issues
- * the first U chunks' weight loads before the wait: in the SASS (nvdisasm, this session's nvcc) all 8 of them stay
- * there at 8 warps and 4 at 32 (U = 2), for every epilogue with x rounded in the kernel; with x rounded before
- * (tm_cuda_gemv_fp8tc) ptxas moves them past the wait. All of them before the wait measured best (docs/PERFORMANCE.md,
- * twenty-eighth session: 8 against 3 or 0, unlike v2's bf16 products, which keep 3 of 8); tests/sass checks it. */
+ * The sums are exact products added in f32 (tb_fp8: within 1e-7 of the double sums). (On sm_90 mma.sync with e4m3
+ * operands runs as conversions to f16 and HMMA, in the SASS: only wgmma takes fp8 natively; the products are
+ * exact either way.) Under PDL, the source issues the first U chunks' weight loads before the wait: in the SASS
+ * (nvdisasm) all 8 of them stay there at 8 warps and 4 at 32 (U = 2) with x rounded in the kernel; in the other
+ * modes ptxas moved them past the wait, so there the first round is ordered loads (ld.relaxed.gpu), which it keeps
+ * in place. All of them before the wait measured best for fp8 (docs/PERFORMANCE.md, twenty-eighth session: 8 against
+ * 3 or 0, unlike v2's bf16 products, which keep 3 of 8); tests/sass checks it.
+ *
+ * x rounded before (MODE TC_F8Q, twenty-ninth session): at batch <= 8 the norms, the decode attention and the
+ * SwiGLU epilogue (out8) leave the e4m3 copy of their output, the same bytes as the rounding here, which cost
+ * 1-14% of a product (1B / 8B fp8 batch-1 decode 1444 -> 1495, 335 -> 357 tok/s).
+ *
+ * 16-bit weights (TC_BF16, TC_F16; twenty-ninth session): the same kernel with mma.m16n8k16 (bf16, or f16 with x
+ * converted to f16), a chunk being 32 columns (64 bytes a row), the lane's 8 weights of each row and its 8
+ * activations handed over as they lie (k slots 2 t, 2 t + 1, 2 t + 8, 2 t + 9 of mma m hold columns 32 c + 8 t + 4 m
+ * + 0..3). The CUDA-core kernel (v2) multiplies every weight by every batch row, so its step grows with n (1B decode
+ * 0.82 ms a step at batch 1, 1.62 at 8); this one reads each weight once for all rows (1.10 at 8) but streams less
+ * well at n = 1 (1.0 ms), so tm_cuda_gemv_tc_min_n sends 16-bit weights here from batch 4. */
 
 namespace {
 
@@ -64,6 +78,35 @@ __device__ __forceinline__ void mma_e4m3(float *c, uint32_t a0, uint32_t a1, uin
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* what the weights and x are (the kernel's MODE): fp8 weights with bf16 x rounded in the kernel, fp8 weights with
+ * x rounded before (e4m3), bf16 weights with bf16 x, f16 weights with bf16 x converted to f16 (exact in f16's
+ * range; beyond +-65504 clamped to it, as cvt.satfinite would) */
+enum { TC_F8 = 0, TC_F8Q = 1, TC_BF16 = 2, TC_F16 = 3 };
+
+/* two bf16 (a word) -> two f16 (a word) */
+__device__ __forceinline__ uint32_t f16x2_of_bf16x2(uint32_t w) {
+    const float lo = fminf(fmaxf(__uint_as_float(w << 16), -65504.0f), 65504.0f);
+    const float hi = fminf(fmaxf(__uint_as_float(w & 0xffff0000u), -65504.0f), 65504.0f);
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 struct tc_args {
@@ -75,8 +118,8 @@ struct tc_args {
     float sc[kMaxJobs];           /* scale_j * act_scale */
     const uint8_t *w_up;          /* SwiGLU: (rows_0, cols) */
     float sc_up;
-    const uint8_t *xq;            /* (n, cols) e4m3 (XQ) */
-    const uint16_t *x;            /* (n, cols) bf16 (!XQ) */
+    const uint8_t *xq;            /* (n, cols) e4m3 (TC_F8Q) */
+    const uint16_t *x;            /* (n, cols) bf16 (TC_F8, TC_BF16) */
     float x_inv;                  /* 1 / act_scale */
     uint8_t *out8;                /* SwiGLU: NULL, or (n, rows_0) e4m3(out * x_inv) as well */
     int cols, n;
@@ -88,14 +131,21 @@ struct tc_args {
 __device__ __forceinline__ int acc_lane(int i, int b) { return (i & 7) * 4 + (b >> 1); }
 __device__ __forceinline__ int acc_reg(int i, int b) { return (i >= 8 ? 2 : 0) + (b & 1); }
 
-/* the 16 activations of batch row g at columns off .. off + 15 as e4m3 bytes */
-template <bool XQ>
-__device__ __forceinline__ uint4 x_chunk(const tc_args &a, const uint8_t *xr, const uint16_t *xb, int64_t off,
+/* a lane's activations of batch row g in chunk ch (xr, xb: the lane's first): fp8 weights, the 16 at columns
+ * 64 ch + 16 t .. + 15 as e4m3 bytes; bf16 weights, the 8 bf16 at columns 32 ch + 8 t .. + 7 */
+template <int MODE>
+__device__ __forceinline__ uint4 x_chunk(const tc_args &a, const uint8_t *xr, const uint16_t *xb, int64_t ch,
                                          bool has_x) {
     if (!has_x) return make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (XQ) {
-        return __ldcg(reinterpret_cast<const uint4 *>(xr + off));
+    if constexpr (MODE == TC_F8Q) {
+        return __ldcg(reinterpret_cast<const uint4 *>(xr + (ch << 6)));
+    } else if constexpr (MODE == TC_BF16) {
+        return __ldcg(reinterpret_cast<const uint4 *>(xb + (ch << 5)));
+    } else if constexpr (MODE == TC_F16) {
+        const uint4 v = __ldcg(reinterpret_cast<const uint4 *>(xb + (ch << 5)));
+        return make_uint4(f16x2_of_bf16x2(v.x), f16x2_of_bf16x2(v.y), f16x2_of_bf16x2(v.z), f16x2_of_bf16x2(v.w));
     } else {
+        const int64_t off = ch << 6;
         const uint4 lo = __ldcg(reinterpret_cast<const uint4 *>(xb + off));
         const uint4 hi = __ldcg(reinterpret_cast<const uint4 *>(xb + off + 8));
         const uint2 l = tm_fp8x8_of_bf16(lo, a.x_inv), h = tm_fp8x8_of_bf16(hi, a.x_inv);
@@ -103,8 +153,9 @@ __device__ __forceinline__ uint4 x_chunk(const tc_args &a, const uint8_t *xr, co
     }
 }
 
-template <int W, int EPI, bool XQ>
+template <int W, int EPI, int MODE>
 __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
+    constexpr bool W16 = MODE == TC_BF16 || MODE == TC_F16; /* 16-bit weights: 32 columns a chunk */
     constexpr bool SW = EPI == TM_FP8TC_SWIGLU;
     constexpr int NT = SW ? 2 : 1; /* weight tiles: gate and up */
     constexpr int U = (SW ? 2 : 4) / (W >= 32 ? 2 : 1); /* 1024-thread blocks: 64 registers */
@@ -130,18 +181,31 @@ __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
             jid = k;
         }
     }
-    const int64_t r0 = (int64_t)(bid - b0) * 16, cols = a.cols;
+    const int64_t r0 = (int64_t)(bid - b0) * 16, cols = a.cols, rb = W16 ? 2 * cols : cols; /* rb: row bytes */
     const uint8_t *wr[NT][2];
-    wr[0][0] = wj + (r0 + g) * cols + 16 * t;
-    wr[0][1] = wr[0][0] + 8 * cols;
+    wr[0][0] = wj + (r0 + g) * rb + 16 * t;
+    wr[0][1] = wr[0][0] + 8 * rb;
     if constexpr (SW) {
-        wr[1][0] = a.w_up + (r0 + g) * cols + 16 * t;
-        wr[1][1] = wr[1][0] + 8 * cols;
+        wr[1][0] = a.w_up + (r0 + g) * rb + 16 * t;
+        wr[1][1] = wr[1][0] + 8 * rb;
     }
     const bool has_x = g < a.n;
     const uint8_t *xr = a.xq + (int64_t)(has_x ? g : 0) * cols + 16 * t;
-    const uint16_t *xb = a.x + (int64_t)(has_x ? g : 0) * cols + 16 * t;
-    const int nch = (int)(cols >> 6);
+    const uint16_t *xb = a.x + (int64_t)(has_x ? g : 0) * cols + (W16 ? 8 : 16) * t;
+    const int nch = (int)(rb >> 6); /* chunks of 64 weight bytes a row */
+    /* one chunk's products: the lane's 16 bytes of rows g and g + 8 against its x, as they lie (the header) */
+    auto mma2 = [](float *acc, const uint4 &wa, const uint4 &wb, const uint4 &xv) {
+        if constexpr (MODE == TC_BF16) {
+            mma_bf16(acc, wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
+            mma_bf16(acc, wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
+        } else if constexpr (MODE == TC_F16) {
+            mma_f16(acc, wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
+            mma_f16(acc, wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
+        } else {
+            mma_e4m3(acc, wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
+            mma_e4m3(acc, wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
+        }
+    };
     float c[NT][4];
 #pragma unroll
     for (int s = 0; s < NT; s++) c[s][0] = c[s][1] = c[s][2] = c[s][3] = 0.0f;
@@ -154,7 +218,7 @@ __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
             const int64_t off = (int64_t)(ch + u * W) << 6;
 #pragma unroll
             for (int s = 0; s < NT; s++) {
-                if (XQ && wait) { /* else ptxas issues them after the wait (nvdisasm) */
+                if (MODE != TC_F8 && wait) { /* else ptxas issues them after the wait (nvdisasm) */
                     wa[u][s] = ld_w_ordered(wr[s][0] + off);
                     wb[u][s] = ld_w_ordered(wr[s][1] + off);
                 } else {
@@ -168,26 +232,19 @@ __global__ void __launch_bounds__(W * 32) gemv_fp8tc_v1(const tc_args a) {
             wait = false;
         }
 #pragma unroll
-        for (int u = 0; u < U; u++) xv[u] = x_chunk<XQ>(a, xr, xb, (int64_t)(ch + u * W) << 6, has_x);
+        for (int u = 0; u < U; u++) xv[u] = x_chunk<MODE>(a, xr, xb, ch + u * W, has_x);
 #pragma unroll
         for (int u = 0; u < U; u++) {
 #pragma unroll
-            for (int s = 0; s < NT; s++) {
-                mma_e4m3(c[s], wa[u][s].x, wb[u][s].x, wa[u][s].y, wb[u][s].y, xv[u].x, xv[u].y);
-                mma_e4m3(c[s], wa[u][s].z, wb[u][s].z, wa[u][s].w, wb[u][s].w, xv[u].z, xv[u].w);
-            }
+            for (int s = 0; s < NT; s++) mma2(c[s], wa[u][s], wb[u][s], xv[u]);
         }
     }
     if (wait) tm_pdl_wait_trigger();
     for (; ch < nch; ch += W) {
         const int64_t off = (int64_t)ch << 6;
-        const uint4 xv = x_chunk<XQ>(a, xr, xb, off, has_x);
+        const uint4 xv = x_chunk<MODE>(a, xr, xb, ch, has_x);
 #pragma unroll
-        for (int s = 0; s < NT; s++) {
-            const uint4 wa = ld_w(wr[s][0] + off), wb = ld_w(wr[s][1] + off);
-            mma_e4m3(c[s], wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
-            mma_e4m3(c[s], wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
-        }
+        for (int s = 0; s < NT; s++) mma2(c[s], ld_w(wr[s][0] + off), ld_w(wr[s][1] + off), xv);
     }
 #pragma unroll
     for (int s = 0; s < NT; s++) {
@@ -237,17 +294,26 @@ int warps_for(int64_t cols) {
     return cols >= 8192 ? 32 : 8;
 }
 
-template <int EPI, bool XQ> cudaError_t launch(const tc_args &a, int blocks, cudaStream_t s) {
+template <int EPI, int MODE> cudaError_t launch(const tc_args &a, int blocks, cudaStream_t s) {
     const dim3 grid((unsigned)blocks);
     switch (warps_for(a.cols)) {
-    case 8: return tm_launch_ex(a.pdl, gemv_fp8tc_v1<8, EPI, XQ>, grid, dim3(256), 0, s, a);
-    case 32: return tm_launch_ex(a.pdl, gemv_fp8tc_v1<32, EPI, XQ>, grid, dim3(1024), 0, s, a);
+    case 8: return tm_launch_ex(a.pdl, gemv_fp8tc_v1<8, EPI, MODE>, grid, dim3(256), 0, s, a);
+    case 32: return tm_launch_ex(a.pdl, gemv_fp8tc_v1<32, EPI, MODE>, grid, dim3(1024), 0, s, a);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+template <int MODE> cudaError_t launch_epi(int epi, const tc_args &a, int blocks, cudaStream_t s) {
+    switch (epi) {
+    case TM_FP8TC_PLAIN: return launch<TM_FP8TC_PLAIN, MODE>(a, blocks, s);
+    case TM_FP8TC_SWIGLU: return launch<TM_FP8TC_SWIGLU, MODE>(a, blocks, s);
+    case TM_FP8TC_ROPE: return launch<TM_FP8TC_ROPE, MODE>(a, blocks, s);
     default: return cudaErrorInvalidValue;
     }
 }
 
 /* tc_args over the non-empty jobs: blocks of 16 rows; false when there are more than INT_MAX blocks */
-bool fill_jobs(tc_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, int *blocks_out) {
+bool fill_jobs(tc_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, bool w16, int *blocks_out) {
     int nj = 0;
     int64_t blocks = 0;
     for (int32_t j = 0; j < n_jobs; j++) {
@@ -257,7 +323,7 @@ bool fill_jobs(tc_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, int *bl
         a.out[nj] = jobs[j].out;
         a.rows[nj] = (int)jobs[j].rows;
         a.blk0[nj] = (int)blocks;
-        a.sc[nj] = jobs[j].scale * jobs[j].act_scale;
+        a.sc[nj] = w16 ? 1.0f : jobs[j].scale * jobs[j].act_scale;
         blocks += jobs[j].rows / 16;
         nj++;
     }
@@ -275,49 +341,62 @@ bool fill_jobs(tc_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, int *bl
 
 } // namespace
 
-bool tm_fp8tc_ok(const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, int64_t cols, const uint16_t *x) {
-    if (tm_env_is_0("TM_CUDA_GEMV_FP8TC") || cols <= 0 || cols % 64 || cols > INT32_MAX || !tm_aligned16(x) ||
+/* the smallest batch 16-bit (bf16, f16) weights take the tensor cores at: TM_CUDA_GEMV_TC16=k (0: never), else 4
+ * (twenty-ninth session, batch-n decode steps against the CUDA cores: 1B / 8B 8% / 13% slower at n = 2, about even
+ * at 3, 8% / 7% faster at 4, 48% / 60% at 8) */
+static int32_t w16_min_n() {
+    const char *e = getenv("TM_CUDA_GEMV_TC16");
+    if (!e) return 4;
+    const int v = atoi(e);
+    return v <= 0 ? INT32_MAX : v;
+}
+
+bool tm_fp8tc_ok(int32_t type, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, int64_t cols,
+                 const uint16_t *x, int32_t n) {
+    const bool w16 = type == TM_DT_BF16 || type == TM_DT_F16;
+    if (w16 ? n < w16_min_n() : (type != TM_DT_FP8_E4M3 || tm_env_is_0("TM_CUDA_GEMV_FP8TC")))
+        return false;
+    if (cols <= 0 || cols % (w16 ? 32 : 64) || cols > INT32_MAX / 2 || !tm_aligned16(x) ||
         (w_up && !tm_aligned16(w_up)))
         return false;
     for (int32_t j = 0; j < n_jobs; j++) {
         if (jobs[j].rows == 0) continue;
-        if (jobs[j].rows % 16 || !tm_aligned16(jobs[j].w) || jobs[j].act_scale != jobs[0].act_scale ||
+        if (jobs[j].rows % 16 || !tm_aligned16(jobs[j].w) || (!w16 && jobs[j].act_scale != jobs[0].act_scale) ||
             jobs[j].norm_w)
             return false;
     }
     return true;
 }
 
-cudaError_t tm_fp8tc_run(int epi, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, float up_scale,
-                         int64_t cols, const uint16_t *x, int32_t n, bool out_f32, const tm_gemv_rope *rope,
-                         uint8_t *out8, cudaStream_t stream) {
-    if (out8 && epi != TM_FP8TC_SWIGLU) return cudaErrorInvalidValue;
+cudaError_t tm_fp8tc_run(int epi, int32_t type, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up,
+                         float up_scale, int64_t cols, const uint16_t *x, int32_t n, bool out_f32,
+                         const tm_gemv_rope *rope, uint8_t *out8, cudaStream_t stream) {
+    const bool w16 = type == TM_DT_BF16 || type == TM_DT_F16;
+    if ((out8 && (epi != TM_FP8TC_SWIGLU || w16)) || (epi == TM_FP8TC_ROPE && !rope)) return cudaErrorInvalidValue;
     tc_args a = {};
     int blocks = 0;
-    if (!fill_jobs(a, jobs, n_jobs, &blocks)) return cudaErrorInvalidValue;
+    if (!fill_jobs(a, jobs, n_jobs, w16, &blocks)) return cudaErrorInvalidValue;
     if (blocks == 0) return cudaSuccess;
     a.w_up = (const uint8_t *)w_up;
-    a.sc_up = up_scale * jobs[0].act_scale;
+    a.sc_up = w16 ? 1.0f : up_scale * jobs[0].act_scale;
     a.x = x;
-    a.xq = jobs[0].xq && tm_aligned16(jobs[0].xq) ? jobs[0].xq : NULL; /* NULL or unaligned: x rounded in the kernel */
-    a.x_inv = 1.0f / jobs[0].act_scale;
+    /* fp8: NULL or unaligned: x rounded in the kernel */
+    a.xq = !w16 && jobs[0].xq && tm_aligned16(jobs[0].xq) ? jobs[0].xq : NULL;
+    a.x_inv = w16 ? 0.0f : 1.0f / jobs[0].act_scale;
     a.out8 = out8;
     a.cols = (int)cols;
     a.n = n;
     a.out_f32 = out_f32;
     a.pdl = tm_pdl_gemv_on();
     if (rope) a.rope = *rope;
-    const bool xq = a.xq != NULL;
-    switch (epi) {
-    case TM_FP8TC_PLAIN: return xq ? launch<TM_FP8TC_PLAIN, true>(a, blocks, stream)
-                                   : launch<TM_FP8TC_PLAIN, false>(a, blocks, stream);
-    case TM_FP8TC_SWIGLU: return xq ? launch<TM_FP8TC_SWIGLU, true>(a, blocks, stream)
-                                    : launch<TM_FP8TC_SWIGLU, false>(a, blocks, stream);
-    case TM_FP8TC_ROPE:
-        if (!rope) return cudaErrorInvalidValue;
-        return xq ? launch<TM_FP8TC_ROPE, true>(a, blocks, stream) : launch<TM_FP8TC_ROPE, false>(a, blocks, stream);
-    default: return cudaErrorInvalidValue;
-    }
+    if (type == TM_DT_BF16) return launch_epi<TC_BF16>(epi, a, blocks, stream);
+    if (type == TM_DT_F16) return launch_epi<TC_F16>(epi, a, blocks, stream);
+    return a.xq ? launch_epi<TC_F8Q>(epi, a, blocks, stream) : launch_epi<TC_F8>(epi, a, blocks, stream);
+}
+
+extern "C" int32_t tm_cuda_gemv_tc_min_n(int32_t type) {
+    if (type == TM_DT_BF16 || type == TM_DT_F16) return w16_min_n();
+    return type == TM_DT_FP8_E4M3 && !tm_env_is_0("TM_CUDA_GEMV_FP8TC") ? 1 : INT32_MAX;
 }
 
 extern "C" cudaError_t tm_cuda_gemv_fp8tc(const void *w, int64_t rows, int64_t cols, const uint8_t *xq, int32_t n,
@@ -329,11 +408,11 @@ extern "C" cudaError_t tm_cuda_gemv_fp8tc(const void *w, int64_t rows, int64_t c
     tc_args a = {};
     const tm_cuda_gemv_job job = {w, rows, bias, out, scale, 1.0f, NULL, 0.0f, xq};
     int blocks = 0;
-    fill_jobs(a, &job, 1, &blocks);
+    fill_jobs(a, &job, 1, false, &blocks);
     a.xq = job.xq;
     a.cols = (int)cols;
     a.n = n;
     a.out_f32 = out_f32;
     a.pdl = tm_pdl_gemv_on();
-    return launch<TM_FP8TC_PLAIN, true>(a, blocks, stream);
+    return launch<TM_FP8TC_PLAIN, TC_F8Q>(a, blocks, stream);
 }

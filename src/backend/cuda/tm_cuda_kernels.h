@@ -154,6 +154,12 @@ cudaError_t tm_cuda_gemv_swiglu_nin(const void *w_gate, const void *w_up, int32_
  * launchers run the same kernel on fp8 weights from bf16 x (rounded in the kernel) where the shapes fit. */
 cudaError_t tm_cuda_gemv_fp8tc(const void *w, int64_t rows, int64_t cols, const uint8_t *xq, int32_t n, float scale,
                                const float *bias, void *out, bool out_f32, cudaStream_t stream);
+/* The smallest batch n at which the GEMV launchers run weights of this type on the tensor cores where the shapes
+ * fit (tm_cuda_gemv_fp8tc.cu; INT32_MAX: never): fp8 1 (TM_CUDA_GEMV_FP8TC=0: never), bf16 and f16 4
+ * (TM_CUDA_GEMV_TC16=k: k, 0: never). Launches with norm-in (tm_cuda_gemv_job.norm_w) and
+ * tm_cuda_gemv_add_rmsnorm stay on the CUDA cores at every n, so from this n on their products differ from
+ * tm_cuda_gemv's in the order of the sums (the backend runs the unfused ops there). */
+int32_t tm_cuda_gemv_tc_min_n(int32_t type);
 /* Up to TM_CUDA_GEMV_MAX_JOBS tm_cuda_gemv products sharing type, cols and x in one launch (Q, K and V of a layer):
  * out_j (n, rows_j) = x · w_jᵀ (+ bias_j). jobs is a host array, read during the call (a captured graph keeps
  * its values); jobs with rows 0 are skipped. Every output row is bit-identical to tm_cuda_gemv on that job.
