@@ -8,7 +8,7 @@ silently, each worth 1-3% of batch-1 decode on an H200:
   - under programmatic dependent launch each lane issues exactly kLoadsBeforeWait weight loads before
     griddepcontrol.wait (SASS ACQBULK); ptxas hoists the wait above .nc loads, which is where every load sat before.
 The tensor-core GEMV (tm_cuda_gemv_fp8tc.cu, twenty-eighth session: fp8 weights, x rounded in the kernel or before;
-twenty-ninth: bf16 and f16 weights at batch 4-8) is held to the same two: no spills, and all of its first round's
+twenty-ninth: bf16 and f16 weights at batch 3-8) is held to the same two: no spills, and all of its first round's
 weight loads before the PDL wait (measured best for fp8).
 Compiles src/backend/cuda/tm_cuda_gemv.cu for sm_90a as CMake does (about a minute on two cores); the SASS check
 uses nvdisasm from the nvidia-cuda-nvdisasm wheel (scripts/deps.sh --test installs it where nvcc is present).

@@ -77,7 +77,7 @@
  * fp8 weights: where every job has a multiple of 16 rows and cols is a multiple of 64 (all the model shapes), the
  * plain, SwiGLU and q|k|v + RoPE launches run tm_cuda_gemv_fp8tc.cu's tensor-core kernel instead of v2 (one
  * mma.m16n8k32 e4m3 per 512 weight bytes; TM_CUDA_GEMV_FP8TC=0: v2); the same W8A8 sums in another order. bf16
- * and f16 weights go there too from batch 4 (tm_cuda_gemv_tc_min_n; cols a multiple of 32). Launches with
+ * and f16 weights go there too from batch 3 (tm_cuda_gemv_tc_min_n; cols a multiple of 32). Launches with
  * norm-in and the add+RMSNorm epilogue (TM_CUDA_FUSE_NORM=1) stay on v2.
  *
  * v1 (simple, TM_CUDA_GEMV_V=1, also used when the alignment needs of v2 are not met): one block of 128 threads

@@ -45,7 +45,7 @@
  * activations handed over as they lie (k slots 2 t, 2 t + 1, 2 t + 8, 2 t + 9 of mma m hold columns 32 c + 8 t + 4 m
  * + 0..3). The CUDA-core kernel (v2) multiplies every weight by every batch row, so its step grows with n (1B decode
  * 0.82 ms a step at batch 1, 1.62 at 8); this one reads each weight once for all rows (1.10 at 8) but streams less
- * well at n = 1 (1.0 ms), so tm_cuda_gemv_tc_min_n sends 16-bit weights here from batch 4. */
+ * well at n = 1 (0.97 ms), so tm_cuda_gemv_tc_min_n sends 16-bit weights here from batch 3. */
 
 namespace {
 
@@ -341,12 +341,12 @@ bool fill_jobs(tc_args &a, const tm_cuda_gemv_job *jobs, int32_t n_jobs, bool w1
 
 } // namespace
 
-/* the smallest batch 16-bit (bf16, f16) weights take the tensor cores at: TM_CUDA_GEMV_TC16=k (0: never), else 4
- * (twenty-ninth session, batch-n decode steps against the CUDA cores: 1B / 8B 8% / 13% slower at n = 2, about even
- * at 3, 8% / 7% faster at 4, 48% / 60% at 8) */
+/* the smallest batch 16-bit (bf16, f16) weights take the tensor cores at: TM_CUDA_GEMV_TC16=k (0: never), else 3
+ * (twenty-ninth session, batch-n decode steps against the CUDA cores: 1B / 8B 10% / 17% slower at n = 1, 9% / 17%
+ * at 2, 7% / 5% faster at 3, 8% / 5% at 4, 32-48% / 37-60% at 8) */
 static int32_t w16_min_n() {
     const char *e = getenv("TM_CUDA_GEMV_TC16");
-    if (!e) return 4;
+    if (!e) return 3;
     const int v = atoi(e);
     return v <= 0 ? INT32_MAX : v;
 }

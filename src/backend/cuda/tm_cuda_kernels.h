@@ -155,7 +155,7 @@ cudaError_t tm_cuda_gemv_swiglu_nin(const void *w_gate, const void *w_up, int32_
 cudaError_t tm_cuda_gemv_fp8tc(const void *w, int64_t rows, int64_t cols, const uint8_t *xq, int32_t n, float scale,
                                const float *bias, void *out, bool out_f32, cudaStream_t stream);
 /* The smallest batch n at which the GEMV launchers run weights of this type on the tensor cores where the shapes
- * fit (tm_cuda_gemv_fp8tc.cu; INT32_MAX: never): fp8 1 (TM_CUDA_GEMV_FP8TC=0: never), bf16 and f16 4
+ * fit (tm_cuda_gemv_fp8tc.cu; INT32_MAX: never): fp8 1 (TM_CUDA_GEMV_FP8TC=0: never), bf16 and f16 3
  * (TM_CUDA_GEMV_TC16=k: k, 0: never). Launches with norm-in (tm_cuda_gemv_job.norm_w) and
  * tm_cuda_gemv_add_rmsnorm stay on the CUDA cores at every n, so from this n on their products differ from
  * tm_cuda_gemv's in the order of the sums (the backend runs the unfused ops there). */
