@@ -119,7 +119,7 @@ struct tc_args {
     const uint8_t *w_up;          /* SwiGLU: (rows_0, cols) */
     float sc_up;
     const uint8_t *xq;            /* (n, cols) e4m3 (TC_F8Q) */
-    const uint16_t *x;            /* (n, cols) bf16 (TC_F8, TC_BF16) */
+    const uint16_t *x;            /* (n, cols) bf16 (TC_F8, TC_BF16, TC_F16) */
     float x_inv;                  /* 1 / act_scale */
     uint8_t *out8;                /* SwiGLU: NULL, or (n, rows_0) e4m3(out * x_inv) as well */
     int cols, n;
@@ -132,7 +132,8 @@ __device__ __forceinline__ int acc_lane(int i, int b) { return (i & 7) * 4 + (b 
 __device__ __forceinline__ int acc_reg(int i, int b) { return (i >= 8 ? 2 : 0) + (b & 1); }
 
 /* a lane's activations of batch row g in chunk ch (xr, xb: the lane's first): fp8 weights, the 16 at columns
- * 64 ch + 16 t .. + 15 as e4m3 bytes; bf16 weights, the 8 bf16 at columns 32 ch + 8 t .. + 7 */
+ * 64 ch + 16 t .. + 15 as e4m3 bytes; 16-bit weights, the 8 at columns 32 ch + 8 t .. + 7 (bf16, or f16 for f16
+ * weights) */
 template <int MODE>
 __device__ __forceinline__ uint4 x_chunk(const tc_args &a, const uint8_t *xr, const uint16_t *xb, int64_t ch,
                                          bool has_x) {
