@@ -1095,13 +1095,13 @@ static bool cu_matmul_add_rmsnorm(tm_backend *be, const tm_matmul_job *job, cons
     cu_backend *c = cu(be);
     const tm_weight *w = job->w;
     /* raw: the residual passed on for the next GEMV to norm (norm-in), no norm here */
+    /* where the products take the tensor cores (fp8; 16-bit weights from batch 3), which neither norm their input
+     * nor add into the residual: the unfused pair */
+    if (n >= tm_cuda_gemv_tc_min_n((int32_t)w->type)) return false;
     const bool down = w->cols > w->rows; /* down (ffn -> dim) before the next layer's q|k|v, else o before gate/up */
     const bool raw =
         c->norm_in && nin_type((int32_t)w->type) &&
         (c->norm_in_sel == NORM_IN_BOTH || (c->norm_in_sel == NORM_IN_AFTER_DOWN) == down);
-    /* where the products take the tensor cores (fp8; 16-bit weights from batch 3), which neither norm their input
-     * nor add into the residual: the unfused pair */
-    if (n >= tm_cuda_gemv_tc_min_n((int32_t)w->type)) return false;
     if (c->no_fuse || (!c->fuse_norm && !raw) || (!raw && !c->norm_scratch) || n < 1 || n > TM_CUDA_GEMV_MAX_N ||
         job->out_f32 || norm_w->cols != w->rows || w->rows > INT32_MAX)
         return false;

@@ -352,11 +352,17 @@ static int32_t w16_min_n() {
     return v <= 0 ? INT32_MAX : v;
 }
 
+static bool is_w16(int32_t type) { return type == TM_DT_BF16 || type == TM_DT_F16; }
+
+extern "C" int32_t tm_cuda_gemv_tc_min_n(int32_t type) {
+    if (is_w16(type)) return w16_min_n();
+    return type == TM_DT_FP8_E4M3 && !tm_env_is_0("TM_CUDA_GEMV_FP8TC") ? 1 : INT32_MAX;
+}
+
 bool tm_fp8tc_ok(int32_t type, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, int64_t cols,
                  const uint16_t *x, int32_t n) {
-    const bool w16 = type == TM_DT_BF16 || type == TM_DT_F16;
-    if (w16 ? n < w16_min_n() : (type != TM_DT_FP8_E4M3 || tm_env_is_0("TM_CUDA_GEMV_FP8TC")))
-        return false;
+    if (n < tm_cuda_gemv_tc_min_n(type)) return false; /* also every type but fp8, bf16 and f16 */
+    const bool w16 = is_w16(type);
     if (cols <= 0 || cols % (w16 ? 32 : 64) || cols > INT32_MAX / 2 || !tm_aligned16(x) ||
         (w_up && !tm_aligned16(w_up)))
         return false;
@@ -372,7 +378,7 @@ bool tm_fp8tc_ok(int32_t type, const tm_cuda_gemv_job *jobs, int32_t n_jobs, con
 cudaError_t tm_fp8tc_run(int epi, int32_t type, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up,
                          float up_scale, int64_t cols, const uint16_t *x, int32_t n, bool out_f32,
                          const tm_gemv_rope *rope, uint8_t *out8, cudaStream_t stream) {
-    const bool w16 = type == TM_DT_BF16 || type == TM_DT_F16;
+    const bool w16 = is_w16(type);
     if ((out8 && (epi != TM_FP8TC_SWIGLU || w16)) || (epi == TM_FP8TC_ROPE && !rope)) return cudaErrorInvalidValue;
     tc_args a = {};
     int blocks = 0;
@@ -393,11 +399,6 @@ cudaError_t tm_fp8tc_run(int epi, int32_t type, const tm_cuda_gemv_job *jobs, in
     if (type == TM_DT_BF16) return launch_epi<TC_BF16>(epi, a, blocks, stream);
     if (type == TM_DT_F16) return launch_epi<TC_F16>(epi, a, blocks, stream);
     return a.xq ? launch_epi<TC_F8Q>(epi, a, blocks, stream) : launch_epi<TC_F8>(epi, a, blocks, stream);
-}
-
-extern "C" int32_t tm_cuda_gemv_tc_min_n(int32_t type) {
-    if (type == TM_DT_BF16 || type == TM_DT_F16) return w16_min_n();
-    return type == TM_DT_FP8_E4M3 && !tm_env_is_0("TM_CUDA_GEMV_FP8TC") ? 1 : INT32_MAX;
 }
 
 extern "C" cudaError_t tm_cuda_gemv_fp8tc(const void *w, int64_t rows, int64_t cols, const uint8_t *xq, int32_t n,

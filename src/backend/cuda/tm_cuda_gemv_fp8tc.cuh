@@ -1,5 +1,5 @@
-/* tm_cuda_gemv_fp8tc.cuh -- the tensor-core fp8 GEMV as tm_cuda_gemv.cu's launchers call it, and the SwiGLU and
- * q|k|v RoPE epilogues both GEMV kernels share (CUDA C++ only). */
+/* tm_cuda_gemv_fp8tc.cuh -- the tensor-core GEMV (fp8, bf16 and f16 weights) as tm_cuda_gemv.cu's launchers call
+ * it, and the SwiGLU and q|k|v RoPE epilogues both GEMV kernels share (CUDA C++ only). */
 #ifndef TM_CUDA_GEMV_FP8TC_CUH
 #define TM_CUDA_GEMV_FP8TC_CUH
 
@@ -63,16 +63,16 @@ __device__ __forceinline__ void tm_gemv_rope_store(const tm_gemv_rope &rp, int j
         *reinterpret_cast<uint32_t *>(cache + at) = rot;
 }
 
-/* Whether the tensor-core path takes these jobs of weight type `type` at batch n: fp8 (TM_CUDA_GEMV_FP8TC is not
- * "0"; one act_scale for all jobs, cols % 64 == 0) or bf16 (n >= 2, or TM_CUDA_GEMV_BF16TC's value, 0: never;
- * cols % 32 == 0); every non-empty job has a multiple of 16 rows, no norm-in and 16-byte aligned weights (and
- * w_up for SwiGLU), x 16-byte aligned. The caller has checked everything else (gemv_run, fused_run). */
+/* Whether the tensor-core path takes these jobs of weight type `type` at batch n: n >= tm_cuda_gemv_tc_min_n(type)
+ * (fp8: one act_scale for all jobs, cols % 64 == 0; bf16, f16: cols % 32 == 0); every non-empty job has a multiple
+ * of 16 rows, no norm-in and 16-byte aligned weights (and w_up for SwiGLU), x 16-byte aligned. The caller has
+ * checked everything else (gemv_run, fused_run). */
 bool tm_fp8tc_ok(int32_t type, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up, int64_t cols,
                  const uint16_t *x, int32_t n);
 
-/* The products of jobs (non-empty ones; SwiGLU: one job, the gate, with w_up / up_scale) from bf16 x (n, cols),
- * each block rounding its slice of x to e4m3 as tm_cuda_quant_fp8 does, or reading jobs[0].xq (x rounded before)
- * when it is set and 16-byte aligned. rope: for TM_FP8TC_ROPE. out8: SwiGLU only, NULL or the e4m3 copy of out
+/* The products of jobs (non-empty ones; SwiGLU: one job, the gate, with w_up / up_scale) from bf16 x (n, cols);
+ * fp8 weights: each block rounding its slice of x to e4m3 as tm_cuda_quant_fp8 does, or reading jobs[0].xq (x
+ * rounded before) when it is set and 16-byte aligned. rope: for TM_FP8TC_ROPE. out8: SwiGLU only, NULL or the e4m3 copy of out
  * (tm_cuda_fp8_scales.out8). */
 cudaError_t tm_fp8tc_run(int epi, int32_t type, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up,
                          float up_scale, int64_t cols, const uint16_t *x, int32_t n, bool out_f32,
