@@ -37,7 +37,8 @@ static const char *k_usage =
     "  inspect  MODEL [--no-tensors]\n"
     "  bench latency [-m MODEL] [--input-len I] [--output-len O] [-r REPS] [-t THREADS] [--json]\n"
     "           prefill (I-token prompt, one pass) and decode (O tokens from a 1-token prompt) speed, like\n"
-    "           llama-bench pp/tg\n"
+    "           llama-bench pp/tg; --depth D: the decode after a D-token prompt (contexts D+1 .. D+O, like\n"
+    "           llama-bench's tg at depth -d D)\n"
     "           --batch B [--bw GB/s|auto] [--ceiling-gflop-s G]: B sequences decoded together, step time\n"
     "           against the roofline floor max(weights / bandwidth, step FLOPs / compute ceiling); --bw auto\n"
     "           probes the bandwidth next to every 8 decode steps and reports the median group\n"
@@ -97,7 +98,7 @@ typedef struct cli_opts {
     const char *stops[16];
     const char *positional;
     const char *ids_file, *out_dir, *step_trace;
-    int32_t input_len, output_len, reps;
+    int32_t input_len, output_len, reps, depth;
     int32_t num_prompts, out_min, out_max, shared_prefix, max_seqs, batch;
     float bw_gb_s, ceiling_gflop_s;
     bool static_batching, no_prefix_cache, sequential;
@@ -213,6 +214,9 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             NEED_VALUE();
             if (strcmp(v, "static") && strcmp(v, "continuous")) return usage_error("bad schedule '%s' (static|continuous)", v);
             o->static_batching = !strcmp(v, "static");
+        } else if (!strcmp(a, "--depth")) {
+            NEED_VALUE();
+            if (!tm_cli_parse_i32(v, 0, 1 << 20, &o->depth)) return usage_error("bad depth '%s'", v);
         } else if (!strcmp(a, "--batch")) {
             NEED_VALUE();
             if (!tm_cli_parse_i32(v, 1, 4096, &o->batch)) return usage_error("bad batch '%s' (1..4096)", v);
@@ -454,7 +458,8 @@ static void mean_std(const double *v, int n, double *mean, double *sd) {
 }
 
 /* bench latency: pp = one forward pass over an I-token prompt of random ids (logits of the last row);
- * tg = O greedy decode steps after a 1-token prompt, EOS ignored. Both repeated -r times. */
+ * tg = O greedy decode steps after a 1-token prompt (--depth D: a D-token one; its prefill is not timed), EOS
+ * ignored. Both repeated -r times. */
 static int cmd_bench(cli_opts *o) {
     if (o->positional && !strcmp(o->positional, "memory")) {
         tm_error err = {0};
@@ -484,6 +489,7 @@ static int cmd_bench(cli_opts *o) {
     if (!o->positional || strcmp(o->positional, "latency") != 0)
         return usage_error("bench needs a mode: latency, throughput or memory (got '%s')",
                            o->positional ? o->positional : "");
+    if (o->batch > 0 && o->depth > 0) return usage_error("--depth is for the single-stream bench latency%s", "");
     if (o->batch > 0) {
         tm_bench_tp_cfg bc = {
             .model = o->load.model, .device = o->load.device, .no_graphs = o->load.no_graphs, .tp = o->load.tp,
@@ -498,18 +504,20 @@ static int cmd_bench(cli_opts *o) {
         return 0;
     }
     int32_t I = o->input_len ? o->input_len : 512, O = o->output_len ? o->output_len : 128, R = o->reps ? o->reps : 3;
+    const int32_t D = o->depth, G = D > 1 ? D : 1; /* tg's prompt: G ids */
     if (!o->load.max_batch_tokens) o->load.max_batch_tokens = I;
-    if (!o->load.n_ctx) o->load.n_ctx = (I > O ? I : O) + 16;
+    if (!o->load.n_ctx) o->load.n_ctx = (I > G + O ? I : G + O) + 16;
     tm_error err = {0};
     tm_ctx *ctx = NULL;
     if (tm_load(&o->load, &ctx, &err) != TM_OK) return fail(&err);
     tm_model_info mi = tm_get_model_info(ctx);
-    int32_t *ids = malloc((size_t)I * sizeof(int32_t));
+    const int32_t n_ids = I > G ? I : G;
+    int32_t *ids = malloc((size_t)n_ids * sizeof(int32_t));
     float *logits = malloc((size_t)mi.n_vocab * sizeof(float));
     double pp[1000], tg[1000];
     int rc = 0;
     uint64_t st = 12345;
-    for (int32_t i = 0; ids && i < I; i++) {
+    for (int32_t i = 0; ids && i < n_ids; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)((st >> 33) % (uint64_t)mi.n_vocab);
     }
@@ -524,7 +532,7 @@ static int cmd_bench(cli_opts *o) {
         if (tm_prompt_logits(ctx, ids, (size_t)I, logits, &err) != TM_OK) { rc = 1; goto done; }
         pp[r] = I / (tm_bench_now() - t0);
         tm_generate_result res;
-        if (tm_generate(ctx, ids, 1, &gp, NULL, NULL, &res, &err) != TM_OK) { rc = 1; goto done; }
+        if (tm_generate(ctx, ids, (size_t)G, &gp, NULL, NULL, &res, &err) != TM_OK) { rc = 1; goto done; }
         tg[r] = res.decode_tok_s;
     }
     double ppm, pps, tgm, tgs;
@@ -532,16 +540,21 @@ static int cmd_bench(cli_opts *o) {
     mean_std(tg, R, &tgm, &tgs);
     double ms_tok = 1e3 / tgm, gbs = (double)mi.weight_bytes / 1e9 * tgm;
     if (o->json) {
-        printf("{\"model\": \"%s\", \"weight_bytes\": %llu, \"threads\": %d, \"act_bits\": %d, \"pp\": %d, \"tg\": %d, \"reps\": %d, "
+        printf("{\"model\": \"%s\", \"weight_bytes\": %llu, \"threads\": %d, \"act_bits\": %d, \"pp\": %d, \"tg\": %d, "
+               "\"depth\": %d, \"reps\": %d, "
                "\"pp_tok_s\": %.2f, \"pp_tok_s_sd\": %.2f, \"tg_tok_s\": %.2f, \"tg_tok_s_sd\": %.2f, "
                "\"tg_ms_per_token\": %.3f, \"tg_weight_gb_s\": %.2f}\n",
-               mi.name, (unsigned long long)mi.weight_bytes, mi.n_threads, mi.act_bits, I, O, R, ppm, pps, tgm, tgs, ms_tok,
-               gbs);
+               mi.name, (unsigned long long)mi.weight_bytes, mi.n_threads, mi.act_bits, I, O, D, R, ppm, pps, tgm, tgs,
+               ms_tok, gbs);
     } else {
         printf("model %s (%.1f MB of weights), threads %d, %d-bit activations\n", mi.name, (double)mi.weight_bytes / 1e6,
                mi.n_threads, mi.act_bits);
         printf("pp%-5d %10.2f ± %.2f tok/s\n", I, ppm, pps);
-        printf("tg%-5d %10.2f ± %.2f tok/s  (%.2f ms/token, weights streamed at %.1f GB/s)\n", O, tgm, tgs, ms_tok, gbs);
+        char tg_name[32];
+        if (D > 0) snprintf(tg_name, sizeof tg_name, "tg%d @ d%d", O, D);
+        else snprintf(tg_name, sizeof tg_name, "tg%d", O);
+        printf("%-7s %10.2f ± %.2f tok/s  (%.2f ms/token, weights streamed at %.1f GB/s)\n", tg_name, tgm, tgs, ms_tok,
+               gbs);
     }
 done:
     if (rc) fail(&err);

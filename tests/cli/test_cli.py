@@ -184,7 +184,17 @@ def test_bench_latency_reports_json():
     r = tm("bench", "latency", "-m", MODEL, "--input-len", "32", "--output-len", "4", "-r", "1", "--json")
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
-    assert j["pp"] == 32 and j["tg"] == 4 and j["pp_tok_s"] > 0 and j["tg_tok_s"] > 0
+    assert j["pp"] == 32 and j["tg"] == 4 and j["depth"] == 0 and j["pp_tok_s"] > 0 and j["tg_tok_s"] > 0
+    # --depth D: the decode after a D-token prompt (llama-bench's tg at depth); past the context, a clear error
+    r = tm("bench", "latency", "-m", MODEL, "--input-len", "16", "--output-len", "4", "--depth", "300", "-r", "1",
+           "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["depth"] == 300 and j["tg"] == 4 and j["tg_tok_s"] > 0
+    r = tm("bench", "latency", "-m", MODEL, "--input-len", "16", "--output-len", "4", "--depth", "8190", "-r", "1")
+    assert r.returncode != 0 and "larger than the model's" in r.stderr
+    r = tm("bench", "latency", "-m", MODEL, "--batch", "2", "--depth", "8")
+    assert r.returncode != 0 and "--depth is for the single-stream" in r.stderr
 
 
 def test_logprobs_in_json():

@@ -419,6 +419,40 @@ static void timing_case(dcase *c) {
     release(c);
 }
 
+/* TB_DEC_SPLIT_SWEEP=1: one sequence at long contexts (batch-1 decode at depth), v3 with the launcher's split count
+ * and with each forced count, checked then timed; GB/s of K and V */
+static void split_sweep(void) {
+    static int ctx[1];
+    static const int lens[] = {4096, 16384, 32768, 65536};
+    static const char *const forced[] = {NULL, "8", "16", "24", "32", "48", "64", "96", "128", "192", "256"};
+    for (int f8 = 0; f8 < 2; f8++)
+        for (int shape = 0; shape < 2; shape++)
+            for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+                ctx[0] = lens[l];
+                char name[64];
+                snprintf(name, sizeof name, "%s 1x%d", shape ? "1b" : "8b", lens[l]);
+                dcase c = f8 ? mk8(name, 1, 32, 8, shape ? 64 : 128, 16, ctx, lens[l], 1.0f, false)
+                             : mk(name, 1, 32, 8, shape ? 64 : 128, 16, ctx, lens[l], 1.0f, false);
+                build(&c, true);
+                int seq0 = 0;
+                double *ref = reference(&c, c.ctx, &seq0, 1);
+                for (size_t k = 0; k < sizeof forced / sizeof forced[0]; k++) {
+                    set_env("3", forced[k]);
+                    time_arg t = {&c, 0};
+                    tb_poison(c.out_d, (size_t)c.n_heads * c.hd * 2);
+                    run_rot(&t);
+                    TB_CHECK(cudaDeviceSynchronize());
+                    const double err = compare(&c, ref, &seq0, 1), us = tb_time_us(run_rot, &t, 2, 30);
+                    char nm[96];
+                    snprintf(nm, sizeof nm, "%s%s splits %s", name, f8 ? " fp8" : "", forced[k] ? forced[k] : "auto");
+                    tb_result("attn_decode", nm, err, 1e-2, us, c.kv_bytes, 0.0, 'm');
+                }
+                free(ref);
+                set_env(NULL, NULL);
+                release(&c);
+            }
+}
+
 /* work_bytes must be monotone in n_seqs and max_context_len (one buffer for the largest batch serves all) */
 static void work_bytes_checks(void) {
     int bad = 0;
@@ -463,6 +497,10 @@ int main(void) {
     g_v8d = tb_upload(g_v8h, KCH);
 
     work_bytes_checks();
+    if (getenv("TB_DEC_SPLIT_SWEEP")) {
+        split_sweep();
+        goto done;
+    }
 
     static const int c8b[] = {1, 15, 16, 17, 100, 1000, 4100};
     static const int csm[] = {1, 2, 63, 64, 65, 777, 2048, 4097};
@@ -557,6 +595,7 @@ int main(void) {
         }
     }
 
+done:
     cudaFree(g_kd);
     cudaFree(g_vd);
     cudaFree(g_k8d);

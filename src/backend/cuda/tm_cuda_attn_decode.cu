@@ -82,7 +82,7 @@
  * with other contexts) into n_splits pieces of a multiple of 64 tokens (dec_split_plan); splits past the end
  * exit at once, a sequence of one piece has its output written directly by split 0, and the other sequences'
  * splits write a normalized partial (o = acc / sum, lse = max + log2 sum) to the work buffer; the merge kernel
- * (one warp per (sequence, head)) combines the non-empty ones: out = sum_k 2^(lse_k - M) o_k / sum_k 2^(lse_k - M). */
+ * (one block per (sequence, head)) combines the non-empty ones: out = sum_k 2^(lse_k - M) o_k / sum_k 2^(lse_k - M). */
 
 namespace {
 
@@ -884,31 +884,70 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel_v3(dec_params 
     v3_item<HD, FP8, W8>(p, smem, (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z);
 }
 
-/* ---- merge of the splits' partials: one warp per (sequence, query head) ---- */
+/* ---- merge of the splits' partials: one block per (sequence, query head) ---- */
 
-__global__ void __launch_bounds__(DEC_THREADS) attn_decode_merge_kernel_v1(dec_params p) {
+/* v2: one block of DEC_MERGE_THREADS per (sequence, query head). v1 (removed) was one warp per pair, whose lanes
+ * walked the splits one after the other for each of their dims, an L2 round trip a split: one 8B sequence of 16384
+ * tokens over 64 splits took 68 us where the attention itself needs ~10 (thirtieth session). Here the weights
+ * 2^(lse_k - M) are computed once into shared memory, and the block's threads take (dim pair, split group) cells:
+ * G = DEC_MERGE_THREADS / (head_dim / 2) groups, group g summing splits g, g + G, ... of its two dims (8-byte loads,
+ * unrolled so that they go out together); the groups are then added in order (deterministic). */
+constexpr int DEC_MERGE_THREADS = 256;
+
+__global__ void __launch_bounds__(DEC_MERGE_THREADS) attn_decode_merge_kernel_v2(dec_params p) {
     tm_pdl_enter();
-    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
-    const int64_t pair = (int64_t)blockIdx.x * DEC_WARPS + warp;
-    if (pair >= (int64_t)p.n_seqs * p.n_heads) return;
+    __shared__ float wk[DEC_MAX_SEQ_SPLITS]; /* 2^(lse_k - M) of the pair's non-empty splits */
+    __shared__ float2 part[DEC_MERGE_THREADS];
+    __shared__ float red[DEC_MERGE_THREADS / 32];
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t pair = (int64_t)blockIdx.x;
     const int seq = (int)(pair / p.n_heads), hd = p.head_dim;
     int split_tok;
     const int nv = dec_split_plan(p.ctx_len[seq], p.n_splits, &split_tok);
     if (nv <= 1) return; /* split 0 wrote it */
     const float *lse = p.part_lse + (size_t)pair * (size_t)p.n_splits;
-    const float *po = p.part_o + (size_t)pair * (size_t)p.n_splits * (size_t)hd;
-    float M = -INFINITY;
-    for (int k = lane; k < nv; k += 32) M = fmaxf(M, lse[k]);
-    M = warp_max(M);
-    float L = 0.0f;
-    for (int k = lane; k < nv; k += 32) L += fast_exp2(lse[k] - M);
-    L = warp_sum(L);
-    const float inv = 1.0f / L;
-    for (int d = lane; d < hd; d += 32) {
-        float o = 0.0f;
-        for (int k = 0; k < nv; k++) o += fast_exp2(lse[k] - M) * po[(size_t)k * (size_t)hd + (size_t)d];
-        put_out(p, (size_t)pair * (size_t)hd + (size_t)d, o * inv);
+    float m = -INFINITY;
+    for (int k = tid; k < nv; k += DEC_MERGE_THREADS) m = fmaxf(m, lse[k]);
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    float M = red[0];
+    for (int w = 1; w < DEC_MERGE_THREADS / 32; w++) M = fmaxf(M, red[w]);
+    __syncthreads(); /* red is reused */
+    float l = 0.0f;
+    for (int k = tid; k < nv; k += DEC_MERGE_THREADS) {
+        const float e = fast_exp2(lse[k] - M);
+        wk[k] = e;
+        l += e;
     }
+    l = warp_sum(l);
+    if (lane == 0) red[warp] = l;
+    __syncthreads();
+    float L = 0.0f;
+    for (int w = 0; w < DEC_MERGE_THREADS / 32; w++) L += red[w];
+    const int hd2 = hd >> 1, G = DEC_MERGE_THREADS / hd2, d2 = tid % hd2, g = tid / hd2;
+    const float2 *po = reinterpret_cast<const float2 *>(p.part_o + (size_t)pair * (size_t)p.n_splits * (size_t)hd);
+    float2 acc = make_float2(0.0f, 0.0f);
+    if (g < G) {
+#pragma unroll 8
+        for (int k = g; k < nv; k += G) {
+            const float2 v = po[(size_t)k * (size_t)hd2 + (size_t)d2];
+            acc.x = fmaf(wk[k], v.x, acc.x);
+            acc.y = fmaf(wk[k], v.y, acc.y);
+        }
+    }
+    part[tid] = acc;
+    __syncthreads();
+    if (g != 0) return;
+    float2 o = part[d2];
+    for (int j = 1; j < G; j++) {
+        o.x += part[j * hd2 + d2].x;
+        o.y += part[j * hd2 + d2].y;
+    }
+    const float inv = 1.0f / L;
+    const size_t at = (size_t)pair * (size_t)hd + 2 * (size_t)d2;
+    put_out(p, at, o.x * inv);
+    put_out(p, at + 1, o.y * inv);
 }
 
 /* ---- host side ---- */
@@ -1090,6 +1129,7 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
         if (s > cap) s = cap;
     }
     if (s > L) s = L;
+    if (s > DEC_MAX_SEQ_SPLITS) s = DEC_MAX_SEQ_SPLITS; /* the merge's shared weights */
     if (s > cap_work) s = cap_work;
     if (s < 1) s = 1;
     p.n_splits = (int)s;
@@ -1103,9 +1143,7 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
 
     const dim3 grid((unsigned)s, (unsigned)(a->n_kv_heads * p.hchunks), (unsigned)a->n_seqs);
     if ((e = tm_launch(fn, grid, dim3(DEC_THREADS), smem, stream, p)) != cudaSuccess) return e;
-    if (s > 1) {
-        const unsigned nb = (unsigned)((pairs + DEC_WARPS - 1) / DEC_WARPS);
-        return tm_launch(attn_decode_merge_kernel_v1, dim3(nb), dim3(DEC_THREADS), 0, stream, p);
-    }
+    if (s > 1)
+        return tm_launch(attn_decode_merge_kernel_v2, dim3((unsigned)pairs), dim3(DEC_MERGE_THREADS), 0, stream, p);
     return cudaSuccess;
 }
