@@ -204,6 +204,13 @@ EOF
     done
     row "e2e decode b=1 1B $t: x staged / from L2" "$(pair_tok_s "lat_1b_${t}_xs1.json" "lat_1b_${t}_xs0.json")"
   done
+  # batch 1 at depth: the decode after a 32768-token prompt (llama-bench's tg at -d), where FlashDecoding splits the
+  # one sequence's keys across CTAs and merges them; a bf16 and an fp8 cache
+  for kv in bf16 fp8; do
+    timeout 300 $TM bench latency -m dummy:llama3.2-1b:bf16 --device cuda --input-len 4096 --output-len 64 \
+      --depth 32768 -r 2 --kv-cache-dtype $kv --json >"$OUT/lat_1b_d32k_$kv.json" 2>"$OUT/lat_1b_d32k_$kv.err"
+  done
+  row "e2e decode b=1 1B bf16 at depth 32768: bf16 / fp8 KV" "$(pair_tok_s lat_1b_d32k_bf16.json lat_1b_d32k_fp8.json)"
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:bf16, $n x 1024 in / 1024 out"
