@@ -95,9 +95,14 @@ constexpr int DEC_TBL = 1024;            /* block ids staged in shared memory at
 constexpr int DEC_TBL8 = 512;            /* the same over an fp8 cache: 4 CTAs then fit an SM (4 x (54 KB ring + 2 KB
                                             * + 1 KB reserved) = 228 KB; at 3, ncu found the kernel short of eligible
                                             * warps: 49% of cycles without one) */
-constexpr int DEC_MIN_SPLIT_STAGES = 4;  /* a split the launcher picks covers >= 256 tokens: below that the merge
-                                            * kernel costs more than the parallelism gains (H200, batch-1 decode) */
-constexpr int DEC_ONE_SPLIT_STAGES = 16;  /* one sequence runs unsplit up to 1024 tokens of context (launcher) */
+constexpr int DEC_MIN_SPLIT_STAGES = 4;  /* a split the launcher picks covers >= 256 tokens (below that the first
+                                            * merge kernel cost more than the parallelism gained; with the present
+                                            * one, pieces of >= 64 / 128 tokens ran 1B batch 1 at depth 3000-6000
+                                            * 0.3-1.8% slower, thirtieth session)... */
+constexpr int DEC_SHORT_SPLIT_STAGES = 16; /* ...but one sequence of at most this many stages takes pieces of >= 128
+                                            * tokens (batch 1 at depth 896: 1B +3.6%, 8B +5.7% against unsplit) */
+constexpr int64_t DEC_ONE_SPLIT_BYTES = 128 << 10; /* one sequence whose K and V of a kv head are at most this runs
+                                            * unsplit: one CTA a kv head (launcher; thirtieth session) */
 constexpr int DEC_MAX_SEQ_SPLITS = 1024; /* n_seqs * n_splits <= this (bounds the work buffer) */
 constexpr int DEC_WORK_SLACK = 256;      /* alignment slack of the work buffer */
 constexpr unsigned FULL = 0xffffffffu;
@@ -958,7 +963,9 @@ int dec_stages(int max_ctx) { return max_ctx <= 0 ? 1 : (max_ctx - 1) / DEC_STAG
 
 /* the most splits the launcher picks by itself (the work buffer may allow fewer) */
 int dec_split_cap(int n_seqs, int max_ctx) {
-    int by_ctx = dec_stages(max_ctx) / DEC_MIN_SPLIT_STAGES, by_seq = DEC_MAX_SEQ_SPLITS / (n_seqs > 0 ? n_seqs : 1);
+    const int L = dec_stages(max_ctx);
+    int by_ctx = L / (n_seqs == 1 && L <= DEC_SHORT_SPLIT_STAGES ? 2 : DEC_MIN_SPLIT_STAGES);
+    int by_seq = DEC_MAX_SEQ_SPLITS / (n_seqs > 0 ? n_seqs : 1);
     if (by_ctx < 1) by_ctx = 1;
     if (by_seq < 1) by_seq = 1;
     return by_ctx < by_seq ? by_ctx : by_seq;
@@ -1015,7 +1022,10 @@ int ilog2_exact(int x) { /* log2 of a power of two, else -1 */
 extern "C" size_t tm_cuda_attn_decode_work_bytes(int32_t n_seqs, int32_t n_heads, int32_t head_dim,
                                                  int32_t max_context_len) {
     if (n_seqs <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
-    int by_ctx = dec_stages(max_context_len) / DEC_MIN_SPLIT_STAGES;
+    /* dec_split_cap's split count for one sequence, monotone in max_context_len */
+    const int L = dec_stages(max_context_len);
+    int by_ctx = L / DEC_MIN_SPLIT_STAGES, short_ctx = (L < DEC_SHORT_SPLIT_STAGES ? L : DEC_SHORT_SPLIT_STAGES) / 2;
+    if (by_ctx < short_ctx) by_ctx = short_ctx;
     if (by_ctx <= 1) return 0; /* never split */
     /* (sequence, split) pairs: n_seqs * n_splits <= min(n_seqs * by_ctx, DEC_MAX_SEQ_SPLITS); monotone in n_seqs
      * and max_context_len, so one buffer sized for the largest batch and context serves every smaller launch */
@@ -1109,10 +1119,13 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
         const int cap = dec_split_cap(a->n_seqs, a->max_context_len);
         if (ctas < slots) {
             s = slots / ctas; /* fill the slots once */
-            /* ...except one sequence whose context is at most DEC_ONE_SPLIT_STAGES stages: it runs unsplit, one CTA
-             * a kv head, without the merge kernel (bench latency, 1B: tg1024 +0.9%; from 2048 tokens on the splits
-             * win: unsplit, tg2048 -2.7%, tg4096 -9%) */
-            if (a->n_seqs == 1 && L <= DEC_ONE_SPLIT_STAGES) s = 1;
+            /* ...except one sequence whose K and V of a kv head are at most DEC_ONE_SPLIT_BYTES: it runs unsplit, one
+             * CTA a kv head, without the merge kernel. bench latency --depth D, batch 1, tok/s unsplit against 8
+             * splits (thirtieth session, the merge as one block a head): 1B bf16 (256 bytes a token) D 256 1186 /
+             * 1152, D 512 1153 / 1147, D 896 1100 / 1142; 8B bf16 (512 bytes) D 256 242.8 / 243.4, D 512 237.0 /
+             * 242.3, D 896 227.9 / 241.7 */
+            const int64_t head_bytes = (int64_t)a->max_context_len * 2 * hd * (p.fp8 ? 1 : 2);
+            if (a->n_seqs == 1 && head_bytes <= DEC_ONE_SPLIT_BYTES) s = 1;
         } else { /* several waves: the split count whose last wave is fullest (1 when the waves are whole), a
                   * point of efficiency per extra split preferred (each adds a partial to merge), and pieces of
                   * >= 1024 tokens (shorter ones measured slower: 256 x 1024 fp8, 163 -> 221 us at 3 splits) */
