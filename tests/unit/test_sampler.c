@@ -854,25 +854,33 @@ static void test_large_vocab_cost(void **state) {
     struct {
         const char *name;
         int top_k;
-        float top_p, min_p;
-    } cfg[] = {{"plain", 0, 1.0f, 0.0f},        {"top_k=40 top_p=0.95 min_p=0.05", 40, 0.95f, 0.05f},
-               {"top_p=0.95", 0, 0.95f, 0.0f},   {"min_p=0.05", 0, 1.0f, 0.05f},
-               {"top_k=1000", 1000, 1.0f, 0.0f}};
+        float top_p, min_p, temp;
+        int n_logprobs;
+    } cfg[] = {{"plain", 0, 1.0f, 0.0f, 0.8f, 0},
+               {"top_k=40 top_p=0.95 min_p=0.05", 40, 0.95f, 0.05f, 0.8f, 0},
+               {"top_p=0.95", 0, 0.95f, 0.0f, 0.8f, 0},
+               {"min_p=0.05", 0, 1.0f, 0.05f, 0.8f, 0},
+               {"top_k=1000", 1000, 1.0f, 0.0f, 0.8f, 0},
+               {"greedy, logprobs=5", 0, 1.0f, 0.0f, 0.0f, 5},
+               {"top_k=40 ..., logprobs=20", 40, 0.95f, 0.05f, 0.8f, 20}};
     for (size_t c = 0; c < sizeof cfg / sizeof *cfg; c++) {
-        tm_sampling_params p = plain(0.8f, 1);
+        tm_sampling_params p = plain(cfg[c].temp, 1);
         p.top_k = cfg[c].top_k;
         p.top_p = cfg[c].top_p;
         p.min_p = cfg[c].min_p;
+        p.n_logprobs = cfg[c].n_logprobs;
         tm_sampler *s = make(&p, V);
+        tm_logprob top[20], chosen;
         double t0 = now_s();
         for (int i = 0; i < N; i++) {
             memcpy(y, x, V * sizeof *x);
-            int id = tm_sampler_sample(s, y, NULL, 0, NULL, NULL);
+            int id = tm_sampler_sample(s, y, NULL, 0, &chosen, top);
             if (p.top_k == 40) { /* inside the 40 best */
                 int r = 0;
                 while (order[r] != id) r++;
                 assert_true(r < 40);
             }
+            for (int k = 0; k < p.n_logprobs; k++) assert_int_equal(top[k].id, order[k]); /* the best, in order */
         }
         double ms = (now_s() - t0) * 1e3 / N;
         printf("    sample, n_vocab %d, %-32s %.3f ms/token\n", V, cfg[c].name, ms);
