@@ -211,6 +211,16 @@ EOF
       --depth 32768 -r 2 --kv-cache-dtype $kv --json >"$OUT/lat_1b_d32k_$kv.json" 2>"$OUT/lat_1b_d32k_$kv.err"
   done
   row "e2e decode b=1 1B bf16 at depth 32768: bf16 / fp8 KV" "$(pair_tok_s lat_1b_d32k_bf16.json lat_1b_d32k_fp8.json)"
+  # sampling settings at batch 1: drawn on the device (greedy, the defaults) or by the host sampler (a penalty,
+  # logprobs: the step's logits rows go to the host)
+  r=""
+  for f in "--temp 0" "" "--repeat-penalty 1.1" "--logprobs 5"; do
+    v=$(timeout 120 $TM run -m dummy:llama3.2-1b:bf16 --device cuda -p "sampling settings" -n 256 --ignore-eos --json \
+      $f 2>/dev/null | tail -n 1 | python3 -c "import json, sys; print(round(json.load(sys.stdin)['decode_tok_s']))" \
+      2>/dev/null || echo "?")
+    r="$r${r:+ / }$v"
+  done
+  row "e2e decode b=1 1B: greedy / defaults / penalty / 5 logprobs" "$r tok/s"
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:bf16, $n x 1024 in / 1024 out"
