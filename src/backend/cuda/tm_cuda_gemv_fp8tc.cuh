@@ -72,8 +72,8 @@ bool tm_fp8tc_ok(int32_t type, const tm_cuda_gemv_job *jobs, int32_t n_jobs, con
 
 /* The products of jobs (non-empty ones; SwiGLU: one job, the gate, with w_up / up_scale) from bf16 x (n, cols);
  * fp8 weights: each block rounding its slice of x to e4m3 as tm_cuda_quant_fp8 does, or reading jobs[0].xq (x
- * rounded before) when it is set and 16-byte aligned. rope: for TM_FP8TC_ROPE. out8: SwiGLU only, NULL or the e4m3 copy of out
- * (tm_cuda_fp8_scales.out8). */
+ * rounded before) when it is set and 16-byte aligned. rope: for TM_FP8TC_ROPE. out8: SwiGLU only, NULL or the
+ * e4m3 copy of out (tm_cuda_fp8_scales.out8). */
 cudaError_t tm_fp8tc_run(int epi, int32_t type, const tm_cuda_gemv_job *jobs, int32_t n_jobs, const void *w_up,
                          float up_scale, int64_t cols, const uint16_t *x, int32_t n, bool out_f32,
                          const tm_gemv_rope *rope, uint8_t *out8, cudaStream_t stream);
