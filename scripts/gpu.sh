@@ -211,16 +211,48 @@ EOF
       --depth 32768 -r 2 --kv-cache-dtype $kv --json >"$OUT/lat_1b_d32k_$kv.json" 2>"$OUT/lat_1b_d32k_$kv.err"
   done
   row "e2e decode b=1 1B bf16 at depth 32768: bf16 / fp8 KV" "$(pair_tok_s lat_1b_d32k_bf16.json lat_1b_d32k_fp8.json)"
-  # sampling settings at batch 1: drawn on the device (greedy, the defaults) or by the host sampler (a penalty,
-  # logprobs: the step's logits rows go to the host)
+  # sampling settings at batch 1, every one drawn on the device (penalties and logprobs since the thirty-first
+  # session), then a penalty and logprobs by the host sampler (TM_HOST_SAMPLING=1: the step's logits rows go to the host)
   r=""
-  for f in "--temp 0" "" "--repeat-penalty 1.1" "--logprobs 5"; do
-    v=$(timeout 120 $TM run -m dummy:llama3.2-1b:bf16 --device cuda -p "sampling settings" -n 256 --ignore-eos --json \
-      $f 2>/dev/null | tail -n 1 | python3 -c "import json, sys; print(round(json.load(sys.stdin)['decode_tok_s']))" \
-      2>/dev/null || echo "?")
+  for f in "--temp 0" "" "--repeat-penalty 1.1" "--logprobs 5" "H --repeat-penalty 1.1" "H --logprobs 5"; do
+    h=0
+    case "$f" in H*) h=1; f=${f#H } ;; esac
+    v=$(TM_HOST_SAMPLING=$h timeout 120 $TM run -m dummy:llama3.2-1b:bf16 --device cuda -p "sampling settings" -n 256 \
+      --ignore-eos --json $f 2>/dev/null | tail -n 1 |
+      python3 -c "import json, sys; print(round(json.load(sys.stdin)['decode_tok_s']))" 2>/dev/null || echo "?")
     r="$r${r:+ / }$v"
   done
-  row "e2e decode b=1 1B: greedy / defaults / penalty / 5 logprobs" "$r tok/s"
+  row "e2e decode b=1 1B: greedy / defaults / penalty / 5 logprobs; host: penalty / 5 logprobs" "$r tok/s"
+  # penalties and logprobs on the device against the host sampler on the same logits: greedy with all three
+  # penalties and 3 logprobs on 4 of 8 prompts (the other 4: logprobs only, pipelined); the ids must be the same and
+  # the logprobs within 1e-4 (one prompt a run)
+  for h in 0 1; do
+    for k in 0 1 2 3 4 5 6 7; do
+      pen="--repeat-penalty 1.3 --presence-penalty 0.5 --frequency-penalty 0.3"
+      [ $((k % 2)) = 1 ] && pen=""
+      TM_HOST_SAMPLING=$h timeout 120 $TM run -m dummy:llama3.2-1b:bf16 --device cuda -p "penalties $k" -n 96 \
+        --temp 0 --ignore-eos --json --logprobs 3 $pen 2>/dev/null | tail -n 1 >"$OUT/pen_${h}_$k.json"
+    done
+  done
+  r=$(python3 - "$OUT" <<'EOF2'
+import json, sys
+ids_bad, lp_err, pen_moved = 0, 0.0, 0
+for k in range(8):
+    try:
+        a, b = (json.load(open(f"{sys.argv[1]}/pen_{h}_{k}.json"))["logprobs"] for h in (0, 1))
+    except Exception as e:
+        print(f"no result ({e})"); sys.exit()
+    ids_bad += len(a) != len(b) or any(x["id"] != y["id"] for x, y in zip(a, b))
+    for x, y in zip(a, b):
+        lp_err = max([lp_err, abs(x["logprob"] - y["logprob"])] +
+                     [abs(t["logprob"] - u["logprob"]) for t, u in zip(x["top"], y["top"]) if t["id"] == u["id"]])
+        ids_bad += [t["id"] for t in x["top"]] != [u["id"] for u in y["top"]]
+    pen_moved += k % 2 == 0 and any(x["id"] != x["top"][0]["id"] for x in a)
+print(("same ids" if ids_bad == 0 else f"{ids_bad} DIFFERENT") + f", logprobs within {lp_err:.1e}" +
+      (" FAIL" if ids_bad or lp_err > 1e-4 else "") + f"; penalties moved the pick in {pen_moved} of 4")
+EOF2
+)
+  row "penalties + logprobs 1B greedy: device vs host sampler" "$r"
   n=${TP_PROMPTS:-1000}
   [ "$n" -gt 0 ] && {
   echo "== bench throughput dummy:llama3-8b:bf16, $n x 1024 in / 1024 out"

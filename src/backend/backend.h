@@ -72,12 +72,42 @@ typedef struct tm_kv_cfg {
 typedef struct tm_backend tm_backend;
 
 /* One row's sampling recipe for a backend that samples on its own (ops->sample): temperature <= 0 is argmax;
- * top_k <= 0, top_p >= 1, min_p <= 0 are off; the draw is a function of (seed, offset). */
+ * top_k <= 0, top_p >= 1, min_p <= 0 are off; the draw is a function of (seed, offset). Penalties come first:
+ * the row's entries pen[pen_first .. pen_first + pen_n) of the step's tm_sample_set each change one logit as the
+ * host sampler does (tm_sampler.h step 3): x = x > 0 ? x / repeat_penalty : x * repeat_penalty where in_window,
+ * then x -= count * frequency_penalty + presence_penalty where count > 0 (plain float operations, no fused
+ * multiply-add). n_logprobs > 0: the row's tm_sample_lp, from the log-softmax of the logits before penalties. */
 typedef struct tm_sample_row {
     float temperature, top_p, min_p;
     int32_t top_k;
     uint64_t seed, offset;
+    float repeat_penalty, presence_penalty, frequency_penalty;
+    int32_t pen_first, pen_n;    /* the row's penalty entries (pen_n = 0: none) */
+    int32_t n_logprobs;          /* 0 .. TM_SAMPLE_MAX_TOP */
 } tm_sample_row;
+
+/* One distinct id of a row's history, as its penalties see it (tm_sampler_pen_entries builds them). */
+typedef struct tm_sample_pen {
+    int32_t id;                  /* in [0, vocab) */
+    int32_t count;               /* occurrences in the history when presence or frequency penalties apply, else 0 */
+    int32_t in_window;           /* 1: among the last repeat_last_n ids and the repeat penalty applies */
+} tm_sample_pen;
+
+/* A step's sampling recipes: one row per logits row, and every row's penalty entries. */
+typedef struct tm_sample_set {
+    const tm_sample_row *rows;   /* (n_rows) */
+    const tm_sample_pen *pen;    /* (n_pen) */
+    int32_t n_pen;
+    bool logprobs;               /* some row has n_logprobs > 0 (then ops fill a tm_sample_lp per row) */
+} tm_sample_set;
+
+#define TM_SAMPLE_MAX_TOP 20
+/* A row's logprobs: log-softmax of its logits before penalties (rows with n_logprobs = 0: unset). */
+typedef struct tm_sample_lp {
+    float chosen;                      /* of the id drawn */
+    int32_t top_id[TM_SAMPLE_MAX_TOP]; /* the n_logprobs best ids, by logit then lower id (-1 past the vocabulary) */
+    float top_lp[TM_SAMPLE_MAX_TOP];
+} tm_sample_lp;
 
 /* One matrix product of a group sharing an input (see ops->matmul). */
 typedef struct tm_matmul_job {
@@ -178,19 +208,22 @@ typedef struct tm_backend_ops {
     /* out_host (n_rows) = argmax of each row of an f32 logits buffer (ties: lowest id); only ids cross to the host */
     tm_status (*argmax)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t *out_host,
                         tm_error *err);
-    /* out_host (n_rows) = one token per row of an f32 logits buffer drawn per rows[r]; only ids cross to the host */
-    tm_status (*sample)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
-                        int32_t *out_host, tm_error *err);
+    /* out_host (n_rows) = one token per row of an f32 logits buffer drawn per set->rows[r], after the rows'
+     * penalties; with set->logprobs, lp_host (n_rows) gets each row's logprobs. Only ids and logprobs cross to the
+     * host. The logits may be left with the penalties applied. */
+    tm_status (*sample)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
+                        int32_t *out_host, tm_sample_lp *lp_host, tm_error *err);
     /* Pipelined sampling (optional, all three or none; the backend then takes tm_batch.token_src): argmax or sample
-     * as above, but the calls return once the work is queued. The ids stay on the backend as the rows the next
-     * pass's token_src reads, and their copy to the host goes to `slot` (0 or 1: the host may begin the next
-     * pass, sampling into the other slot, before it collects these); ids_wait(slot) waits for that copy and
-     * writes the n_rows ids to out_host. */
+     * as above, but the calls return once the work is queued (set is copied). The ids stay on the backend as the
+     * rows the next pass's token_src reads, and their copy to the host goes to `slot` (0 or 1: the host may begin
+     * the next pass, sampling into the other slot, before it collects these); ids_wait(slot) waits for that copy
+     * and writes the n_rows ids to out_host, and the logprobs to lp_host when that pass had set->logprobs. */
     tm_status (*argmax_start)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t slot,
                               tm_error *err);
     tm_status (*sample_start)(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
-                              const tm_sample_row *rows, int32_t slot, tm_error *err);
-    tm_status (*ids_wait)(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out_host, tm_error *err);
+                              const tm_sample_set *set, int32_t slot, tm_error *err);
+    tm_status (*ids_wait)(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out_host, tm_sample_lp *lp_host,
+                          tm_error *err);
     /* bytes of backend memory still free */
     uint64_t (*mem_free)(tm_backend *be);
     /* ops stopped early on a device error: the first error since the last call (TM_OK if none), then cleared */

@@ -150,6 +150,7 @@ void tm_engine_free(tm_engine *e) {
     free(e->st_seq);
     free(e->pass[0].rows);
     free(e->pass[1].rows);
+    free(e->pen_mark);
     free(e);
 }
 
@@ -326,21 +327,33 @@ static tm_status take_token(tm_engine *e, tm_request *q, int32_t tok, const tm_l
     return s;
 }
 
-/* no penalties and no logprobs: the token depends on the raw logits and the recipe only */
-static bool sampling_is_plain(const tm_sampling_params *sp) {
-    return sp->repeat_penalty == 1.0f && sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f &&
-           sp->n_logprobs == 0;
-}
-
 /* temperature 0 (or top-k 1) with no penalties and no logprobs: the token is the argmax of the raw logits */
 static bool sampling_is_plain_greedy(const tm_sampling_params *sp) {
-    return (sp->temperature == 0.0f || sp->top_k == 1) && sampling_is_plain(sp);
+    return (sp->temperature == 0.0f || sp->top_k == 1) && !tm_sampling_has_penalties(sp) && sp->n_logprobs == 0;
+}
+
+/* Row r's penalty entries for request q's history (hist as the host sampler takes it: the ids generated so far)
+ * appended to the runner's; false when memory runs out (the step is then drawn on the host) */
+static bool add_pen_entries(tm_engine *e, const tm_request *q, tm_sample_row *row) {
+    tm_runner *r = e->runner;
+    const int32_t V = e->model->hp.n_vocab;
+    const size_t n_hist = (size_t)(q->seq.n_tokens - q->seq.n_prompt);
+    if (n_hist == 0) return true;
+    tm_error ignore = {0};
+    const int32_t room = n_hist < (size_t)V ? (int32_t)n_hist : V;
+    if (!e->pen_mark && !(e->pen_mark = tm_calloc((size_t)V, sizeof *e->pen_mark))) return false;
+    if (tm_runner_pen_reserve(r, room, &ignore) != TM_OK) return false;
+    row->pen_n = (int32_t)tm_sampler_pen_entries(&q->gp.sampling, V, q->tokens + q->seq.n_prompt, n_hist,
+                                                 e->pen_mark, r->sample_pen + r->n_sample_pen);
+    r->n_sample_pen += row->pen_n;
+    return true;
 }
 
 /* Where the logits rows of a step's sequences (want[i]) are drawn: plain greedy everywhere: the backend's argmax;
- * else, all without penalties or logprobs: the backend's sampler (each row's draw counter is the tokens its request
- * generated, plus `ahead` tokens not yet appended); else the host. Sets the runner's flags for the next pass;
- * true when the backend draws every row. */
+ * else the backend's sampler, penalties and logprobs included (each row's draw counter is the tokens its request
+ * generated, plus `ahead` tokens not yet appended); else the host. A step queued behind one in flight (ahead > 0)
+ * goes to the host when a row has penalties: its history ends with the token in flight, which the host has not
+ * seen. Sets the runner's flags and recipes for the next pass; true when the backend draws every row. */
 static bool choose_sampling(tm_engine *e, tm_sched_seq *const *seqs, const bool *want, int32_t n, int32_t ahead) {
     tm_runner *r = e->runner;
     /* plain greedy requests let a device backend take the argmax itself: only ids leave the device */
@@ -348,23 +361,44 @@ static bool choose_sampling(tm_engine *e, tm_sched_seq *const *seqs, const bool 
     for (int32_t i = 0; i < n && dev_greedy; i++)
         if (want[i] && !sampling_is_plain_greedy(&((tm_request *)seqs[i]->user)->gp.sampling)) dev_greedy = false;
     r->greedy_on_device = dev_greedy;
-    /* otherwise requests without penalties or logprobs can be drawn on the device too (a per-request stream keyed
-     * by (seed, tokens generated): reproducible for a seed, but not the host sampler's sequence) */
+    /* otherwise the device's sampler draws from a per-request stream keyed by (seed, tokens generated):
+     * reproducible for a seed, but not the host sampler's sequence */
     bool dev_sample = !dev_greedy && tm_runner_can_sample(r);
+    r->n_sample_pen = 0;
+    r->sample_logprobs = false;
     for (int32_t i = 0, row = 0; i < n && dev_sample; i++) {
         if (!want[i]) continue;
         tm_request *q = seqs[i]->user;
         const tm_sampling_params *sp = &q->gp.sampling;
-        if (!sampling_is_plain(sp)) {
+        const bool pen = tm_sampling_has_penalties(sp);
+        if (pen && ahead > 0) {
             dev_sample = false;
             break;
         }
-        r->sample_rows[row++] = (tm_sample_row){
+        tm_sample_row *w = &r->sample_rows[row++];
+        *w = (tm_sample_row){
             .temperature = sp->top_k == 1 ? 0.0f : sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
-            .top_k = sp->top_k, .seed = sp->seed, .offset = (uint64_t)(q->seq.n_tokens - q->seq.n_prompt + ahead)};
+            .top_k = sp->top_k, .seed = sp->seed, .offset = (uint64_t)(q->seq.n_tokens - q->seq.n_prompt + ahead),
+            .repeat_penalty = sp->repeat_penalty, .presence_penalty = sp->presence_penalty,
+            .frequency_penalty = sp->frequency_penalty, .pen_first = r->n_sample_pen, .pen_n = 0,
+            .n_logprobs = sp->n_logprobs};
+        if (sp->n_logprobs > 0) r->sample_logprobs = true;
+        if (pen && !add_pen_entries(e, q, w)) dev_sample = false;
+    }
+    if (!dev_sample) {
+        r->n_sample_pen = 0;
+        r->sample_logprobs = false;
     }
     r->sample_on_device = dev_sample;
     return dev_greedy || dev_sample;
+}
+
+/* a row drawn on the backend: its logprobs (when the request asks for them) into chosen and q->top */
+static void take_logprobs(tm_request *q, const tm_sample_lp *lp, tm_logprob *chosen) {
+    const int32_t n = q->gp.sampling.n_logprobs;
+    if (n <= 0) return;
+    chosen->logprob = lp->chosen;
+    for (int32_t j = 0; j < n && j < TM_SAMPLE_MAX_TOP; j++) q->top[j] = (tm_logprob){lp->top_id[j], lp->top_lp[j]};
 }
 
 /* A pipelined step was just queued (the runner's newest slot): its logits rows' requests, in row order. */
@@ -451,6 +485,7 @@ static tm_status collect_pass(tm_engine *e, tm_error *err) {
         int32_t tok = r->greedy[row];
         if (q->row_in[slot ^ 1] >= 0 && (s = tm_kv_seq_set_ids(&r->pool, &q->seq.kv, &tok, 1, err)) != TM_OK) break;
         tm_logprob chosen = {tok, 0};
+        take_logprobs(q, &r->sample_lp[row], &chosen);
         s = take_token(e, q, tok, &chosen, now, err);
     }
     P->n_rows = 0;
@@ -517,8 +552,9 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         tm_request *q = p->seqs[i]->user;
         tm_logprob chosen = {0, 0};
         if (on_device) { /* drawn on the device (a greedy sampler draws no random numbers) */
-            int32_t tok = r->greedy[row++];
+            int32_t tok = r->greedy[row];
             chosen.id = tok;
+            take_logprobs(q, &r->sample_lp[row++], &chosen);
             if ((s = take_token(e, q, tok, &chosen, now, err)) != TM_OK) return s;
             continue;
         }

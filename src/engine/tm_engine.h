@@ -84,6 +84,7 @@ typedef struct tm_engine {
     bool *st_logits;
     int32_t *st_src;            /* (max_seqs) a chained step's rows of the pass before it */
     tm_sched_seq **st_seq;      /* (max_seqs) a chained step's sequences */
+    int32_t *pen_mark;          /* (n_vocab) zeros between uses, or NULL until a step's penalties go to the backend */
     /* Pipelining: a decode step whose next step is certain (every running sequence decodes one token, nothing is
      * waiting to be admitted, blocks are free) is queued before the host has seen the tokens it samples; the next
      * tm_engine_step queues the step after it, reading those tokens on the device (tm_batch.token_src), and only

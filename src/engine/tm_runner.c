@@ -158,6 +158,8 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
                                    : tm_malloc_array((size_t)max_logits * (size_t)m->hp.n_vocab, sizeof(float));
     r->greedy = tm_malloc_array((size_t)max_logits, sizeof(int32_t));
     r->sample_rows = tm_malloc_array((size_t)max_logits, sizeof(tm_sample_row));
+    r->sample_lp = tm_malloc_array((size_t)max_logits, sizeof(tm_sample_lp));
+    r->host_sampling = getenv("TM_HOST_SAMPLING") && !strcmp(getenv("TM_HOST_SAMPLING"), "1");
     r->b_ids = tm_malloc_array(T, sizeof(int32_t));
     r->b_src = tm_malloc_array(T, sizeof(int32_t));
     r->b_pos = tm_malloc_array(T, sizeof(int32_t));
@@ -168,7 +170,7 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     r->b_ctx = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_last = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_btab = tm_malloc_array((size_t)r->max_seqs * (size_t)r->max_blocks, sizeof(int32_t));
-    if (!r->logits || !r->greedy || !r->sample_rows || !r->b_ids || !r->b_src || !r->b_pos || !r->b_seq ||
+    if (!r->logits || !r->greedy || !r->sample_rows || !r->sample_lp || !r->b_ids || !r->b_src || !r->b_pos || !r->b_seq ||
         !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
         !r->b_ctx || !r->b_last || !r->b_btab) {
         s = tm_err(err, TM_ERR_NOMEM, "out of memory allocating batch buffers");
@@ -204,6 +206,8 @@ void tm_runner_free(tm_runner *r) {
     if (!r->logits_borrowed) free(r->logits);
     free(r->greedy);
     free(r->sample_rows);
+    free(r->sample_lp);
+    free(r->sample_pen);
     free(r->b_ids);
     free(r->b_src);
     free(r->b_pos);
@@ -217,8 +221,21 @@ void tm_runner_free(tm_runner *r) {
     free(r);
 }
 
-bool tm_runner_can_argmax(const tm_runner *r) { return r->be->ops->argmax != NULL; }
-bool tm_runner_can_sample(const tm_runner *r) { return r->be->ops->sample != NULL; }
+tm_status tm_runner_pen_reserve(tm_runner *r, int32_t n, tm_error *err) {
+    if (n < 0 || n > INT32_MAX - r->n_sample_pen) return tm_err(err, TM_ERR_RANGE, "%d penalty entries", n);
+    int32_t need = r->n_sample_pen + n;
+    if (need <= r->cap_sample_pen) return TM_OK;
+    int32_t cap = r->cap_sample_pen > 0 ? r->cap_sample_pen : 256;
+    while (cap < need) cap = cap > INT32_MAX / 2 ? need : 2 * cap;
+    tm_sample_pen *p = realloc(r->sample_pen, (size_t)cap * sizeof *p);
+    if (!p) return tm_err(err, TM_ERR_NOMEM, "out of memory for %d penalty entries", cap);
+    r->sample_pen = p;
+    r->cap_sample_pen = cap;
+    return TM_OK;
+}
+
+bool tm_runner_can_argmax(const tm_runner *r) { return !r->host_sampling && r->be->ops->argmax != NULL; }
+bool tm_runner_can_sample(const tm_runner *r) { return !r->host_sampling && r->be->ops->sample != NULL; }
 
 /* The step's ragged batch in the staging buffers. src_row (n_seqs) or NULL: where src_row[k] >= 0, sequence k's one
  * new token is that row of the previous pipelined pass's ids (its id here is a placeholder). */
@@ -269,10 +286,18 @@ static tm_status build_batch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t
     return TM_OK;
 }
 
+/* The next step's sampling inputs (sample_rows, sample_pen, sample_logprobs), taken: the flags are for one step */
+static tm_sample_set take_sampling(tm_runner *r) {
+    const tm_sample_set set = {r->sample_rows, r->sample_pen, r->n_sample_pen, r->sample_logprobs};
+    r->n_sample_pen = 0;
+    r->sample_logprobs = false;
+    return set;
+}
+
 /* The forward pass of b (its time added to pass_s); logits to r->logits unless the ids are drawn on the backend
  * (argmax or sample). slot < 0: the ids are waited for (r->greedy); slot 0/1: only queued, for tm_runner_collect. */
-static tm_status run_pass(tm_runner *r, const tm_batch *b, bool dev_argmax, bool dev_sample, int32_t slot,
-                          tm_error *err) {
+static tm_status run_pass(tm_runner *r, const tm_batch *b, bool dev_argmax, bool dev_sample,
+                          const tm_sample_set *set, int32_t slot, tm_error *err) {
     const tm_backend_ops *op = r->be->ops;
     int32_t nl = b->n_logits, vocab = r->model->hp.n_vocab;
     const double t_pass = tm_time_s();
@@ -291,11 +316,11 @@ static tm_status run_pass(tm_runner *r, const tm_batch *b, bool dev_argmax, bool
     }
     if (st == TM_OK && slot >= 0)
         st = dev_argmax ? op->argmax_start(r->be, r->ws.logits, nl, vocab, slot, err)
-                        : op->sample_start(r->be, r->ws.logits, nl, vocab, r->sample_rows, slot, err);
+                        : op->sample_start(r->be, r->ws.logits, nl, vocab, set, slot, err);
     else if (st == TM_OK && dev_argmax)
         st = op->argmax(r->be, r->ws.logits, nl, vocab, r->greedy, err);
     else if (st == TM_OK && dev_sample)
-        st = op->sample(r->be, r->ws.logits, nl, vocab, r->sample_rows, r->greedy, err);
+        st = op->sample(r->be, r->ws.logits, nl, vocab, set, r->greedy, r->sample_lp, err);
     r->pass_s += tm_time_s() - t_pass;
     return st;
 }
@@ -317,6 +342,7 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
                          const bool *want_logits, int32_t n_seqs, tm_error *err) {
     bool want_argmax = r->greedy_on_device, want_sample = r->sample_on_device;
     r->greedy_on_device = r->sample_on_device = false; /* one step only: the next caller gets logits */
+    const tm_sample_set set = take_sampling(r);
     if (r->n_pending > 0)
         return tm_err(err, TM_ERR_INVALID, "a step while %d pipelined passes are pending", r->n_pending);
     tm_batch b;
@@ -324,7 +350,7 @@ tm_status tm_runner_step(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *co
     if (st != TM_OK) return st;
     bool dev_argmax = want_argmax && r->be->ops->argmax && b.n_logits > 0;
     bool dev_sample = !dev_argmax && want_sample && r->be->ops->sample && b.n_logits > 0;
-    if ((st = run_pass(r, &b, dev_argmax, dev_sample, -1, err)) != TM_OK) return st;
+    if ((st = run_pass(r, &b, dev_argmax, dev_sample, &set, -1, err)) != TM_OK) return st;
     return enter_tokens(r, seqs, new_ids, n_new, n_seqs, NULL, err);
 }
 
@@ -337,6 +363,7 @@ tm_status tm_runner_launch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *
                            const bool *want_logits, int32_t n_seqs, const int32_t *src_row, tm_error *err) {
     bool want_argmax = r->greedy_on_device, want_sample = r->sample_on_device;
     r->greedy_on_device = r->sample_on_device = false;
+    const tm_sample_set set = take_sampling(r);
     if (!tm_runner_can_pipeline(r)) return tm_err(err, TM_ERR_UNSUPPORTED, "the backend cannot pipeline steps");
     if (r->n_pending == 2) return tm_err(err, TM_ERR_INVALID, "two pipelined passes are pending already");
     if (!want_argmax && !want_sample) return tm_err(err, TM_ERR_INVALID, "a pipelined pass samples on the backend");
@@ -351,7 +378,7 @@ tm_status tm_runner_launch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *
                 (src_row[k] >= 0 && n_new[k] != 1))
                 return tm_err(err, TM_ERR_INVALID, "chained token of sequence %d reads row %d", k, src_row[k]);
     int32_t slot = (r->pend_first + r->n_pending) % 2;
-    if ((st = run_pass(r, &b, want_argmax, !want_argmax, slot, err)) != TM_OK) return st;
+    if ((st = run_pass(r, &b, want_argmax, !want_argmax, &set, slot, err)) != TM_OK) return st;
     r->pend_rows[slot] = b.n_logits;
     r->n_pending++;
     return enter_tokens(r, seqs, new_ids, n_new, n_seqs, src_row, err);
@@ -364,7 +391,7 @@ tm_status tm_runner_collect(tm_runner *r, int32_t *n_rows, tm_error *err) {
     r->pend_first = (r->pend_first + 1) % 2;
     r->n_pending--;
     const double t_wait = tm_time_s();
-    tm_status st = r->be->ops->ids_wait(r->be, slot, r->pend_rows[slot], r->greedy, err);
+    tm_status st = r->be->ops->ids_wait(r->be, slot, r->pend_rows[slot], r->greedy, r->sample_lp, err);
     r->pass_s += tm_time_s() - t_wait;
     if (st == TM_OK) *n_rows = r->pend_rows[slot];
     return st;
@@ -397,6 +424,7 @@ tm_status tm_runner_check_prompt(const tm_runner *r, const int32_t *prompt, size
 
 tm_status tm_runner_prompt_logits(tm_runner *r, const int32_t *prompt, size_t n_prompt, float *out, tm_error *err) {
     r->greedy_on_device = r->sample_on_device = false;
+    (void)take_sampling(r);
     tm_status s = tm_runner_check_prompt(r, prompt, n_prompt, err);
     if (s != TM_OK) return s;
     tm_kv_seq seq = {0};

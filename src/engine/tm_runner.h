@@ -56,6 +56,12 @@ typedef struct tm_runner {
                                  * unset); cleared by tm_runner_step */
     bool sample_on_device;      /* the next step only: draw each row per sample_rows on the backend (ids in greedy) */
     tm_sample_row *sample_rows; /* (max_logits) recipes of the next step's logits rows */
+    tm_sample_pen *sample_pen;  /* (cap_sample_pen) the next step's penalty entries (rows' pen_first / pen_n) */
+    int32_t n_sample_pen, cap_sample_pen;
+    bool host_sampling;         /* TM_HOST_SAMPLING=1: every row drawn by the host sampler (for comparisons) */
+    bool sample_logprobs;       /* the next step only: some row wants logprobs (into sample_lp) */
+    tm_sample_lp *sample_lp;    /* (max_logits) logprobs of the last pass's rows drawn on the backend with
+                                 * sample_logprobs (collected with its ids) */
     /* batch staging, (max_batch_tokens) each unless noted */
     int32_t *b_ids, *b_src, *b_pos, *b_seq, *b_logits_idx;
     int64_t *b_slots;
@@ -102,6 +108,8 @@ tm_status tm_runner_launch(tm_runner *r, tm_kv_seq *const *seqs, const int32_t *
                            const bool *want_logits, int32_t n_seqs, const int32_t *src_row, tm_error *err);
 tm_status tm_runner_collect(tm_runner *r, int32_t *n_rows, tm_error *err);
 
+/* Room for n more penalty entries in sample_pen (after n_sample_pen). */
+tm_status tm_runner_pen_reserve(tm_runner *r, int32_t n, tm_error *err);
 /* True when the backend can take the argmax itself (set r->greedy_on_device per step). */
 bool tm_runner_can_argmax(const tm_runner *r);
 bool tm_runner_can_sample(const tm_runner *r);

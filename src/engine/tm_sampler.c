@@ -271,6 +271,15 @@ static int32_t argmax(const float *x, int32_t n) {
     return best;
 }
 
+static inline float pen_one(const tm_sampling_params *p, float x, int32_t count, bool in_window) {
+    if (in_window) x = x > 0.0f ? x / p->repeat_penalty : x * p->repeat_penalty;
+    if (count > 0) {
+        const float sub = (float)count * p->frequency_penalty; /* two roundings, as the device does */
+        x -= sub + p->presence_penalty;
+    }
+    return x;
+}
+
 static void apply_penalties(tm_sampler *s, float *x, const int32_t *hist, size_t n_hist) {
     const tm_sampling_params *p = &s->p;
     const int32_t V = s->n_vocab;
@@ -278,12 +287,11 @@ static void apply_penalties(tm_sampler *s, float *x, const int32_t *hist, size_t
     if (p->repeat_penalty != 1.0f && p->repeat_last_n != 0) {
         size_t start = 0;
         if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n_hist) start = n_hist - (size_t)p->repeat_last_n;
-        const float rp = p->repeat_penalty;
         for (size_t i = start; i < n_hist; i++) {
             int32_t id = hist[i];
             if (id < 0 || id >= V || s->mark[id]) continue;
             s->mark[id] = 1;
-            x[id] = x[id] > 0.0f ? x[id] / rp : x[id] * rp;
+            x[id] = pen_one(p, x[id], 0, true);
         }
         for (size_t i = start; i < n_hist; i++)
             if (hist[i] >= 0 && hist[i] < V) s->mark[hist[i]] = 0;
@@ -294,10 +302,43 @@ static void apply_penalties(tm_sampler *s, float *x, const int32_t *hist, size_t
         for (size_t i = 0; i < n_hist; i++) {
             int32_t id = hist[i];
             if (id < 0 || id >= V || s->count[id] == 0) continue;
-            x[id] -= (float)s->count[id] * p->frequency_penalty + p->presence_penalty;
+            x[id] = pen_one(p, x[id], s->count[id], false);
             s->count[id] = 0; /* applied once; also restores the all-zero invariant */
         }
     }
+}
+
+bool tm_sampling_has_penalties(const tm_sampling_params *p) {
+    return (p->repeat_penalty != 1.0f && p->repeat_last_n != 0) || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
+size_t tm_sampler_pen_entries(const tm_sampling_params *p, int32_t n_vocab, const int32_t *hist, size_t n_hist,
+                              int32_t *mark, tm_sample_pen *out) {
+    const bool rep = p->repeat_penalty != 1.0f && p->repeat_last_n != 0;
+    const bool pf = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    if (!hist || n_hist == 0 || (!rep && !pf)) return 0;
+    size_t start = 0; /* the repeat penalty's window: hist[start ..) */
+    if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n_hist) start = n_hist - (size_t)p->repeat_last_n;
+    size_t n = 0;
+    for (size_t i = 0; i < n_hist; i++) {
+        const int32_t id = hist[i];
+        const bool win = rep && i >= start;
+        if (id < 0 || id >= n_vocab || (!pf && !win)) continue;
+        if (!mark[id]) {
+            out[n] = (tm_sample_pen){id, 0, 0};
+            mark[id] = (int32_t)++n;
+        }
+        tm_sample_pen *e = &out[mark[id] - 1];
+        if (pf) e->count++;
+        if (win) e->in_window = 1;
+    }
+    for (size_t j = 0; j < n; j++) mark[out[j].id] = 0;
+    return n;
+}
+
+void tm_sampler_pen_apply(const tm_sampling_params *p, float *x, const tm_sample_pen *e, size_t n) {
+    for (size_t j = 0; j < n; j++) x[e[j].id] = pen_one(p, x[e[j].id], e[j].count, e[j].in_window != 0);
 }
 
 /* log-softmax normaliser kept as (max, log sum exp(x - max)): x - lse computed as (x - max) - log_z keeps
@@ -494,8 +535,7 @@ static int32_t sanitize_argmax(float *x, int32_t n) {
 
 static bool penalties_apply(const tm_sampler *s, size_t n_hist) {
     const tm_sampling_params *p = &s->p;
-    return n_hist > 0 && ((p->repeat_penalty != 1.0f && p->repeat_last_n != 0) || p->presence_penalty != 0.0f ||
-                          p->frequency_penalty != 0.0f);
+    return n_hist > 0 && tm_sampling_has_penalties(p);
 }
 
 int32_t tm_sampler_sample(tm_sampler *s, float *logits, const int32_t *hist, size_t n_hist, tm_logprob *chosen,

@@ -3,6 +3,7 @@
 #include "tb_guard.h"
 
 #include "backend/cuda/tm_cuda_kernels.h"
+#include "engine/tm_sampler.h"
 
 /* version 1: the bit-by-bit selection; 2: radix selection, blocks per row chosen by the launcher; 2CL (21, 22,
  * 24, 28): radix selection with CL blocks per row forced (a cluster when CL > 1) */
@@ -414,6 +415,164 @@ static void stats_suite(void) {
     }
 }
 
+/* ---- penalties and logprobs (tm_cuda_sample_prepare, then the draw, then tm_cuda_sample_finish) ---- */
+
+typedef struct pen_case {
+    int rows, V;
+    float *x;                    /* (rows, V) host logits */
+    tm_cuda_sample_params *hp;   /* (rows) greedy */
+    tm_cuda_sample_extra *hx;    /* (rows) */
+    tm_cuda_sample_pen *pen;     /* (n_pen) */
+    int n_pen;
+    float *d_x, *d_raw;
+    tm_cuda_sample_params *d_p;
+    tm_cuda_sample_extra *d_xp;
+    tm_cuda_sample_pen *d_pen;
+    int32_t *d_ids;
+    tm_cuda_sample_lp *d_lp;
+    void *d_work;
+} pen_case;
+
+/* rows of logits (ties: small integers) with per-row penalties over up to 48 distinct ids each and n_top in 0, 1, 5,
+ * 20; every seventh row boosts one id by 50 (a presence penalty of -50), so that the drawn id is one the penalties
+ * touched and its logprob must come from the value before them */
+static pen_case pen_make(int rows, int V, bool ties) {
+    pen_case c = {rows, V, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t n = (size_t)rows * V;
+    c.x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) c.x[i] = ties ? (float)(int)(3.0f * tb_normal()) : 4.0f * tb_normal();
+    c.hp = malloc(rows * sizeof *c.hp);
+    c.hx = malloc(rows * sizeof *c.hx);
+    c.pen = malloc((size_t)rows * 48 * sizeof *c.pen);
+    int32_t *mark = calloc((size_t)V, sizeof(int32_t));
+    const int tops[4] = {0, 1, 5, 20};
+    for (int r = 0; r < rows; r++) {
+        const bool boost = r % 7 == 2;
+        tm_cuda_sample_extra e = {r % 3 == 0 ? 1.0f : 1.3f, boost ? -50.0f : r % 2 ? 0.5f : 0.0f,
+                                  r % 5 == 1 ? 0.25f : 0.0f, c.n_pen, 0, tops[r % 4]};
+        if (boost && e.n_top == 0) e.n_top = 3;
+        const bool pf = e.presence_penalty != 0.0f || e.frequency_penalty != 0.0f;
+        const int want = boost ? 1 : (r * 13) % 49;
+        for (int j = 0; j < want; j++) {
+            int id = (int)(tb_rand_u64() % (uint64_t)V);
+            if (mark[id]) continue;
+            mark[id] = 1;
+            tm_cuda_sample_pen pe = {id, pf ? 1 + (int)(tb_rand_u64() % 3) : 0,
+                                     e.repeat_penalty != 1.0f && (tb_rand_u64() & 1)};
+            if (pe.count == 0 && !pe.in_window) pe.in_window = e.repeat_penalty != 1.0f;
+            c.pen[c.n_pen++] = pe;
+            e.pen_n++;
+        }
+        for (int j = e.pen_first; j < c.n_pen; j++) mark[c.pen[j].id] = 0;
+        c.hx[r] = e;
+        c.hp[r] = (tm_cuda_sample_params){0.0f, 1.0f, 0.0f, 0, (uint64_t)r, 0};
+    }
+    free(mark);
+    c.d_x = tb_upload(c.x, n * sizeof(float));
+    c.d_raw = tb_dev((size_t)(c.n_pen > 0 ? c.n_pen : 1) * sizeof(float));
+    c.d_p = tb_upload(c.hp, rows * sizeof *c.hp);
+    c.d_xp = tb_upload(c.hx, rows * sizeof *c.hx);
+    c.d_pen = tb_upload(c.pen, (size_t)(c.n_pen > 0 ? c.n_pen : 1) * sizeof *c.pen);
+    c.d_ids = tb_dev(rows * sizeof(int32_t));
+    c.d_lp = tb_dev(rows * sizeof(tm_cuda_sample_lp));
+    c.d_work = tb_dev(tm_cuda_sample_work_bytes(rows, V));
+    return c;
+}
+
+static void pen_free(pen_case *c) {
+    free(c->x);
+    free(c->hp);
+    free(c->hx);
+    free(c->pen);
+    cudaFree(c->d_x);
+    cudaFree(c->d_raw);
+    cudaFree(c->d_p);
+    cudaFree(c->d_xp);
+    cudaFree(c->d_pen);
+    cudaFree(c->d_ids);
+    cudaFree(c->d_lp);
+    cudaFree(c->d_work);
+}
+
+static void pen_run(void *p) { /* what the backend's sample op queues */
+    pen_case *c = p;
+    TB_CHECK(tm_cuda_sample_prepare(c->d_x, c->rows, c->V, c->d_xp, c->d_pen, c->n_pen, c->d_raw, true, c->d_work,
+                                    c->d_lp, 0));
+    TB_CHECK(tm_cuda_sample(c->d_x, c->rows, c->V, c->d_p, NULL, c->d_ids, NULL, 0));
+    TB_CHECK(tm_cuda_sample_finish(c->d_x, c->rows, c->V, c->d_xp, c->d_pen, c->d_raw, c->d_ids, c->d_work, c->d_lp,
+                                   0));
+}
+
+/* against the host sampler's operations: the penalised logits bit for bit (tm_sampler_pen_apply), the greedy id of
+ * them, the top ids exactly (by logit, ties to the lower id) and every logprob (of the logits before penalties)
+ * within 1e-4 (float sums on the device). cluster: TM_CUDA_LOGPROBS_CLUSTER, or NULL for the launcher's choice. */
+static void check_pen_logprobs(int rows, int V, bool ties, const char *cluster) {
+    pen_case c = pen_make(rows, V, ties);
+    size_t n = (size_t)rows * V;
+    if (cluster) setenv("TM_CUDA_LOGPROBS_CLUSTER", cluster, 1);
+    tb_poison(c.d_ids, rows * sizeof(int32_t));
+    tb_poison(c.d_lp, rows * sizeof(tm_cuda_sample_lp));
+    tb_poison(c.d_work, tm_cuda_sample_work_bytes(rows, V));
+    pen_run(&c);
+    TB_CHECK(cudaDeviceSynchronize());
+    unsetenv("TM_CUDA_LOGPROBS_CLUSTER");
+    float *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+    int32_t *ids = malloc(rows * sizeof(int32_t));
+    tm_cuda_sample_lp *lp = malloc(rows * sizeof *lp);
+    tb_download(got, c.d_x, n * sizeof(float));
+    tb_download(ids, c.d_ids, rows * sizeof(int32_t));
+    tb_download(lp, c.d_lp, rows * sizeof *lp);
+    memcpy(want, c.x, n * sizeof(float));
+    int bad = 0, boosted = 0;
+    double lp_err = 0.0;
+    int *ord = malloc((size_t)V * sizeof(int));
+    for (int r = 0; r < rows; r++) {
+        const tm_cuda_sample_extra *e = &c.hx[r];
+        const float *xr = c.x + (size_t)r * V;
+        float *wr = want + (size_t)r * V;
+        tm_sampling_params sp = {.repeat_penalty = e->repeat_penalty, .presence_penalty = e->presence_penalty,
+                                 .frequency_penalty = e->frequency_penalty};
+        tm_sampler_pen_apply(&sp, wr, (const tm_sample_pen *)(c.pen + e->pen_first), (size_t)e->pen_n);
+        bad += memcmp(wr, got + (size_t)r * V, (size_t)V * sizeof(float)) != 0;
+        const int id = ref_argmax(wr, V);
+        bad += ids[r] != id;
+        if (e->n_top <= 0) continue;
+        boosted += e->presence_penalty < -1.0f && wr[id] != xr[id];
+        lp_err = fmax(lp_err, fabs(lp[r].chosen - ref_logprob(xr, V, id)));
+        for (int i = 0; i < V; i++) ord[i] = i;
+        g_sort_x = xr;
+        qsort(ord, V, sizeof(int), cmp_desc);
+        for (int t = 0; t < e->n_top; t++) {
+            if (t >= V) {
+                bad += lp[r].top_id[t] != -1;
+                continue;
+            }
+            bad += lp[r].top_id[t] != ord[t];
+            lp_err = fmax(lp_err, fabs(lp[r].top_lp[t] - ref_logprob(xr, V, ord[t])));
+        }
+    }
+    if (rows >= 7) bad += boosted == 0; /* the raw-value path was taken */
+    char name[80];
+    snprintf(name, sizeof name, "pen+logprobs%s%s rows=%d V=%d%s", cluster ? " blocks=" : "", cluster ? cluster : "",
+             rows, V, ties ? " ties" : "");
+    tb_result("sample", name, bad ? 1.0 : lp_err, 1e-4, 0, 0, 0, 'm');
+    free(ord);
+    free(got);
+    free(want);
+    free(ids);
+    free(lp);
+    pen_free(&c);
+}
+
+static void time_pen(int rows, int V) {
+    pen_case c = pen_make(rows, V, false);
+    double us = tb_time_us(pen_run, &c, 3, 50);
+    char name[80];
+    snprintf(name, sizeof name, "pen+logprobs+greedy rows=%d V=%d", rows, V);
+    tb_result("sample", name, 0, 0, us, 4.0 * rows * V, 0, 'm');
+    pen_free(&c);
+}
+
 /* ---- timing ---- */
 
 static void time_sample(const char *label, int rows, int V, tm_cuda_sample_params p, int version, bool argmax) {
@@ -490,6 +649,13 @@ int main(void) {
     check_exact(24, 128256, LOGITS_FLAT, "flat");
     check_exact(48, 4000, LOGITS_TIES, "ties");
     stats_suite();
+    check_pen_logprobs(1, 128256, false, NULL);
+    check_pen_logprobs(3, 128256, false, "8");
+    check_pen_logprobs(64, 128256, false, NULL);
+    check_pen_logprobs(200, 32003, false, NULL);
+    check_pen_logprobs(29, 4000, true, "2");
+    check_pen_logprobs(29, 4000, true, "1");
+    check_pen_logprobs(9, 17, false, NULL);
 
     if (getenv("TB_CHECK_ONLY")) return tb_finish("tb_sample"); /* correctness only, no timing */
     const tm_cuda_sample_params typical = {0.7f, 0.9f, 0.05f, 40, 1, 0};
@@ -509,5 +675,7 @@ int main(void) {
     time_sample("T=1 p=0.95", 256, 128256, nucleus, 2, false);
     time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 1024, 128256, typical, 2, false);
     time_sample("T=0.7 k=40 p=0.9 min_p=0.05", 1, 128256, typical, 1, false);
+    time_pen(1, 128256);
+    time_pen(64, 128256);
     return tb_finish("tb_sample");
 }

@@ -503,8 +503,10 @@ static tm_status cpu_argmax(tm_backend *be, const void *logits, int32_t n_rows, 
 
 /* a backend sampler that records the recipes it is given and draws the argmax */
 static int g_sample_calls, g_seen_seed5, g_max_offset5, g_bad_rows;
-static tm_status mock_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
-                             int32_t *out, tm_error *err) {
+static tm_status mock_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
+                             int32_t *out, tm_sample_lp *lp, tm_error *err) {
+    (void)lp;
+    const tm_sample_row *rows = set->rows;
     g_sample_calls++;
     for (int32_t r = 0; r < n_rows; r++) {
         if (rows[r].seed == 5) {
@@ -676,19 +678,22 @@ static void pipe_record(const tm_sample_row *rows, int32_t n_rows) {
             g_offsets[g_n_offsets++][1] = (int)rows[r].offset;
         }
 }
-static tm_status pipe_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
-                             int32_t *out, tm_error *err) {
-    pipe_record(rows, n_rows);
+static tm_status pipe_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
+                             int32_t *out, tm_sample_lp *lp, tm_error *err) {
+    (void)lp;
+    pipe_record(set->rows, n_rows);
     return cpu_argmax(be, logits, n_rows, vocab, out, err);
 }
 static tm_status pipe_sample_start(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
-                                   const tm_sample_row *rows, int32_t slot, tm_error *err) {
-    pipe_record(rows, n_rows);
+                                   const tm_sample_set *set, int32_t slot, tm_error *err) {
+    pipe_record(set->rows, n_rows);
     return pipe_argmax_start(be, logits, n_rows, vocab, slot, err);
 }
-static tm_status pipe_ids_wait(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out, tm_error *err) {
+static tm_status pipe_ids_wait(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out, tm_sample_lp *lp,
+                               tm_error *err) {
     (void)be;
     (void)err;
+    (void)lp;
     memcpy(out, g_slot_ids[slot], (size_t)n_rows * sizeof(int32_t));
     return TM_OK;
 }
@@ -824,6 +829,177 @@ static void test_engine_pipelined(void **st) {
 }
 
 /* tm_batch_fresh_from: where the trailing run of fresh sequences (no cached prefix) starts, not before lo */
+/* ---- penalties and logprobs drawn "on the backend" ------------------------------------------------------------
+ * A mock that implements ops->sample's whole contract on the host as a device backend must: each row's penalty
+ * entries applied to a copy of its logits (tm_sampler_pen_apply, the operations the cuda kernel performs), the
+ * argmax of the result (these requests are greedy), and the logprobs of the logits before penalties. The engine
+ * must then give every request the tokens and logprobs the host sampler gives it. */
+static int g_full_pen_rows, g_full_lp_rows, g_full_calls;
+static tm_sample_lp g_slot_lp[2][64];
+
+static void full_draw(const float *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set, int32_t *out,
+                      tm_sample_lp *lp) {
+    float *x = malloc((size_t)vocab * sizeof *x);
+    assert_non_null(x);
+    g_full_calls++;
+    for (int32_t r = 0; r < n_rows; r++) {
+        const tm_sample_row *w = &set->rows[r];
+        const float *raw = logits + (size_t)r * (size_t)vocab;
+        memcpy(x, raw, (size_t)vocab * sizeof *x);
+        if (w->pen_n > 0) {
+            g_full_pen_rows++;
+            assert_true(w->pen_first >= 0 && w->pen_first + w->pen_n <= set->n_pen);
+            tm_sampling_params p = {.repeat_penalty = w->repeat_penalty, .presence_penalty = w->presence_penalty,
+                                    .frequency_penalty = w->frequency_penalty};
+            tm_sampler_pen_apply(&p, x, set->pen + w->pen_first, (size_t)w->pen_n);
+        }
+        assert_true(w->temperature == 0.0f);
+        int32_t best = 0;
+        for (int32_t j = 1; j < vocab; j++)
+            if (x[j] > x[best]) best = j;
+        out[r] = best;
+        if (!set->logprobs || w->n_logprobs <= 0) continue;
+        g_full_lp_rows++;
+        double m = raw[0], z = 0.0;
+        for (int32_t j = 1; j < vocab; j++) m = raw[j] > m ? raw[j] : m;
+        for (int32_t j = 0; j < vocab; j++) z += exp((double)raw[j] - m);
+        const double lz = log(z);
+        lp[r].chosen = (float)(((double)raw[best] - m) - lz);
+        for (int32_t t = 0; t < w->n_logprobs; t++) { /* the t-th best by logit, ties to the lower id */
+            int32_t b = -1;
+            for (int32_t j = 0; j < vocab; j++) {
+                bool taken = false;
+                for (int32_t u = 0; u < t; u++) taken |= lp[r].top_id[u] == j;
+                if (!taken && (b < 0 || raw[j] > raw[b])) b = j;
+            }
+            lp[r].top_id[t] = b;
+            lp[r].top_lp[t] = (float)(((double)raw[b] - m) - lz);
+        }
+    }
+    free(x);
+}
+static tm_status full_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
+                             const tm_sample_set *set, int32_t *out, tm_sample_lp *lp, tm_error *err) {
+    (void)be;
+    (void)err;
+    full_draw(logits, n_rows, vocab, set, out, lp);
+    return TM_OK;
+}
+static tm_status full_sample_start(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
+                                   const tm_sample_set *set, int32_t slot, tm_error *err) {
+    (void)be;
+    (void)err;
+    assert_true(n_rows >= 1 && n_rows <= 64);
+    g_pipe_launches++;
+    full_draw(logits, n_rows, vocab, set, g_dev_ids, g_slot_lp[slot]);
+    memcpy(g_slot_ids[slot], g_dev_ids, (size_t)n_rows * sizeof(int32_t));
+    return TM_OK;
+}
+static tm_status full_ids_wait(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out, tm_sample_lp *lp,
+                               tm_error *err) {
+    (void)be;
+    (void)err;
+    memcpy(out, g_slot_ids[slot], (size_t)n_rows * sizeof(int32_t));
+    if (lp) memcpy(lp, g_slot_lp[slot], (size_t)n_rows * sizeof(tm_sample_lp));
+    return TM_OK;
+}
+
+typedef struct lp_out {
+    int32_t ids[16];
+    float lp[16];
+    tm_logprob top[16][3];
+    int n;
+} lp_out;
+static bool lp_cb(void *user, const tm_gen_event *ev) {
+    lp_out *o = user;
+    if (ev->token < 0 || o->n >= 16) return true;
+    o->ids[o->n] = ev->token;
+    o->lp[o->n] = ev->chosen.logprob;
+    for (int32_t t = 0; t < ev->n_top && t < 3; t++) o->top[o->n][t] = ev->top[t];
+    o->n++;
+    return true;
+}
+
+/* mode 0: the host sampler; 1: the mock, one step at a time; 2: the mock with pipelined steps */
+static void full_run(const tm_model *m, int mode, lp_out *out) {
+    tm_error err;
+    tm_engine_cfg cfg = {.runner = {.n_threads = 2, .n_ctx = 64, .max_batch_tokens = 32, .n_seqs = 5},
+                         .sched = {.max_batched_tokens = 32, .max_seqs = 5}};
+    tm_engine *e = NULL;
+    assert_int_equal(tm_engine_create(m, &cfg, &e, &err), TM_OK);
+    const tm_backend_ops *orig = e->runner->be->ops;
+    tm_backend_ops ops = *orig;
+    g_pipe_cpu = orig;
+    g_pipe_batch = NULL;
+    if (mode > 0) {
+        ops.argmax = cpu_argmax;
+        ops.sample = full_sample;
+    }
+    if (mode == 2) {
+        ops.begin_step = pipe_begin;
+        ops.end_step = pipe_end;
+        ops.embed = pipe_embed;
+        ops.argmax_start = pipe_argmax_start;
+        ops.sample_start = full_sample_start;
+        ops.ids_wait = full_ids_wait;
+    }
+    e->runner->be->ops = &ops;
+    e->pipeline = mode == 2;
+    int32_t prompt[5][6];
+    for (int k = 0; k < 5; k++)
+        for (int i = 0; i < 6; i++) prompt[k][i] = (k * 17 + i * 5 + 2) % m->hp.n_vocab;
+    for (int k = 0; k < 5; k++) {
+        tm_gen_params gp = {.sampling = tm_sampling_default(), .max_tokens = 14, .ignore_eos = true};
+        tm_sampling_params *sp = &gp.sampling;
+        sp->temperature = 0.0f;
+        if (k == 0) sp->repeat_penalty = 3.0f, sp->repeat_last_n = 6;
+        if (k == 1) sp->presence_penalty = 1.5f, sp->frequency_penalty = 0.75f;
+        if (k == 2) sp->n_logprobs = 3;
+        if (k == 3) sp->repeat_penalty = 2.0f, sp->repeat_last_n = -1, sp->n_logprobs = 2;
+        /* k == 4: plain greedy, next to them */
+        assert_int_equal(tm_engine_add(e, prompt[k], 6, &gp, lp_cb, &out[k], NULL, &err), TM_OK);
+    }
+    while (tm_engine_has_work(e)) assert_int_equal(tm_engine_step(e, &err), TM_OK);
+    assert_int_equal(e->runner->n_pending, 0);
+    e->runner->be->ops = orig;
+    tm_engine_free(e);
+}
+
+static void test_engine_penalties_logprobs_on_backend(void **st) {
+    (void)st;
+    tiny_opts o = tiny_default();
+    tm_model *m = load_tiny(&o);
+    lp_out out[3][5];
+    memset(out, 0, sizeof out);
+    full_run(m, 0, out[0]);
+    assert_int_equal(g_full_calls, 0);
+    full_run(m, 1, out[1]);
+    assert_true(g_full_pen_rows > 0 && g_full_lp_rows > 0);
+    const int calls1 = g_full_calls;
+    g_pipe_launches = 0;
+    full_run(m, 2, out[2]);
+    assert_true(g_full_calls > calls1);
+    assert_true(g_pipe_launches > 0);
+    for (int k = 0; k < 5; k++) assert_int_equal(out[0][k].n, 14);
+    /* the penalties change what greedy decoding picks (else this test could not see them dropped) */
+    assert_memory_not_equal(out[0][0].ids, out[0][4].ids, sizeof out[0][0].ids);
+    for (int mode = 1; mode < 3; mode++)
+        for (int k = 0; k < 5; k++) {
+            assert_int_equal(out[mode][k].n, 14);
+            assert_memory_equal(out[mode][k].ids, out[0][k].ids, sizeof out[0][k].ids);
+            for (int i = 0; i < 14; i++) {
+                assert_true(fabsf(out[mode][k].lp[i] - out[0][k].lp[i]) < 1e-5f);
+                for (int t = 0; t < 3; t++) {
+                    assert_int_equal(out[mode][k].top[i][t].id, out[0][k].top[i][t].id);
+                    assert_true(fabsf(out[mode][k].top[i][t].logprob - out[0][k].top[i][t].logprob) < 1e-5f);
+                }
+            }
+        }
+    /* logprob requests did report something: a chosen logprob below 0 and top ids in the vocabulary */
+    assert_true(out[0][2].lp[0] < 0.0f && out[0][2].top[0][0].id >= 0 && out[0][3].top[5][1].id >= 0);
+    tm_model_free(m);
+}
+
 static void test_batch_fresh_from(void **state) {
     (void)state;
     /* decode token, a chunk continued from an earlier step, then three fresh prompts (the last one cut short) */
@@ -859,6 +1035,7 @@ int main(void) {
         cmocka_unit_test(test_deferred_dummy_weights),
         cmocka_unit_test(test_engine_argmax_on_backend),
         cmocka_unit_test(test_engine_pipelined),
+        cmocka_unit_test(test_engine_penalties_logprobs_on_backend),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

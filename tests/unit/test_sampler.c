@@ -893,6 +893,64 @@ static void test_large_vocab_cost(void **state) {
     free(order);
 }
 
+/* The backend's form of the penalties (tm_sampler_pen_entries, then tm_sampler_pen_apply, which a device kernel
+ * mirrors) gives bit for bit the logits the sampler penalises itself, for every mix of penalties and windows. */
+static void test_pen_entries(void **st) {
+    (void)st;
+    enum { V = 50, N_HIST = 40 };
+    int32_t mark[V] = {0};
+    tm_sample_pen ent[N_HIST];
+    uint64_t x = 99;
+    const float rps[] = {1.0f, 1.3f, 0.7f};
+    const float pps[] = {0.0f, 0.6f, -1.1f};
+    const float fps[] = {0.0f, 0.35f, 1.7f};
+    const int32_t lasts[] = {-1, 0, 1, 7, 64};
+    int cases = 0, changed = 0;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 3; c++)
+                for (int d = 0; d < 5; d++) {
+                    tm_sampling_params p = tm_sampling_default();
+                    p.temperature = 0.0f;
+                    p.repeat_penalty = rps[a];
+                    p.presence_penalty = pps[b];
+                    p.frequency_penalty = fps[c];
+                    p.repeat_last_n = lasts[d];
+                    int32_t hist[N_HIST];
+                    size_t n_hist = (size_t)(a * 13 + b * 5 + c * 3 + d) % N_HIST;
+                    for (size_t i = 0; i < n_hist; i++) { /* few distinct ids: many repeats; one out of range */
+                        x = x * 6364136223846793005ull + 1442695040888963407ull;
+                        hist[i] = (int32_t)((x >> 33) % 12) * 3;
+                    }
+                    if (n_hist > 3) hist[2] = V + 4;
+                    float want[V], got[V];
+                    for (int i = 0; i < V; i++) {
+                        x = x * 6364136223846793005ull + 1442695040888963407ull;
+                        want[i] = got[i] = (float)((int64_t)(x >> 40) - (1 << 23)) / 777777.0f;
+                    }
+                    tm_sampler *s = NULL;
+                    tm_error err;
+                    assert_int_equal(tm_sampler_create(&p, V, &s, &err), TM_OK);
+                    tm_sampler_sample(s, want, hist, n_hist, NULL, NULL); /* leaves the penalised logits */
+                    tm_sampler_free(s);
+                    size_t n = tm_sampler_pen_entries(&p, V, hist, n_hist, mark, ent);
+                    assert_int_equal(n > 0, n_hist > 0 && tm_sampling_has_penalties(&p));
+                    for (size_t j = 0; j < n; j++) {
+                        assert_true(ent[j].id >= 0 && ent[j].id < V);
+                        for (size_t k = 0; k < j; k++) assert_int_not_equal(ent[j].id, ent[k].id);
+                    }
+                    for (int i = 0; i < V; i++) assert_int_equal(mark[i], 0); /* the scratch is left clean */
+                    float before[V];
+                    memcpy(before, got, sizeof got);
+                    tm_sampler_pen_apply(&p, got, ent, n);
+                    assert_memory_equal(got, want, sizeof want);
+                    changed += memcmp(got, before, sizeof got) != 0;
+                    cases++;
+                }
+    assert_int_equal(cases, 135);
+    assert_true(changed > 60); /* most cases do penalise something */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rng_known_answers),
@@ -909,6 +967,7 @@ int main(void) {
         cmocka_unit_test(test_frequencies),
         cmocka_unit_test(test_seed_determinism),
         cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_pen_entries),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_nan_inf),
         cmocka_unit_test(test_large_vocab_cost),

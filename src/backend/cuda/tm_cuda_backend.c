@@ -111,12 +111,25 @@ typedef struct cu_backend {
     int32_t max_tokens;
     int32_t *d_ids_out;          /* (cfg.max_logits) argmax / sampled ids */
     tm_cuda_sample_params *d_sparams; /* (cfg.max_logits) per-row sampling recipes */
+    tm_cuda_sample_extra *d_sextra;   /* (cfg.max_logits) per-row penalties and logprobs */
     /* pipelined sampling (argmax_start, sample_start, ids_wait), per slot: pinned ids and recipes, and the events of
      * the ids' copy to the host and of the recipes' upload */
     int32_t *h_ids[2];           /* (cfg.max_logits) */
     tm_cuda_sample_params *h_sp[2]; /* (cfg.max_logits) */
+    tm_cuda_sample_extra *h_sx[2];  /* (cfg.max_logits) */
     cudaEvent_t ids_ev[2], sp_ev[2];
     bool sp_used[2];
+    /* penalties and logprobs (tm_cuda_sample_prepare / _finish): the step's entries, staged per slot, on the device
+     * with their values before the penalties; the rows' logprobs on the device and per slot on the host */
+    tm_cuda_sample_pen *h_pen[2];   /* (h_pen_cap[slot]) pinned */
+    int32_t h_pen_cap[2];
+    tm_cuda_sample_pen *d_pen;      /* (d_pen_cap) */
+    float *d_pen_raw;               /* (d_pen_cap) */
+    int32_t d_pen_cap;
+    tm_cuda_sample_lp *d_lp;        /* (cfg.max_logits) */
+    void *d_swork;                  /* tm_cuda_sample_work_bytes(cfg.max_logits) */
+    tm_cuda_sample_lp *h_lp[2];     /* (cfg.max_logits) pinned */
+    bool lp_pend[2];                /* the slot's pass copies logprobs */
     float *host_stage;           /* (stage_elems) pinned staging for to_host / from_host */
     size_t stage_bytes;
     /* fused GEMV epilogues (off with TM_CUDA_NO_FUSE=1). The add+RMSNorm epilogue is opt-in
@@ -1438,9 +1451,17 @@ static void cu_free(tm_backend *be) {
     cudaFreeHost(c->host_stage);
     cudaFree(c->d_ids_out);
     cudaFree(c->d_sparams);
+    cudaFree(c->d_sextra);
+    cudaFree(c->d_pen);
+    cudaFree(c->d_pen_raw);
+    cudaFree(c->d_lp);
+    cudaFree(c->d_swork);
     for (int k = 0; k < 2; k++) {
         cudaFreeHost(c->h_ids[k]);
         cudaFreeHost(c->h_sp[k]);
+        cudaFreeHost(c->h_sx[k]);
+        cudaFreeHost(c->h_pen[k]);
+        cudaFreeHost(c->h_lp[k]);
         if (c->ids_ev[k]) cudaEventDestroy(c->ids_ev[k]);
         if (c->sp_ev[k]) cudaEventDestroy(c->sp_ev[k]);
     }
@@ -1486,40 +1507,102 @@ static tm_status cu_argmax(tm_backend *be, const void *logits, int32_t n_rows, i
     return ids_to_host(c, n_rows, out_host, err);
 }
 
-/* rows' recipes into the pinned hp, uploaded (then `uploaded` recorded, when given), and one token per row drawn into
- * d_ids_out; false on a device error (recorded) */
-static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
-                          tm_cuda_sample_params *hp, cudaEvent_t uploaded) {
-    for (int32_t r = 0; r < n_rows; r++)
-        hp[r] = (tm_cuda_sample_params){.temperature = rows[r].temperature, .top_p = rows[r].top_p,
-                                        .min_p = rows[r].min_p, .top_k = rows[r].top_k, .seed = rows[r].seed,
-                                        .offset = rows[r].offset};
-    return !cu_fail(c, cudaMemcpyAsync(c->d_sparams, hp, (size_t)n_rows * sizeof(*hp), cudaMemcpyHostToDevice, c->stream),
-                    "sampling params") &&
-           !(uploaded && cu_fail(c, cudaEventRecord(uploaded, c->stream), "sampling params event")) &&
-           !cu_fail(c, tm_cuda_sample(logits, n_rows, vocab, c->d_sparams, NULL, c->d_ids_out, NULL, c->stream),
-                    "sample");
+_Static_assert(sizeof(tm_sample_pen) == sizeof(tm_cuda_sample_pen), "penalty entries are copied as they are");
+_Static_assert(sizeof(tm_sample_lp) == sizeof(tm_cuda_sample_lp) && TM_SAMPLE_MAX_TOP == TM_CUDA_SAMPLE_MAX_TOP,
+               "logprob rows are copied as they are");
+
+/* room for n penalty entries in slot's pinned staging and on the device (grown geometrically; the device buffer
+ * only after the stream is idle, since a queued pass may still read it) */
+static bool pen_room(cu_backend *c, int32_t slot, int32_t n) {
+    if (n > c->h_pen_cap[slot]) {
+        int32_t cap = n > 2 * c->h_pen_cap[slot] ? n : 2 * c->h_pen_cap[slot];
+        cudaFreeHost(c->h_pen[slot]);
+        c->h_pen[slot] = NULL;
+        c->h_pen_cap[slot] = 0;
+        if (cu_fail(c, cudaMallocHost((void **)&c->h_pen[slot], (size_t)cap * sizeof(tm_cuda_sample_pen)),
+                    "penalty staging"))
+            return false;
+        c->h_pen_cap[slot] = cap;
+    }
+    if (n > c->d_pen_cap) {
+        int32_t cap = n > 2 * c->d_pen_cap ? n : 2 * c->d_pen_cap;
+        if (cu_fail(c, cudaStreamSynchronize(c->stream), "penalty entries")) return false;
+        cudaFree(c->d_pen);
+        cudaFree(c->d_pen_raw);
+        c->d_pen = NULL;
+        c->d_pen_raw = NULL;
+        c->d_pen_cap = 0;
+        if (cu_fail(c, cudaMalloc((void **)&c->d_pen, (size_t)cap * sizeof(tm_cuda_sample_pen)), "penalty entries") ||
+            cu_fail(c, cudaMalloc((void **)&c->d_pen_raw, (size_t)cap * sizeof(float)), "penalty entries"))
+            return false;
+        c->d_pen_cap = cap;
+    }
+    return true;
 }
 
-static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_row *rows,
-                           int32_t *out_host, tm_error *err) {
+/* The step's recipes and penalty entries into slot's pinned staging (its previous upload waited for first), uploaded
+ * (sp_ev[slot] recorded), then penalties and logprobs (tm_cuda_sample_prepare), one token per row into d_ids_out,
+ * and the chosen ids' logprobs (tm_cuda_sample_finish); false on a device error (recorded) */
+static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
+                          int32_t slot) {
+    if (c->sp_used[slot] && cu_fail(c, cudaEventSynchronize(c->sp_ev[slot]), "sampling params")) return false;
+    const tm_sample_row *rows = set->rows;
+    const int32_t n_pen = set->n_pen > 0 ? set->n_pen : 0;
+    const bool extra = n_pen > 0 || set->logprobs;
+    tm_cuda_sample_params *hp = c->h_sp[slot];
+    tm_cuda_sample_extra *hx = c->h_sx[slot];
+    for (int32_t r = 0; r < n_rows; r++) {
+        const tm_sample_row *w = &rows[r];
+        hp[r] = (tm_cuda_sample_params){.temperature = w->temperature, .top_p = w->top_p, .min_p = w->min_p,
+                                        .top_k = w->top_k, .seed = w->seed, .offset = w->offset};
+        hx[r] = (tm_cuda_sample_extra){.repeat_penalty = w->repeat_penalty, .presence_penalty = w->presence_penalty,
+                                       .frequency_penalty = w->frequency_penalty, .pen_first = w->pen_first,
+                                       .pen_n = n_pen > 0 ? w->pen_n : 0, .n_top = set->logprobs ? w->n_logprobs : 0};
+    }
+    if (n_pen > 0 && !pen_room(c, slot, n_pen)) return false;
+    if (n_pen > 0) memcpy(c->h_pen[slot], set->pen, (size_t)n_pen * sizeof(tm_cuda_sample_pen));
+    float *lg = (float *)(uintptr_t)logits; /* penalties apply in place (ops->sample) */
+    c->sp_used[slot] = true;
+    return !cu_fail(c, cudaMemcpyAsync(c->d_sparams, hp, (size_t)n_rows * sizeof(*hp), cudaMemcpyHostToDevice,
+                                       c->stream), "sampling params") &&
+           !(extra && cu_fail(c, cudaMemcpyAsync(c->d_sextra, hx, (size_t)n_rows * sizeof(*hx), cudaMemcpyHostToDevice,
+                                                 c->stream), "sampling params")) &&
+           !(n_pen > 0 && cu_fail(c, cudaMemcpyAsync(c->d_pen, c->h_pen[slot], (size_t)n_pen * sizeof(tm_cuda_sample_pen),
+                                                     cudaMemcpyHostToDevice, c->stream), "penalty entries")) &&
+           !cu_fail(c, cudaEventRecord(c->sp_ev[slot], c->stream), "sampling params event") &&
+           !(extra && cu_fail(c, tm_cuda_sample_prepare(lg, n_rows, vocab, c->d_sextra, c->d_pen, n_pen, c->d_pen_raw,
+                                                        set->logprobs, c->d_swork, c->d_lp, c->stream),
+                              "sample prepare")) &&
+           !cu_fail(c, tm_cuda_sample(lg, n_rows, vocab, c->d_sparams, NULL, c->d_ids_out, NULL, c->stream),
+                    "sample") &&
+           !(set->logprobs &&
+             cu_fail(c, tm_cuda_sample_finish(lg, n_rows, vocab, c->d_sextra, c->d_pen, c->d_pen_raw, c->d_ids_out,
+                                              c->d_swork, c->d_lp, c->stream), "sample logprobs"));
+}
+
+static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
+                           int32_t *out_host, tm_sample_lp *lp_host, tm_error *err) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return cu_last_error(be, err);
     if (n_rows > c->cfg.max_logits) return tm_err(err, TM_ERR_RANGE, "sampling %d rows (at most %d)", n_rows, c->cfg.max_logits);
-    size_t pbytes = (size_t)n_rows * sizeof(tm_cuda_sample_params);
-    if (!stage(c, pbytes) || cu_fail(c, cudaStreamSynchronize(c->stream), "sample")) /* the staging is free */
+    if (!sample_launch(c, logits, n_rows, vocab, set, 0)) return cu_last_error(be, err);
+    tm_status s = ids_to_host(c, n_rows, out_host, err); /* waits for the stream */
+    if (s != TM_OK || !set->logprobs || !lp_host) return s;
+    if (cu_fail(c, cudaMemcpy(lp_host, c->d_lp, (size_t)n_rows * sizeof(tm_cuda_sample_lp), cudaMemcpyDeviceToHost),
+                "logprobs"))
         return cu_last_error(be, err);
-    if (!sample_launch(c, logits, n_rows, vocab, rows, (tm_cuda_sample_params *)c->host_stage, NULL))
-        return cu_last_error(be, err);
-    return ids_to_host(c, n_rows, out_host, err); /* the copy follows the upload on the stream: staging reuse is safe */
+    return TM_OK;
 }
 
 /* ---- pipelined sampling ---------------------------------------------------------------------------- */
 
-/* the ids in d_ids_out go to slot's pinned buffer; the pass's timing event */
-static tm_status ids_copy_start(cu_backend *c, int32_t slot, int32_t n_rows, tm_error *err) {
+/* the ids in d_ids_out (and with lp the logprobs in d_lp) go to slot's pinned buffers; the pass's timing event */
+static tm_status ids_copy_start(cu_backend *c, int32_t slot, int32_t n_rows, bool lp, tm_error *err) {
+    c->lp_pend[slot] = lp;
     if (cu_fail(c, cudaMemcpyAsync(c->h_ids[slot], c->d_ids_out, (size_t)n_rows * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, c->stream), "token ids") ||
+        (lp && cu_fail(c, cudaMemcpyAsync(c->h_lp[slot], c->d_lp, (size_t)n_rows * sizeof(tm_cuda_sample_lp),
+                                          cudaMemcpyDeviceToHost, c->stream), "logprobs")) ||
         cu_fail(c, cudaEventRecord(c->ids_ev[slot], c->stream), "token ids event"))
         return cu_last_error(&c->base, err);
     if (c->timing && cudaEventRecord(c->t_pev[c->t_plaunched % 4], c->stream) == cudaSuccess)
@@ -1541,23 +1624,20 @@ static tm_status cu_argmax_start(tm_backend *be, const void *logits, int32_t n_r
     tm_status s = start_check(c, n_rows, slot, err);
     if (s != TM_OK) return s;
     if (cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_ids_out, c->stream), "argmax")) return cu_last_error(be, err);
-    return ids_copy_start(c, slot, n_rows, err);
+    return ids_copy_start(c, slot, n_rows, false, err);
 }
 
 static tm_status cu_sample_start(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
-                                 const tm_sample_row *rows, int32_t slot, tm_error *err) {
+                                 const tm_sample_set *set, int32_t slot, tm_error *err) {
     cu_backend *c = cu(be);
     tm_status s = start_check(c, n_rows, slot, err);
     if (s != TM_OK) return s;
-    /* the slot's recipes went up two passes ago; that upload is long done, but the buffer is only rewritten after */
-    if (c->sp_used[slot] && cu_fail(c, cudaEventSynchronize(c->sp_ev[slot]), "sampling params"))
-        return cu_last_error(be, err);
-    if (!sample_launch(c, logits, n_rows, vocab, rows, c->h_sp[slot], c->sp_ev[slot])) return cu_last_error(be, err);
-    c->sp_used[slot] = true;
-    return ids_copy_start(c, slot, n_rows, err);
+    if (!sample_launch(c, logits, n_rows, vocab, set, slot)) return cu_last_error(be, err);
+    return ids_copy_start(c, slot, n_rows, set->logprobs, err);
 }
 
-static tm_status cu_ids_wait(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out_host, tm_error *err) {
+static tm_status cu_ids_wait(tm_backend *be, int32_t slot, int32_t n_rows, int32_t *out_host, tm_sample_lp *lp_host,
+                             tm_error *err) {
     cu_backend *c = cu(be);
     tm_status s = start_check(c, n_rows, slot, err);
     if (s != TM_OK) return s;
@@ -1575,6 +1655,7 @@ static tm_status cu_ids_wait(tm_backend *be, int32_t slot, int32_t n_rows, int32
         }
     }
     memcpy(out_host, c->h_ids[slot], (size_t)n_rows * sizeof(int32_t));
+    if (lp_host && c->lp_pend[slot]) memcpy(lp_host, c->h_lp[slot], (size_t)n_rows * sizeof(tm_cuda_sample_lp));
     return TM_OK;
 }
 
@@ -1676,7 +1757,10 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     size_t rows = (size_t)(cfg->max_logits > 0 ? cfg->max_logits : cfg->max_tokens);
     c->cfg.max_logits = (int32_t)rows;
     if ((e = cudaMalloc((void **)&c->d_ids_out, rows * sizeof(int32_t))) != cudaSuccess ||
-        (e = cudaMalloc((void **)&c->d_sparams, rows * sizeof(tm_cuda_sample_params))) != cudaSuccess) {
+        (e = cudaMalloc((void **)&c->d_sparams, rows * sizeof(tm_cuda_sample_params))) != cudaSuccess ||
+        (e = cudaMalloc((void **)&c->d_sextra, rows * sizeof(tm_cuda_sample_extra))) != cudaSuccess ||
+        (e = cudaMalloc((void **)&c->d_lp, rows * sizeof(tm_cuda_sample_lp))) != cudaSuccess ||
+        (e = cudaMalloc(&c->d_swork, tm_cuda_sample_work_bytes((int32_t)rows, 1))) != cudaSuccess) {
         cudaGetLastError();
         s = tm_err(err, TM_ERR_NOMEM, "device buffers for %zu sampled rows: %s", rows, cudaGetErrorString(e));
         goto fail;
@@ -1684,6 +1768,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     for (int k = 0; k < 2; k++)
         if ((e = cudaMallocHost((void **)&c->h_ids[k], rows * sizeof(int32_t))) != cudaSuccess ||
             (e = cudaMallocHost((void **)&c->h_sp[k], rows * sizeof(tm_cuda_sample_params))) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&c->h_sx[k], rows * sizeof(tm_cuda_sample_extra))) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&c->h_lp[k], rows * sizeof(tm_cuda_sample_lp))) != cudaSuccess ||
             (e = cudaEventCreateWithFlags(&c->ids_ev[k], cudaEventDisableTiming)) != cudaSuccess ||
             (e = cudaEventCreateWithFlags(&c->sp_ev[k], cudaEventDisableTiming)) != cudaSuccess) {
             cudaGetLastError();

@@ -89,12 +89,42 @@ typedef struct tm_cuda_sample_params {
     uint64_t seed;                /* the row's random stream */
     uint64_t offset;              /* draw counter: (seed, offset) -> one uniform in [0, 1) */
 } tm_cuda_sample_params;
+/* Per-row penalties and logprobs (device array, one per row; tm_cuda_sample_prepare / _finish). */
+typedef struct tm_cuda_sample_extra {
+    float repeat_penalty, presence_penalty, frequency_penalty;
+    int32_t pen_first, pen_n;     /* the row's penalty entries */
+    int32_t n_top;                /* logprobs: 0 none, else the best n_top (<= TM_CUDA_SAMPLE_MAX_TOP) */
+} tm_cuda_sample_extra;
+/* One touched id of a row's history (the layout of backend.h's tm_sample_pen). */
+typedef struct tm_cuda_sample_pen {
+    int32_t id, count, in_window;
+} tm_cuda_sample_pen;
+#define TM_CUDA_SAMPLE_MAX_TOP 20
+/* A row's logprobs (the layout of backend.h's tm_sample_lp). */
+typedef struct tm_cuda_sample_lp {
+    float chosen;
+    int32_t top_id[TM_CUDA_SAMPLE_MAX_TOP];
+    float top_lp[TM_CUDA_SAMPLE_MAX_TOP];
+} tm_cuda_sample_lp;
 /* One token per row from softmax(logits / T) restricted by top_k, then top_p (nucleus), then min_p; also the
- * chosen token's log-probability under the unrestricted softmax(logits) (T = 1). work: scratch of
- * tm_cuda_sample_work_bytes(n_rows, vocab) bytes. */
+ * chosen token's log-probability under the unrestricted softmax(logits) (T = 1) into out_logprob when not NULL.
+ * work is unused (may be NULL). */
 size_t tm_cuda_sample_work_bytes(int32_t n_rows, int32_t vocab);
 cudaError_t tm_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, const tm_cuda_sample_params *params,
                            void *work, int32_t *out_ids, float *out_logprob, cudaStream_t stream);
+/* Before tm_cuda_sample on the same logits: when want_lp, each row with n_top > 0 gets its n_top best ids (by
+ * logit, ties by lower id; -1 past the vocabulary) and their log-softmax into out_lp, and its (max, log sum exp)
+ * into work; then each row's penalty entries pen[pen_first ..+ pen_n) change their logits in place (the host
+ * sampler's float operations, tm_sampler_pen_apply), the values before going to pen_raw (n_pen floats). work:
+ * tm_cuda_sample_work_bytes(n_rows, vocab) bytes. */
+cudaError_t tm_cuda_sample_prepare(float *logits, int32_t n_rows, int32_t vocab, const tm_cuda_sample_extra *params,
+                                   const tm_cuda_sample_pen *pen, int32_t n_pen, float *pen_raw, bool want_lp,
+                                   void *work, tm_cuda_sample_lp *out_lp, cudaStream_t stream);
+/* After the draw (ids, n_rows): out_lp[r].chosen = the log-softmax of row r's logits before its penalties at ids[r],
+ * for rows with n_top > 0 (work and pen_raw as tm_cuda_sample_prepare left them). */
+cudaError_t tm_cuda_sample_finish(const float *logits, int32_t n_rows, int32_t vocab, const tm_cuda_sample_extra *params,
+                                  const tm_cuda_sample_pen *pen, const float *pen_raw, const int32_t *ids,
+                                  const void *work, tm_cuda_sample_lp *out_lp, cudaStream_t stream);
 
 /* Fill n elements of type (TM_DT_F32, TM_DT_F16, TM_DT_BF16 or TM_DT_FP8_E4M3 numbers; fp8: e4m3 of the value)
  * with scale * uniform(-1, 1) from a counter-based hash of (seed, index), or with `constant` when constant != 0

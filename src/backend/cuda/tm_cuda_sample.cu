@@ -763,6 +763,135 @@ __global__ void __launch_bounds__(kThreads) sample_kernel_v2(const float *logits
     emit_drawn<CL>(src, flt, prefix, mask, st.m, sm.keep_log_s, sm.keep_argmax, out_id, out_lp);
 }
 
+/* ---- logprobs and penalties ---- */
+
+/* rows with n_top > 0: the n_top best keys, in order, and the row's log-softmax stats (max, log sum exp), by a
+ * group of CL blocks per row: one pass for the stats and the first count histogram (as sample_kernel_v2), the
+ * radix selection of the k-th best key (select_v2, COUNT), one pass gathering the k keys >= it into the leader's
+ * list, which its first thread sorts (k <= 20) */
+template <int CL>
+__global__ void __launch_bounds__(kThreads) logprobs_kernel_v1(const float *logits, int V, bool vec,
+                                                               const tm_cuda_sample_extra *params, float2 *stats,
+                                                               tm_cuda_sample_lp *out_lp) {
+    extern __shared__ uint4 sample_smem[]; /* (sizeof(SampleSmem)) */
+    SampleSmem &sm = *reinterpret_cast<SampleSmem *>(sample_smem);
+    const int rowi = (int)blockIdx.x / CL, rank = Group<CL>::rank();
+    const int n_top = min(params[rowi].n_top, TM_CUDA_SAMPLE_MAX_TOP);
+    if (n_top <= 0) return; /* every block of the group alike */
+    const RowSrc src = {logits + (size_t)rowi * (size_t)V, V, vec, rank, CL};
+    const int nb = V > 1 ? 32 - __clz(V - 1) : 0;
+    const int k = min(n_top, V);
+    const bool sel = k < V;
+    if (sel) {
+        for (int j = (int)threadIdx.x; j < kMaxBins; j += kThreads) sm.cnt[j] = 0;
+        Group<CL>::sync();
+    }
+    Stats st = {-INFINITY, 0.0f, -1};
+    for_each(src, [&](int i, float x) {
+        stats_push(st, i, x);
+        if (sel) atomicAdd(&sm.cnt[xkey(x) >> 21], 1u);
+    });
+    if (sel && CL > 1) {
+        __syncthreads();
+        merge_hist<false, CL>(kMaxBins, sm);
+    }
+    st = group_stats<CL>(st, sm);
+    uint64_t lo = 0;
+    if (sel) {
+        uint64_t mask;
+        const Filter flt = {0, st.m, 1.0f, 0.0f};
+        select_v2<SEL_COUNT, CL>(src, flt, nb, (uint64_t)k, 0.0f, 0, true, false, sm, &lo, &mask);
+    }
+    if (rank == 0 && threadIdx.x == 0) sm.list_n = 0;
+    Group<CL>::sync();
+    int *list_n = Group<CL>::leader(&sm.list_n);
+    uint64_t *list = Group<CL>::leader(sm.list);
+    for_each(src, [&](int i, float x) { /* exactly k keys pass (keys are unique) */
+        const uint64_t key = key_of(x, i, V);
+        if (key >= lo) {
+            const int j = atomicAdd(list_n, 1);
+            if (j < kListCap) list[j] = key;
+        }
+    });
+    Group<CL>::sync();
+    if (rank != 0 || threadIdx.x != 0) return;
+    const int n = min(sm.list_n, k);
+    for (int a = 1; a < n; a++) { /* insertion sort, best first */
+        const uint64_t key = sm.list[a];
+        int b = a;
+        for (; b > 0 && sm.list[b - 1] < key; b--) sm.list[b] = sm.list[b - 1];
+        sm.list[b] = key;
+    }
+    const bool none = st.m == -INFINITY; /* every logit -inf: uniform */
+    const float log_s = none ? logf((float)V) : logf(st.s);
+    tm_cuda_sample_lp *o = out_lp + rowi;
+    for (int j = 0; j < n_top; j++) {
+        if (j < n) {
+            const uint64_t key = sm.list[j];
+            const float x = xkey_inv((uint32_t)(key >> 32));
+            o->top_id[j] = V - 1 - (int)(uint32_t)key;
+            o->top_lp[j] = none ? -log_s : (x - st.m) - log_s;
+        } else {
+            o->top_id[j] = -1;
+            o->top_lp[j] = -INFINITY;
+        }
+    }
+    o->chosen = 0.0f;
+    stats[rowi] = make_float2(st.m, log_s);
+}
+
+constexpr int kPenThreads = 128;
+
+/* each row's penalty entries (distinct ids) change their logits in place; the values before go to pen_raw. The
+ * host sampler's operations, each rounded on its own (no contraction into a fused multiply-add). */
+__global__ void __launch_bounds__(kPenThreads) penalty_kernel_v1(float *logits, int V,
+                                                                 const tm_cuda_sample_extra *params,
+                                                                 const tm_cuda_sample_pen *pen, float *pen_raw) {
+    const int rowi = (int)blockIdx.x;
+    const tm_cuda_sample_extra *p = params + rowi;
+    const int first = p->pen_first, n = p->pen_n;
+    const float rp = p->repeat_penalty, pp = p->presence_penalty, fp = p->frequency_penalty;
+    float *row = logits + (size_t)rowi * (size_t)V;
+    for (int j = (int)threadIdx.x; j < n; j += kPenThreads) {
+        const tm_cuda_sample_pen e = pen[first + j];
+        if (e.id < 0 || e.id >= V) continue;
+        float x = row[e.id];
+        pen_raw[first + j] = x;
+        if (e.in_window) x = x > 0.0f ? __fdiv_rn(x, rp) : __fmul_rn(x, rp);
+        if (e.count > 0) x = __fsub_rn(x, __fadd_rn(__fmul_rn((float)e.count, fp), pp));
+        row[e.id] = x;
+    }
+}
+
+/* rows with n_top > 0: the drawn id's log-softmax before the penalties (its value from pen_raw when an entry
+ * touched it) */
+__global__ void __launch_bounds__(kPenThreads) logprob_chosen_kernel_v1(const float *logits, int V,
+                                                                        const tm_cuda_sample_extra *params,
+                                                                        const tm_cuda_sample_pen *pen,
+                                                                        const float *pen_raw, const int32_t *ids,
+                                                                        const float2 *stats,
+                                                                        tm_cuda_sample_lp *out_lp) {
+    __shared__ float raw;
+    __shared__ int found;
+    const int rowi = (int)blockIdx.x;
+    const tm_cuda_sample_extra *p = params + rowi;
+    if (p->n_top <= 0) return;
+    const int id = ids[rowi], first = p->pen_first, n = p->pen_n;
+    if (threadIdx.x == 0) found = 0;
+    __syncthreads();
+    for (int j = (int)threadIdx.x; j < n; j += kPenThreads)
+        if (pen[first + j].id == id) { /* ids are distinct within a row: one writer */
+            raw = pen_raw[first + j];
+            found = 1;
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const float x = found ? raw : logits[(size_t)rowi * (size_t)V + (size_t)id];
+        const float2 s = stats[rowi];
+        out_lp[rowi].chosen = s.x == -INFINITY ? -s.y : (x - s.x) - s.y;
+    }
+}
+
 /* grid = n_rows * cl blocks of kThreads, as clusters of cl blocks when cl > 1; cudaErrorNotSupported (nothing
  * launched) when such clusters cannot be resident, so that the caller falls back instead of failing a launch
  * (which would also spoil a graph capture) */
@@ -848,9 +977,8 @@ extern "C" cudaError_t tm_cuda_ids_gather(int32_t *ids, const int32_t *src, cons
 }
 
 extern "C" size_t tm_cuda_sample_work_bytes(int32_t n_rows, int32_t vocab) {
-    (void)n_rows;
     (void)vocab;
-    return 0; /* one block per row, everything in shared memory: work may be NULL */
+    return (size_t)(n_rows > 0 ? n_rows : 0) * sizeof(float2); /* the logprob rows' stats */
 }
 
 extern "C" cudaError_t tm_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab,
@@ -881,5 +1009,48 @@ extern "C" cudaError_t tm_cuda_sample(const float *logits, int32_t n_rows, int32
                                                                                        out_ids, out_logprob);
     else if (e != cudaSuccess)
         return e;
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tm_cuda_sample_prepare(float *logits, int32_t n_rows, int32_t vocab,
+                                              const tm_cuda_sample_extra *params, const tm_cuda_sample_pen *pen,
+                                              int32_t n_pen, float *pen_raw, bool want_lp, void *work,
+                                              tm_cuda_sample_lp *out_lp, cudaStream_t stream) {
+    if (n_rows < 0 || vocab <= 0 || n_pen < 0 || !logits || !params || (n_pen > 0 && (!pen || !pen_raw)) ||
+        (want_lp && (!work || !out_lp)))
+        return cudaErrorInvalidValue;
+    if (n_rows == 0) return cudaSuccess;
+    if (want_lp) {
+        const bool vec = row_vec(logits, vocab);
+        const int cl = blocks_per_row(n_rows, vocab, "TM_CUDA_LOGPROBS_CLUSTER", false);
+        const size_t smem = sizeof(SampleSmem);
+        float2 *stats = (float2 *)work;
+        cudaError_t e = cudaErrorNotSupported;
+        if (cl == 8)
+            e = launch_group(logprobs_kernel_v1<8>, 8, n_rows, smem, stream, (const float *)logits, (int)vocab, vec,
+                             params, stats, out_lp);
+        if (cl == 4)
+            e = launch_group(logprobs_kernel_v1<4>, 4, n_rows, smem, stream, (const float *)logits, (int)vocab, vec,
+                             params, stats, out_lp);
+        if (cl == 2)
+            e = launch_group(logprobs_kernel_v1<2>, 2, n_rows, smem, stream, (const float *)logits, (int)vocab, vec,
+                             params, stats, out_lp);
+        if (e == cudaErrorNotSupported) /* one block per row */
+            e = launch_group(logprobs_kernel_v1<1>, 1, n_rows, smem, stream, (const float *)logits, (int)vocab, vec,
+                             params, stats, out_lp);
+        if (e != cudaSuccess) return e;
+    }
+    if (n_pen > 0) penalty_kernel_v1<<<(unsigned)n_rows, kPenThreads, 0, stream>>>(logits, vocab, params, pen, pen_raw);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tm_cuda_sample_finish(const float *logits, int32_t n_rows, int32_t vocab,
+                                             const tm_cuda_sample_extra *params, const tm_cuda_sample_pen *pen,
+                                             const float *pen_raw, const int32_t *ids, const void *work,
+                                             tm_cuda_sample_lp *out_lp, cudaStream_t stream) {
+    if (n_rows < 0 || vocab <= 0 || !logits || !params || !ids || !work || !out_lp) return cudaErrorInvalidValue;
+    if (n_rows == 0) return cudaSuccess;
+    logprob_chosen_kernel_v1<<<(unsigned)n_rows, kPenThreads, 0, stream>>>(logits, vocab, params, pen, pen_raw, ids,
+                                                                         (const float2 *)work, out_lp);
     return cudaGetLastError();
 }
