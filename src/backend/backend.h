@@ -76,13 +76,18 @@ typedef struct tm_backend tm_backend;
  * the row's entries pen[pen_first .. pen_first + pen_n) of the step's tm_sample_set each change one logit as the
  * host sampler does (tm_sampler.h step 3): x = x > 0 ? x / repeat_penalty : x * repeat_penalty where in_window,
  * then x -= count * frequency_penalty + presence_penalty where count > 0 (plain float operations, no fused
- * multiply-add). n_logprobs > 0: the row's tm_sample_lp, from the log-softmax of the logits before penalties. */
+ * multiply-add). pen_src >= 0 (a pipelined step, sample_start): the history ends with one more id, the one the
+ * previous pass drew in row pen_src, not yet on the host; the entries cover the history before it (the repeat
+ * window one shorter), and the backend adds that id: once more in its count when presence_penalty or
+ * frequency_penalty is not 0, and in the window when repeat_penalty is not 1. n_logprobs > 0: the row's
+ * tm_sample_lp, from the log-softmax of the logits before penalties. */
 typedef struct tm_sample_row {
     float temperature, top_p, min_p;
     int32_t top_k;
     uint64_t seed, offset;
     float repeat_penalty, presence_penalty, frequency_penalty;
     int32_t pen_first, pen_n;    /* the row's penalty entries (pen_n = 0: none) */
+    int32_t pen_src;             /* -1, or the previous pass's row whose id ends the history (see above) */
     int32_t n_logprobs;          /* 0 .. TM_SAMPLE_MAX_TOP */
 } tm_sample_row;
 

@@ -332,29 +332,30 @@ static bool sampling_is_plain_greedy(const tm_sampling_params *sp) {
     return (sp->temperature == 0.0f || sp->top_k == 1) && !tm_sampling_has_penalties(sp) && sp->n_logprobs == 0;
 }
 
-/* Row r's penalty entries for request q's history (hist as the host sampler takes it: the ids generated so far)
- * appended to the runner's; false when memory runs out (the step is then drawn on the host) */
-static bool add_pen_entries(tm_engine *e, const tm_request *q, tm_sample_row *row) {
+/* A row's penalty entries for request q's history (hist as the host sampler takes it: the ids generated so far;
+ * ahead: one more in flight, which the backend adds) appended to the runner's; false when memory runs out (the step
+ * is then drawn on the host) */
+static bool add_pen_entries(tm_engine *e, const tm_request *q, size_t ahead, tm_sample_row *row) {
     tm_runner *r = e->runner;
     const int32_t V = e->model->hp.n_vocab;
     const size_t n_hist = (size_t)(q->seq.n_tokens - q->seq.n_prompt);
-    if (n_hist == 0) return true;
+    if (n_hist == 0) return true; /* nothing before the id in flight, if any */
     tm_error ignore = {0};
     const int32_t room = n_hist < (size_t)V ? (int32_t)n_hist : V;
     if (!e->pen_mark && !(e->pen_mark = tm_calloc((size_t)V, sizeof *e->pen_mark))) return false;
     if (tm_runner_pen_reserve(r, room, &ignore) != TM_OK) return false;
-    row->pen_n = (int32_t)tm_sampler_pen_entries(&q->gp.sampling, V, q->tokens + q->seq.n_prompt, n_hist,
+    row->pen_n = (int32_t)tm_sampler_pen_entries(&q->gp.sampling, V, q->tokens + q->seq.n_prompt, n_hist, ahead,
                                                  e->pen_mark, r->sample_pen + r->n_sample_pen);
     r->n_sample_pen += row->pen_n;
     return true;
 }
 
 /* Where the logits rows of a step's sequences (want[i]) are drawn: plain greedy everywhere: the backend's argmax;
- * else the backend's sampler, penalties and logprobs included (each row's draw counter is the tokens its request
- * generated, plus `ahead` tokens not yet appended); else the host. A step queued behind one in flight (ahead > 0)
- * goes to the host when a row has penalties: its history ends with the token in flight, which the host has not
- * seen. Sets the runner's flags and recipes for the next pass; true when the backend draws every row. */
-static bool choose_sampling(tm_engine *e, tm_sched_seq *const *seqs, const bool *want, int32_t n, int32_t ahead) {
+ * else the backend's sampler, penalties and logprobs included; else the host. A step queued behind one in flight
+ * (src != NULL) has each sequence's last token in that pass's row src[i], not yet seen by the host: the draw
+ * counter counts it, and the backend adds it to the penalties' history. Sets the runner's flags and recipes for
+ * the next pass; true when the backend draws every row. */
+static bool choose_sampling(tm_engine *e, tm_sched_seq *const *seqs, const bool *want, int32_t n, const int32_t *src) {
     tm_runner *r = e->runner;
     /* plain greedy requests let a device backend take the argmax itself: only ids leave the device */
     bool dev_greedy = tm_runner_can_argmax(r);
@@ -366,24 +367,22 @@ static bool choose_sampling(tm_engine *e, tm_sched_seq *const *seqs, const bool 
     bool dev_sample = !dev_greedy && tm_runner_can_sample(r);
     r->n_sample_pen = 0;
     r->sample_logprobs = false;
+    const int32_t ahead = src ? 1 : 0;
     for (int32_t i = 0, row = 0; i < n && dev_sample; i++) {
         if (!want[i]) continue;
         tm_request *q = seqs[i]->user;
         const tm_sampling_params *sp = &q->gp.sampling;
         const bool pen = tm_sampling_has_penalties(sp);
-        if (pen && ahead > 0) {
-            dev_sample = false;
-            break;
-        }
         tm_sample_row *w = &r->sample_rows[row++];
         *w = (tm_sample_row){
             .temperature = sp->top_k == 1 ? 0.0f : sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
             .top_k = sp->top_k, .seed = sp->seed, .offset = (uint64_t)(q->seq.n_tokens - q->seq.n_prompt + ahead),
-            .repeat_penalty = sp->repeat_penalty, .presence_penalty = sp->presence_penalty,
-            .frequency_penalty = sp->frequency_penalty, .pen_first = r->n_sample_pen, .pen_n = 0,
+            .repeat_penalty = sp->repeat_last_n == 0 ? 1.0f : sp->repeat_penalty, /* no window: no penalty */
+            .presence_penalty = sp->presence_penalty, .frequency_penalty = sp->frequency_penalty,
+            .pen_first = r->n_sample_pen, .pen_n = 0, .pen_src = pen && src ? src[i] : -1,
             .n_logprobs = sp->n_logprobs};
         if (sp->n_logprobs > 0) r->sample_logprobs = true;
-        if (pen && !add_pen_entries(e, q, w)) dev_sample = false;
+        if (pen && !add_pen_entries(e, q, (size_t)ahead, w)) dev_sample = false;
     }
     if (!dev_sample) {
         r->n_sample_pen = 0;
@@ -455,7 +454,7 @@ static tm_status chain_next(tm_engine *e, tm_error *err) {
         e->st_n[i] = 1;
         e->st_logits[i] = true;
     }
-    if (!choose_sampling(e, seqs, e->st_logits, n, 1)) return TM_OK; /* it left both runner flags off */
+    if (!choose_sampling(e, seqs, e->st_logits, n, e->st_src)) return TM_OK; /* it left both runner flags off */
     tm_status s;
     for (int32_t i = 0; i < n; i++) /* cannot fail: the blocks were counted */
         if ((s = tm_kv_seq_reserve(&r->pool, e->st_kv[i], 1, err)) != TM_OK) return s;
@@ -533,7 +532,7 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         if (q->seq.n_computed < q->seq.n_prompt) e->last.n_prefill += p->n_new[i];
     }
     e->last.n_seqs = p->n;
-    bool on_device = choose_sampling(e, p->seqs, e->st_logits, p->n, 0);
+    bool on_device = choose_sampling(e, p->seqs, e->st_logits, p->n, NULL);
     if (e->pipeline && on_device && n_want > 0) { /* queued; collected by the next call, after it queues the next */
         if ((s = tm_runner_launch(r, e->st_kv, e->st_ids, e->st_n, e->st_logits, p->n, NULL, err)) != TM_OK) return s;
         tm_sched_commit(&e->sched, p);

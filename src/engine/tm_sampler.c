@@ -314,12 +314,15 @@ bool tm_sampling_has_penalties(const tm_sampling_params *p) {
 }
 
 size_t tm_sampler_pen_entries(const tm_sampling_params *p, int32_t n_vocab, const int32_t *hist, size_t n_hist,
-                              int32_t *mark, tm_sample_pen *out) {
+                              size_t ahead, int32_t *mark, tm_sample_pen *out) {
     const bool rep = p->repeat_penalty != 1.0f && p->repeat_last_n != 0;
     const bool pf = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
     if (!hist || n_hist == 0 || (!rep && !pf)) return 0;
-    size_t start = 0; /* the repeat penalty's window: hist[start ..) */
-    if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n_hist) start = n_hist - (size_t)p->repeat_last_n;
+    size_t start = 0; /* the repeat penalty's window: hist[start ..) (with the ids ahead, the last repeat_last_n) */
+    if (p->repeat_last_n > 0) {
+        const size_t win = (size_t)p->repeat_last_n > ahead ? (size_t)p->repeat_last_n - ahead : 0;
+        start = win < n_hist ? n_hist - win : 0;
+    }
     size_t n = 0;
     for (size_t i = 0; i < n_hist; i++) {
         const int32_t id = hist[i];

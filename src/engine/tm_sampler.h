@@ -71,9 +71,11 @@ int32_t tm_sampler_sample(tm_sampler *s, float *logits, const int32_t *hist, siz
 void tm_sampler_probs(tm_sampler *s, float *logits, const int32_t *hist, size_t n_hist, float *probs);
 /* The penalties of p over hist (as tm_sampler_sample takes it) in the backend's form: one entry per distinct id they
  * touch, in order of first occurrence, written to out (room for min(n_hist, n_vocab) entries); returns how many.
- * mark: (n_vocab) int32 scratch, all zero on entry and on return. No entry when no penalty applies. */
+ * ahead (0 or 1): the history goes on with that many ids the backend adds itself (tm_sample_row.pen_src), so the
+ * repeat window over hist is that much shorter. mark: (n_vocab) int32 scratch, all zero on entry and on return.
+ * No entry when no penalty applies. */
 size_t tm_sampler_pen_entries(const tm_sampling_params *p, int32_t n_vocab, const int32_t *hist, size_t n_hist,
-                              int32_t *mark, tm_sample_pen *out);
+                              size_t ahead, int32_t *mark, tm_sample_pen *out);
 /* Apply entries to logits x as a backend does (tm_sample_row): the same float operations as step 3 of
  * tm_sampler_sample, so the result is bit-identical to it. */
 void tm_sampler_pen_apply(const tm_sampling_params *p, float *x, const tm_sample_pen *e, size_t n);

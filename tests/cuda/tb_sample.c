@@ -417,6 +417,8 @@ static void stats_suite(void) {
 
 /* ---- penalties and logprobs (tm_cuda_sample_prepare, then the draw, then tm_cuda_sample_finish) ---- */
 
+enum { PEN_PREV = 8 }; /* ids of a "previous pass" that pipelined rows (pen_src) read */
+
 typedef struct pen_case {
     int rows, V;
     float *x;                    /* (rows, V) host logits */
@@ -431,13 +433,18 @@ typedef struct pen_case {
     int32_t *d_ids;
     tm_cuda_sample_lp *d_lp;
     void *d_work;
+    int32_t prev[PEN_PREV];      /* the previous pass's ids: every other one an id the row's entries hold */
+    int32_t *d_prev;
 } pen_case;
 
 /* rows of logits (ties: small integers) with per-row penalties over up to 48 distinct ids each and n_top in 0, 1, 5,
  * 20; every seventh row boosts one id by 50 (a presence penalty of -50), so that the drawn id is one the penalties
  * touched and its logprob must come from the value before them */
 static pen_case pen_make(int rows, int V, bool ties) {
-    pen_case c = {rows, V, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    pen_case c;
+    memset(&c, 0, sizeof c);
+    c.rows = rows;
+    c.V = V;
     size_t n = (size_t)rows * V;
     c.x = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) c.x[i] = ties ? (float)(int)(3.0f * tb_normal()) : 4.0f * tb_normal();
@@ -449,7 +456,8 @@ static pen_case pen_make(int rows, int V, bool ties) {
     for (int r = 0; r < rows; r++) {
         const bool boost = r % 7 == 2;
         tm_cuda_sample_extra e = {r % 3 == 0 ? 1.0f : 1.3f, boost ? -50.0f : r % 2 ? 0.5f : 0.0f,
-                                  r % 5 == 1 ? 0.25f : 0.0f, c.n_pen, 0, tops[r % 4]};
+                                  r % 5 == 1 ? 0.25f : 0.0f, c.n_pen, 0, -1, tops[r % 4]};
+        if (r % 4 == 1) e.pen_src = (r * 5 + 1) % PEN_PREV; /* an id in flight ends the history */
         if (boost && e.n_top == 0) e.n_top = 3;
         const bool pf = e.presence_penalty != 0.0f || e.frequency_penalty != 0.0f;
         const int want = boost ? 1 : (r * 13) % 49;
@@ -463,6 +471,9 @@ static pen_case pen_make(int rows, int V, bool ties) {
             c.pen[c.n_pen++] = pe;
             e.pen_n++;
         }
+        if (e.pen_src >= 0) /* half the time an id among the entries, else a fresh one (may still collide) */
+            c.prev[e.pen_src] = e.pen_src % 2 && e.pen_n > 0 ? c.pen[e.pen_first + (r % e.pen_n)].id
+                                                             : (int32_t)(tb_rand_u64() % (uint64_t)V);
         for (int j = e.pen_first; j < c.n_pen; j++) mark[c.pen[j].id] = 0;
         c.hx[r] = e;
         c.hp[r] = (tm_cuda_sample_params){0.0f, 1.0f, 0.0f, 0, (uint64_t)r, 0};
@@ -476,6 +487,7 @@ static pen_case pen_make(int rows, int V, bool ties) {
     c.d_ids = tb_dev(rows * sizeof(int32_t));
     c.d_lp = tb_dev(rows * sizeof(tm_cuda_sample_lp));
     c.d_work = tb_dev(tm_cuda_sample_work_bytes(rows, V));
+    c.d_prev = tb_upload(c.prev, sizeof c.prev);
     return c;
 }
 
@@ -492,12 +504,13 @@ static void pen_free(pen_case *c) {
     cudaFree(c->d_ids);
     cudaFree(c->d_lp);
     cudaFree(c->d_work);
+    cudaFree(c->d_prev);
 }
 
 static void pen_run(void *p) { /* what the backend's sample op queues */
     pen_case *c = p;
-    TB_CHECK(tm_cuda_sample_prepare(c->d_x, c->rows, c->V, c->d_xp, c->d_pen, c->n_pen, c->d_raw, true, c->d_work,
-                                    c->d_lp, 0));
+    TB_CHECK(tm_cuda_sample_prepare(c->d_x, c->rows, c->V, c->d_xp, c->d_pen, c->n_pen, c->d_raw, true, c->d_prev,
+                                    true, c->d_work, c->d_lp, 0));
     TB_CHECK(tm_cuda_sample(c->d_x, c->rows, c->V, c->d_p, NULL, c->d_ids, NULL, 0));
     TB_CHECK(tm_cuda_sample_finish(c->d_x, c->rows, c->V, c->d_xp, c->d_pen, c->d_raw, c->d_ids, c->d_work, c->d_lp,
                                    0));
@@ -523,16 +536,29 @@ static void check_pen_logprobs(int rows, int V, bool ties, const char *cluster) 
     tb_download(ids, c.d_ids, rows * sizeof(int32_t));
     tb_download(lp, c.d_lp, rows * sizeof *lp);
     memcpy(want, c.x, n * sizeof(float));
-    int bad = 0, boosted = 0;
+    int bad = 0, boosted = 0, merged = 0;
     double lp_err = 0.0;
     int *ord = malloc((size_t)V * sizeof(int));
+    tm_sample_pen *ent = malloc(((size_t)c.n_pen + 1) * sizeof *ent);
     for (int r = 0; r < rows; r++) {
         const tm_cuda_sample_extra *e = &c.hx[r];
         const float *xr = c.x + (size_t)r * V;
         float *wr = want + (size_t)r * V;
         tm_sampling_params sp = {.repeat_penalty = e->repeat_penalty, .presence_penalty = e->presence_penalty,
                                  .frequency_penalty = e->frequency_penalty};
-        tm_sampler_pen_apply(&sp, wr, (const tm_sample_pen *)(c.pen + e->pen_first), (size_t)e->pen_n);
+        size_t ne = (size_t)e->pen_n;
+        memcpy(ent, c.pen + e->pen_first, ne * sizeof *ent);
+        const bool pf = sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f, rep = sp.repeat_penalty != 1.0f;
+        if (e->pen_src >= 0 && (pf || rep)) { /* the id in flight, merged as backend.h describes */
+            const int32_t t = c.prev[e->pen_src];
+            size_t j = 0;
+            while (j < ne && ent[j].id != t) j++;
+            if (j == ne) ent[ne++] = (tm_sample_pen){t, 0, 0};
+            ent[j].count += pf;
+            ent[j].in_window |= rep;
+            merged++;
+        }
+        tm_sampler_pen_apply(&sp, wr, ent, ne);
         bad += memcmp(wr, got + (size_t)r * V, (size_t)V * sizeof(float)) != 0;
         const int id = ref_argmax(wr, V);
         bad += ids[r] != id;
@@ -551,12 +577,13 @@ static void check_pen_logprobs(int rows, int V, bool ties, const char *cluster) 
             lp_err = fmax(lp_err, fabs(lp[r].top_lp[t] - ref_logprob(xr, V, ord[t])));
         }
     }
-    if (rows >= 7) bad += boosted == 0; /* the raw-value path was taken */
+    if (rows >= 7) bad += boosted == 0 || merged == 0; /* the raw-value and in-flight paths were taken */
     char name[80];
     snprintf(name, sizeof name, "pen+logprobs%s%s rows=%d V=%d%s", cluster ? " blocks=" : "", cluster ? cluster : "",
              rows, V, ties ? " ties" : "");
     tb_result("sample", name, bad ? 1.0 : lp_err, 1e-4, 0, 0, 0, 'm');
     free(ord);
+    free(ent);
     free(got);
     free(want);
     free(ids);

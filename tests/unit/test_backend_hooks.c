@@ -837,27 +837,44 @@ static void test_engine_pipelined(void **st) {
 static int g_full_pen_rows, g_full_lp_rows, g_full_calls;
 static tm_sample_lp g_slot_lp[2][64];
 
-static void full_draw(const float *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set, int32_t *out,
-                      tm_sample_lp *lp) {
+static int g_full_chained_pen_rows;
+/* prev: the previous pass's ids (a pipelined row's pen_src reads them), or NULL */
+static void full_draw(const float *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
+                      const int32_t *prev, int32_t *out, tm_sample_lp *lp) {
     float *x = malloc((size_t)vocab * sizeof *x);
-    assert_non_null(x);
+    tm_sample_pen *ent = malloc(((size_t)set->n_pen + 1) * sizeof *ent);
+    int32_t *ids = malloc((size_t)n_rows * sizeof *ids);
+    assert_true(x && ent && ids);
     g_full_calls++;
     for (int32_t r = 0; r < n_rows; r++) {
         const tm_sample_row *w = &set->rows[r];
         const float *raw = logits + (size_t)r * (size_t)vocab;
         memcpy(x, raw, (size_t)vocab * sizeof *x);
-        if (w->pen_n > 0) {
+        size_t n = (size_t)w->pen_n;
+        assert_true(w->pen_first >= 0 && w->pen_first + w->pen_n <= set->n_pen);
+        if (n > 0) memcpy(ent, set->pen + w->pen_first, n * sizeof *ent);
+        const bool pf = w->presence_penalty != 0.0f || w->frequency_penalty != 0.0f, rep = w->repeat_penalty != 1.0f;
+        if (w->pen_src >= 0 && (pf || rep)) { /* the id in flight ends the history (backend.h) */
+            assert_non_null(prev);
+            const int32_t t = prev[w->pen_src];
+            size_t j = 0;
+            while (j < n && ent[j].id != t) j++;
+            if (j == n) ent[n++] = (tm_sample_pen){t, 0, 0};
+            ent[j].count += pf;
+            ent[j].in_window |= rep;
+            g_full_chained_pen_rows++;
+        }
+        if (n > 0) {
             g_full_pen_rows++;
-            assert_true(w->pen_first >= 0 && w->pen_first + w->pen_n <= set->n_pen);
             tm_sampling_params p = {.repeat_penalty = w->repeat_penalty, .presence_penalty = w->presence_penalty,
                                     .frequency_penalty = w->frequency_penalty};
-            tm_sampler_pen_apply(&p, x, set->pen + w->pen_first, (size_t)w->pen_n);
+            tm_sampler_pen_apply(&p, x, ent, n);
         }
         assert_true(w->temperature == 0.0f);
         int32_t best = 0;
         for (int32_t j = 1; j < vocab; j++)
             if (x[j] > x[best]) best = j;
-        out[r] = best;
+        ids[r] = best;
         if (!set->logprobs || w->n_logprobs <= 0) continue;
         g_full_lp_rows++;
         double m = raw[0], z = 0.0;
@@ -876,13 +893,16 @@ static void full_draw(const float *logits, int32_t n_rows, int32_t vocab, const 
             lp[r].top_lp[t] = (float)(((double)raw[b] - m) - lz);
         }
     }
+    memcpy(out, ids, (size_t)n_rows * sizeof *ids); /* out may be prev */
     free(x);
+    free(ent);
+    free(ids);
 }
 static tm_status full_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
                              const tm_sample_set *set, int32_t *out, tm_sample_lp *lp, tm_error *err) {
     (void)be;
     (void)err;
-    full_draw(logits, n_rows, vocab, set, out, lp);
+    full_draw(logits, n_rows, vocab, set, NULL, out, lp);
     return TM_OK;
 }
 static tm_status full_sample_start(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
@@ -891,7 +911,7 @@ static tm_status full_sample_start(tm_backend *be, const void *logits, int32_t n
     (void)err;
     assert_true(n_rows >= 1 && n_rows <= 64);
     g_pipe_launches++;
-    full_draw(logits, n_rows, vocab, set, g_dev_ids, g_slot_lp[slot]);
+    full_draw(logits, n_rows, vocab, set, g_dev_ids, g_dev_ids, g_slot_lp[slot]);
     memcpy(g_slot_ids[slot], g_dev_ids, (size_t)n_rows * sizeof(int32_t));
     return TM_OK;
 }
@@ -980,6 +1000,7 @@ static void test_engine_penalties_logprobs_on_backend(void **st) {
     full_run(m, 2, out[2]);
     assert_true(g_full_calls > calls1);
     assert_true(g_pipe_launches > 0);
+    assert_true(g_full_chained_pen_rows > 0); /* penalty rows were queued behind their token in flight */
     for (int k = 0; k < 5; k++) assert_int_equal(out[0][k].n, 14);
     /* the penalties change what greedy decoding picks (else this test could not see them dropped) */
     assert_memory_not_equal(out[0][0].ids, out[0][4].ids, sizeof out[0][0].ids);

@@ -899,13 +899,13 @@ static void test_pen_entries(void **st) {
     (void)st;
     enum { V = 50, N_HIST = 40 };
     int32_t mark[V] = {0};
-    tm_sample_pen ent[N_HIST];
+    tm_sample_pen ent[N_HIST + 1];
     uint64_t x = 99;
     const float rps[] = {1.0f, 1.3f, 0.7f};
     const float pps[] = {0.0f, 0.6f, -1.1f};
     const float fps[] = {0.0f, 0.35f, 1.7f};
     const int32_t lasts[] = {-1, 0, 1, 7, 64};
-    int cases = 0, changed = 0;
+    int cases = 0, changed = 0, ahead_cases = 0;
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++)
             for (int c = 0; c < 3; c++)
@@ -933,7 +933,7 @@ static void test_pen_entries(void **st) {
                     assert_int_equal(tm_sampler_create(&p, V, &s, &err), TM_OK);
                     tm_sampler_sample(s, want, hist, n_hist, NULL, NULL); /* leaves the penalised logits */
                     tm_sampler_free(s);
-                    size_t n = tm_sampler_pen_entries(&p, V, hist, n_hist, mark, ent);
+                    size_t n = tm_sampler_pen_entries(&p, V, hist, n_hist, 0, mark, ent);
                     assert_int_equal(n > 0, n_hist > 0 && tm_sampling_has_penalties(&p));
                     for (size_t j = 0; j < n; j++) {
                         assert_true(ent[j].id >= 0 && ent[j].id < V);
@@ -946,9 +946,28 @@ static void test_pen_entries(void **st) {
                     assert_memory_equal(got, want, sizeof want);
                     changed += memcmp(got, before, sizeof got) != 0;
                     cases++;
+                    /* the same history with its last id in flight: entries over the rest (ahead 1), and the last
+                     * id merged as a backend does (tm_sample_row.pen_src): the same logits */
+                    if (n_hist == 0 || hist[n_hist - 1] >= V) continue;
+                    const bool rep = p.repeat_penalty != 1.0f && p.repeat_last_n != 0;
+                    const bool pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+                    n = tm_sampler_pen_entries(&p, V, hist, n_hist - 1, 1, mark, ent);
+                    const int32_t t = hist[n_hist - 1];
+                    size_t j = 0;
+                    while (j < n && ent[j].id != t) j++;
+                    if (j == n && (rep || pf)) ent[n++] = (tm_sample_pen){t, 0, 0};
+                    if (j < n) {
+                        ent[j].count += pf;
+                        ent[j].in_window |= rep;
+                    }
+                    memcpy(got, before, sizeof got);
+                    tm_sampler_pen_apply(&p, got, ent, n);
+                    assert_memory_equal(got, want, sizeof want);
+                    ahead_cases++;
                 }
     assert_int_equal(cases, 135);
     assert_true(changed > 60); /* most cases do penalise something */
+    assert_true(ahead_cases > 100);
 }
 
 int main(void) {

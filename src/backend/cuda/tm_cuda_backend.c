@@ -1541,14 +1541,17 @@ static bool pen_room(cu_backend *c, int32_t slot, int32_t n) {
 }
 
 /* The step's recipes and penalty entries into slot's pinned staging (its previous upload waited for first), uploaded
- * (sp_ev[slot] recorded), then penalties and logprobs (tm_cuda_sample_prepare), one token per row into d_ids_out,
- * and the chosen ids' logprobs (tm_cuda_sample_finish); false on a device error (recorded) */
+ * (sp_ev[slot] recorded), then penalties and logprobs (tm_cuda_sample_prepare; a pipelined row's in-flight id is
+ * read from d_ids_out, which still holds the previous pass's ids), one token per row into d_ids_out, and the
+ * chosen ids' logprobs (tm_cuda_sample_finish); false on a device error (recorded) */
 static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
                           int32_t slot) {
     if (c->sp_used[slot] && cu_fail(c, cudaEventSynchronize(c->sp_ev[slot]), "sampling params")) return false;
     const tm_sample_row *rows = set->rows;
     const int32_t n_pen = set->n_pen > 0 ? set->n_pen : 0;
-    const bool extra = n_pen > 0 || set->logprobs;
+    bool chained_pen = false; /* a row penalises the id the previous pass drew */
+    for (int32_t r = 0; r < n_rows; r++) chained_pen |= rows[r].pen_src >= 0;
+    const bool want_pen = n_pen > 0 || chained_pen, extra = want_pen || set->logprobs;
     tm_cuda_sample_params *hp = c->h_sp[slot];
     tm_cuda_sample_extra *hx = c->h_sx[slot];
     for (int32_t r = 0; r < n_rows; r++) {
@@ -1557,7 +1560,8 @@ static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int
                                         .top_k = w->top_k, .seed = w->seed, .offset = w->offset};
         hx[r] = (tm_cuda_sample_extra){.repeat_penalty = w->repeat_penalty, .presence_penalty = w->presence_penalty,
                                        .frequency_penalty = w->frequency_penalty, .pen_first = w->pen_first,
-                                       .pen_n = n_pen > 0 ? w->pen_n : 0, .n_top = set->logprobs ? w->n_logprobs : 0};
+                                       .pen_n = n_pen > 0 ? w->pen_n : 0, .pen_src = w->pen_src,
+                                       .n_top = set->logprobs ? w->n_logprobs : 0};
     }
     if (n_pen > 0 && !pen_room(c, slot, n_pen)) return false;
     if (n_pen > 0) memcpy(c->h_pen[slot], set->pen, (size_t)n_pen * sizeof(tm_cuda_sample_pen));
@@ -1571,8 +1575,8 @@ static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int
                                                      cudaMemcpyHostToDevice, c->stream), "penalty entries")) &&
            !cu_fail(c, cudaEventRecord(c->sp_ev[slot], c->stream), "sampling params event") &&
            !(extra && cu_fail(c, tm_cuda_sample_prepare(lg, n_rows, vocab, c->d_sextra, c->d_pen, n_pen, c->d_pen_raw,
-                                                        set->logprobs, c->d_swork, c->d_lp, c->stream),
-                              "sample prepare")) &&
+                                                        want_pen, c->d_ids_out, set->logprobs, c->d_swork, c->d_lp,
+                                                        c->stream), "sample prepare")) &&
            !cu_fail(c, tm_cuda_sample(lg, n_rows, vocab, c->d_sparams, NULL, c->d_ids_out, NULL, c->stream),
                     "sample") &&
            !(set->logprobs &&

@@ -93,6 +93,7 @@ typedef struct tm_cuda_sample_params {
 typedef struct tm_cuda_sample_extra {
     float repeat_penalty, presence_penalty, frequency_penalty;
     int32_t pen_first, pen_n;     /* the row's penalty entries */
+    int32_t pen_src;              /* -1, or the row of prev_ids whose id ends the row's history (after the entries') */
     int32_t n_top;                /* logprobs: 0 none, else the best n_top (<= TM_CUDA_SAMPLE_MAX_TOP) */
 } tm_cuda_sample_extra;
 /* One touched id of a row's history (the layout of backend.h's tm_sample_pen). */
@@ -114,12 +115,15 @@ cudaError_t tm_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab, c
                            void *work, int32_t *out_ids, float *out_logprob, cudaStream_t stream);
 /* Before tm_cuda_sample on the same logits: when want_lp, each row with n_top > 0 gets its n_top best ids (by
  * logit, ties by lower id; -1 past the vocabulary) and their log-softmax into out_lp, and its (max, log sum exp)
- * into work; then each row's penalty entries pen[pen_first ..+ pen_n) change their logits in place (the host
- * sampler's float operations, tm_sampler_pen_apply), the values before going to pen_raw (n_pen floats). work:
- * tm_cuda_sample_work_bytes(n_rows, vocab) bytes. */
+ * into work; then, when want_pen, each row's penalty entries pen[pen_first ..+ pen_n) change their logits in place
+ * (the host sampler's float operations, tm_sampler_pen_apply; the repeat penalty applies where it is not 1), the
+ * values before going to pen_raw (n_pen floats). A row with pen_src >= 0 also penalises prev_ids[pen_src], the id
+ * the previous pipelined pass drew, as the last of its history: counted once more by presence and frequency
+ * penalties and in the repeat window. work: tm_cuda_sample_work_bytes(n_rows, vocab) bytes. */
 cudaError_t tm_cuda_sample_prepare(float *logits, int32_t n_rows, int32_t vocab, const tm_cuda_sample_extra *params,
-                                   const tm_cuda_sample_pen *pen, int32_t n_pen, float *pen_raw, bool want_lp,
-                                   void *work, tm_cuda_sample_lp *out_lp, cudaStream_t stream);
+                                   const tm_cuda_sample_pen *pen, int32_t n_pen, float *pen_raw, bool want_pen,
+                                   const int32_t *prev_ids, bool want_lp, void *work, tm_cuda_sample_lp *out_lp,
+                                   cudaStream_t stream);
 /* After the draw (ids, n_rows): out_lp[r].chosen = the log-softmax of row r's logits before its penalties at ids[r],
  * for rows with n_top > 0 (work and pen_raw as tm_cuda_sample_prepare left them). */
 cudaError_t tm_cuda_sample_finish(const float *logits, int32_t n_rows, int32_t vocab, const tm_cuda_sample_extra *params,

@@ -765,13 +765,20 @@ __global__ void __launch_bounds__(kThreads) sample_kernel_v2(const float *logits
 
 /* ---- logprobs and penalties ---- */
 
+/* a row's scratch between tm_cuda_sample_prepare and _finish */
+struct RowWork {
+    float m, log_s; /* log-softmax stats of the logits before penalties (logprob rows) */
+    float t_raw;    /* the in-flight id's logit before penalties, when no entry holds it */
+    int t;          /* that id, or -1 */
+};
+
 /* rows with n_top > 0: the n_top best keys, in order, and the row's log-softmax stats (max, log sum exp), by a
  * group of CL blocks per row: one pass for the stats and the first count histogram (as sample_kernel_v2), the
  * radix selection of the k-th best key (select_v2, COUNT), one pass gathering the k keys >= it into the leader's
  * list, which its first thread sorts (k <= 20) */
 template <int CL>
 __global__ void __launch_bounds__(kThreads) logprobs_kernel_v1(const float *logits, int V, bool vec,
-                                                               const tm_cuda_sample_extra *params, float2 *stats,
+                                                               const tm_cuda_sample_extra *params, RowWork *work,
                                                                tm_cuda_sample_lp *out_lp) {
     extern __shared__ uint4 sample_smem[]; /* (sizeof(SampleSmem)) */
     SampleSmem &sm = *reinterpret_cast<SampleSmem *>(sample_smem);
@@ -837,39 +844,72 @@ __global__ void __launch_bounds__(kThreads) logprobs_kernel_v1(const float *logi
         }
     }
     o->chosen = 0.0f;
-    stats[rowi] = make_float2(st.m, log_s);
+    work[rowi] = RowWork{st.m, log_s, 0.0f, -1};
 }
 
 constexpr int kPenThreads = 128;
 
-/* each row's penalty entries (distinct ids) change their logits in place; the values before go to pen_raw. The
- * host sampler's operations, each rounded on its own (no contraction into a fused multiply-add). */
+__device__ __forceinline__ float pen_apply(float x, float rp, float pp, float fp, int count, bool in_window) {
+    if (in_window) x = x > 0.0f ? __fdiv_rn(x, rp) : __fmul_rn(x, rp);
+    if (count > 0) x = __fsub_rn(x, __fadd_rn(__fmul_rn((float)count, fp), pp));
+    return x;
+}
+
+/* Each row's penalty entries (distinct ids) change their logits in place; the values before go to pen_raw. The
+ * host sampler's operations, each rounded on its own (no contraction into a fused multiply-add). A row with
+ * pen_src >= 0 (a pipelined step) also has the id the previous pass drew in that row (prev_ids[pen_src]) at the
+ * end of its history: counted once more when presence or frequency penalties apply, and in the repeat window
+ * when the repeat penalty applies; applied with its entry, or alone when no entry holds it (its value before then
+ * goes to the row's work). */
 __global__ void __launch_bounds__(kPenThreads) penalty_kernel_v1(float *logits, int V,
                                                                  const tm_cuda_sample_extra *params,
-                                                                 const tm_cuda_sample_pen *pen, float *pen_raw) {
+                                                                 const tm_cuda_sample_pen *pen, float *pen_raw,
+                                                                 const int32_t *prev_ids, RowWork *work,
+                                                                 bool lp) {
+    __shared__ int hit;
     const int rowi = (int)blockIdx.x;
     const tm_cuda_sample_extra *p = params + rowi;
     const int first = p->pen_first, n = p->pen_n;
     const float rp = p->repeat_penalty, pp = p->presence_penalty, fp = p->frequency_penalty;
+    const bool pf = pp != 0.0f || fp != 0.0f, rep = rp != 1.0f;
     float *row = logits + (size_t)rowi * (size_t)V;
+    int t = -1;
+    if (p->pen_src >= 0) {
+        t = prev_ids[p->pen_src];
+        if (t < 0 || t >= V || (!pf && !rep)) t = -1;
+    }
+    if (t >= 0) {
+        if (threadIdx.x == 0) hit = -1;
+        __syncthreads();
+        for (int j = (int)threadIdx.x; j < n; j += kPenThreads)
+            if (pen[first + j].id == t) hit = j; /* ids are distinct within a row: one writer */
+        __syncthreads();
+    }
     for (int j = (int)threadIdx.x; j < n; j += kPenThreads) {
         const tm_cuda_sample_pen e = pen[first + j];
         if (e.id < 0 || e.id >= V) continue;
-        float x = row[e.id];
+        const bool mine = t >= 0 && j == hit;
+        const float x = row[e.id];
         pen_raw[first + j] = x;
-        if (e.in_window) x = x > 0.0f ? __fdiv_rn(x, rp) : __fmul_rn(x, rp);
-        if (e.count > 0) x = __fsub_rn(x, __fadd_rn(__fmul_rn((float)e.count, fp), pp));
-        row[e.id] = x;
+        row[e.id] = pen_apply(x, rp, pp, fp, e.count + (mine && pf), e.in_window || (mine && rep));
+    }
+    if (t >= 0 && threadIdx.x == 0 && hit < 0) {
+        const float x = row[t];
+        if (lp) {
+            work[rowi].t_raw = x;
+            work[rowi].t = t;
+        }
+        row[t] = pen_apply(x, rp, pp, fp, pf ? 1 : 0, rep);
     }
 }
 
 /* rows with n_top > 0: the drawn id's log-softmax before the penalties (its value from pen_raw when an entry
- * touched it) */
+ * touched it, from the row's work when it is the in-flight id penalised alone) */
 __global__ void __launch_bounds__(kPenThreads) logprob_chosen_kernel_v1(const float *logits, int V,
                                                                         const tm_cuda_sample_extra *params,
                                                                         const tm_cuda_sample_pen *pen,
                                                                         const float *pen_raw, const int32_t *ids,
-                                                                        const float2 *stats,
+                                                                        const RowWork *work,
                                                                         tm_cuda_sample_lp *out_lp) {
     __shared__ float raw;
     __shared__ int found;
@@ -886,9 +926,9 @@ __global__ void __launch_bounds__(kPenThreads) logprob_chosen_kernel_v1(const fl
         }
     __syncthreads();
     if (threadIdx.x == 0) {
-        const float x = found ? raw : logits[(size_t)rowi * (size_t)V + (size_t)id];
-        const float2 s = stats[rowi];
-        out_lp[rowi].chosen = s.x == -INFINITY ? -s.y : (x - s.x) - s.y;
+        const RowWork w = work[rowi];
+        const float x = found ? raw : id == w.t ? w.t_raw : logits[(size_t)rowi * (size_t)V + (size_t)id];
+        out_lp[rowi].chosen = w.m == -INFINITY ? -w.log_s : (x - w.m) - w.log_s;
     }
 }
 
@@ -978,7 +1018,7 @@ extern "C" cudaError_t tm_cuda_ids_gather(int32_t *ids, const int32_t *src, cons
 
 extern "C" size_t tm_cuda_sample_work_bytes(int32_t n_rows, int32_t vocab) {
     (void)vocab;
-    return (size_t)(n_rows > 0 ? n_rows : 0) * sizeof(float2); /* the logprob rows' stats */
+    return (size_t)(n_rows > 0 ? n_rows : 0) * sizeof(RowWork);
 }
 
 extern "C" cudaError_t tm_cuda_sample(const float *logits, int32_t n_rows, int32_t vocab,
@@ -1014,33 +1054,30 @@ extern "C" cudaError_t tm_cuda_sample(const float *logits, int32_t n_rows, int32
 
 extern "C" cudaError_t tm_cuda_sample_prepare(float *logits, int32_t n_rows, int32_t vocab,
                                               const tm_cuda_sample_extra *params, const tm_cuda_sample_pen *pen,
-                                              int32_t n_pen, float *pen_raw, bool want_lp, void *work,
-                                              tm_cuda_sample_lp *out_lp, cudaStream_t stream) {
+                                              int32_t n_pen, float *pen_raw, bool want_pen, const int32_t *prev_ids,
+                                              bool want_lp, void *work, tm_cuda_sample_lp *out_lp,
+                                              cudaStream_t stream) {
     if (n_rows < 0 || vocab <= 0 || n_pen < 0 || !logits || !params || (n_pen > 0 && (!pen || !pen_raw)) ||
-        (want_lp && (!work || !out_lp)))
+        (want_pen && !prev_ids) || (want_lp && (!work || !out_lp)))
         return cudaErrorInvalidValue;
     if (n_rows == 0) return cudaSuccess;
+    RowWork *rw = (RowWork *)work;
     if (want_lp) {
         const bool vec = row_vec(logits, vocab);
         const int cl = blocks_per_row(n_rows, vocab, "TM_CUDA_LOGPROBS_CLUSTER", false);
         const size_t smem = sizeof(SampleSmem);
-        float2 *stats = (float2 *)work;
+        const float *x = logits;
         cudaError_t e = cudaErrorNotSupported;
-        if (cl == 8)
-            e = launch_group(logprobs_kernel_v1<8>, 8, n_rows, smem, stream, (const float *)logits, (int)vocab, vec,
-                             params, stats, out_lp);
-        if (cl == 4)
-            e = launch_group(logprobs_kernel_v1<4>, 4, n_rows, smem, stream, (const float *)logits, (int)vocab, vec,
-                             params, stats, out_lp);
-        if (cl == 2)
-            e = launch_group(logprobs_kernel_v1<2>, 2, n_rows, smem, stream, (const float *)logits, (int)vocab, vec,
-                             params, stats, out_lp);
+        if (cl == 8) e = launch_group(logprobs_kernel_v1<8>, 8, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
+        if (cl == 4) e = launch_group(logprobs_kernel_v1<4>, 4, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
+        if (cl == 2) e = launch_group(logprobs_kernel_v1<2>, 2, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
         if (e == cudaErrorNotSupported) /* one block per row */
-            e = launch_group(logprobs_kernel_v1<1>, 1, n_rows, smem, stream, (const float *)logits, (int)vocab, vec,
-                             params, stats, out_lp);
+            e = launch_group(logprobs_kernel_v1<1>, 1, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
         if (e != cudaSuccess) return e;
     }
-    if (n_pen > 0) penalty_kernel_v1<<<(unsigned)n_rows, kPenThreads, 0, stream>>>(logits, vocab, params, pen, pen_raw);
+    if (want_pen)
+        penalty_kernel_v1<<<(unsigned)n_rows, kPenThreads, 0, stream>>>(logits, vocab, params, pen, pen_raw, prev_ids,
+                                                                       rw, want_lp);
     return cudaGetLastError();
 }
 
@@ -1051,6 +1088,6 @@ extern "C" cudaError_t tm_cuda_sample_finish(const float *logits, int32_t n_rows
     if (n_rows < 0 || vocab <= 0 || !logits || !params || !ids || !work || !out_lp) return cudaErrorInvalidValue;
     if (n_rows == 0) return cudaSuccess;
     logprob_chosen_kernel_v1<<<(unsigned)n_rows, kPenThreads, 0, stream>>>(logits, vocab, params, pen, pen_raw, ids,
-                                                                         (const float2 *)work, out_lp);
+                                                                         (const RowWork *)work, out_lp);
     return cudaGetLastError();
 }
