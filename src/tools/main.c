@@ -45,9 +45,10 @@ static const char *k_usage =
     "  bench throughput [-m MODEL] [--num-prompts N] [--input-len I] [--output-len O]\n"
     "           [--output-len-dist uniform:A:B] [--shared-prefix LEN] [--schedule static|continuous]\n"
     "           [--max-seqs S] [-b TOKENS_PER_STEP] [--block-size N] [--no-prefix-cache] [--sequential] [--json]\n"
-    "           [--step-trace FILE]\n"
+    "           [--step-trace FILE] [sampling options of run]\n"
     "           offline, EOS ignored; --sequential: each request arrives when the previous finished;\n"
-    "           --step-trace: one line per engine step (bench/step_trace.py summarizes it)\n"
+    "           --step-trace: one line per engine step (bench/step_trace.py summarizes it); greedy unless a\n"
+    "           sampling option is given (--temp, --top-k, ..., --logprobs: every request takes them, seed + i)\n"
     "  plan     --mem SIZE [-m MODEL] [--ctx N] [--kv-dtype f16|bf16|f32|fp8] [--block-size N]\n"
     "           [--workspace-tokens N] [--json]   weights, KV bytes per token, blocks, max sequences\n"
     "  bench memory [-t THREADS] [--json]   DRAM read bandwidth (the decode floor's denominator)\n"
@@ -102,13 +103,23 @@ typedef struct cli_opts {
     int32_t num_prompts, out_min, out_max, shared_prefix, max_seqs, batch;
     float bw_gb_s, ceiling_gflop_s;
     bool static_batching, no_prefix_cache, sequential;
+    bool sampling_set;          /* a sampling option was given (bench throughput is greedy without one) */
 } cli_opts;
+
+static bool is_sampling_opt(const char *a) {
+    static const char *const k[] = {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
+                                    "--presence-penalty", "--frequency-penalty", "--logprobs"};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (!strcmp(a, k[i])) return true;
+    return false;
+}
 
 /* Parse options shared by the commands; returns 0 or the exit status of a usage error. */
 static int parse_opts(int argc, char **argv, cli_opts *o) {
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        o->sampling_set |= is_sampling_opt(a);
 #define NEED_VALUE()                                                        \
     do {                                                                    \
         if (!v) return usage_error("option %s needs a value", a);           \
@@ -482,6 +493,19 @@ static int cmd_bench(cli_opts *o) {
             .no_prefix_cache = o->no_prefix_cache, .json = o->json, .seed = o->gen.seed,
             .sequential = o->sequential, .step_trace = o->step_trace,
         };
+        tm_sampling_params sp = tm_sampling_default();
+        if (o->sampling_set) { /* the run options' recipe for every request */
+            sp.temperature = o->gen.temperature;
+            sp.top_k = o->gen.top_k;
+            sp.top_p = o->gen.top_p;
+            sp.min_p = o->gen.min_p;
+            sp.repeat_penalty = o->gen.repeat_penalty;
+            sp.presence_penalty = o->gen.presence_penalty;
+            sp.frequency_penalty = o->gen.frequency_penalty;
+            sp.seed = o->gen.seed;
+            sp.n_logprobs = o->gen.n_logprobs;
+            bc.sampling = &sp;
+        }
         tm_error err = {0};
         if (tm_bench_throughput(&bc, &err) != TM_OK) return fail(&err);
         return 0;

@@ -105,6 +105,10 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
         tm_gen_params gp = {0};
         gp.sampling = tm_sampling_default();
         gp.sampling.temperature = 0.0f;
+        if (c->sampling) {
+            gp.sampling = *c->sampling;
+            gp.sampling.seed = c->sampling->seed + (uint64_t)r; /* a stream of its own */
+        }
         gp.max_tokens = outlen[r];
         gp.ignore_eos = true;
         if ((s = tm_engine_add(e, prompts + r * I, I, &gp, on_event, &res[r], NULL, err)) != TM_OK) goto done;
@@ -129,21 +133,23 @@ tm_status tm_bench_throughput(const tm_bench_tp_cfg *c, tm_error *err) {
     if (c->json)
         printf("{\"model\": \"%s\", \"sequential\": %s, \"schedule\": \"%s\", \"num_prompts\": %d, \"input_len\": %d, \"output_len_max\": %d, "
                "\"shared_prefix\": %d, \"threads\": %d, \"max_seqs\": %d, \"kv_cache_dtype\": \"%s\", \"kv_blocks\": %d, "
-               "\"block_size\": %d, \"pipelined\": %s, \"duration_s\": %.3f, \"pass_s\": %.3f, \"steps\": %lld, "
+               "\"block_size\": %d, \"pipelined\": %s, \"greedy\": %s, \"duration_s\": %.3f, \"pass_s\": %.3f, \"steps\": %lld, "
                "\"requests_per_s\": %.4f, \"output_tok_s\": %.2f, \"total_tok_s\": %.2f, \"output_tokens\": %llu, "
                "\"prefix_hit_tokens\": %llu, \"preemptions\": %llu, ",
                m->name, c->sequential ? "true" : "false", c->static_batching ? "static" : "continuous", c->num_prompts, c->input_len, omax,
                c->shared_prefix, e->runner->cfg.n_threads, max_seqs, tm_dtype_name(tm_kv_dtype_resolve(c->kv_dtype, dev)),
-               e->runner->pool.n_blocks, e->runner->pool.block_size, e->pipeline ? "true" : "false", wall, pass,
+               e->runner->pool.n_blocks, e->runner->pool.block_size, e->pipeline ? "true" : "false",
+               c->sampling ? "false" : "true", wall, pass,
                (long long)steps, (double)N / wall,
                (double)out_tokens / wall, (double)total_tokens / wall, (unsigned long long)out_tokens,
                (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);
     else
-        printf("%s: %d requests (input %d, output %s%d), %s batching%s, %d threads, max %d seqs\n"
+        printf("%s: %d requests (input %d, output %s%d), %s batching%s, %s, %d threads, max %d seqs\n"
                "duration %.2f s (%.2f s in forward passes), %lld steps: %.3f req/s, output %.1f tok/s, total %.1f tok/s; "
                "prefix hits %llu tokens, preemptions %llu\n",
                m->name, c->num_prompts, c->input_len, c->out_max > 0 ? "<=" : "", omax,
-               c->static_batching ? "static" : "continuous", e->pipeline ? " (pipelined steps)" : "", e->runner->cfg.n_threads,
+               c->static_batching ? "static" : "continuous", e->pipeline ? " (pipelined steps)" : "",
+               c->sampling ? "sampled" : "greedy", e->runner->cfg.n_threads,
                max_seqs, wall, pass, (long long)steps,
                (double)N / wall, (double)out_tokens / wall, (double)total_tokens / wall,
                (unsigned long long)ks.hit_tokens, (unsigned long long)e->sched.n_preemptions);

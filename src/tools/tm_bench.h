@@ -4,6 +4,7 @@
 
 #include "core/tm_core.h"
 #include "engine/tm_runner.h"
+#include "engine/tm_sampler.h"
 
 typedef struct tm_bench_tp_cfg {
     const char *model;
@@ -28,6 +29,8 @@ typedef struct tm_bench_tp_cfg {
     bool sequential;             /* each request arrives when the previous one finished (TTFT = pure prefill) */
     uint64_t seed;
     const char *step_trace;      /* throughput: a file that gets one line per engine step, or NULL */
+    const tm_sampling_params *sampling; /* throughput: each request's recipe (its seed plus the request's index),
+                                         * or NULL for greedy */
     double ceiling_gflop_s;      /* latency --batch: compute ceiling in GFLOP/s (0 = this run's prefill rate) */
 } tm_bench_tp_cfg;
 

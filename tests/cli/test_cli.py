@@ -215,6 +215,18 @@ def test_bench_throughput_and_batched_latency_json():
     assert j["num_prompts"] == 6 and 12 <= j["output_tokens"] <= 36
     assert j["prefix_hit_tokens"] >= 16  # later prompts reuse the shared 16-token block
     assert j["ttft_ms_p50"] <= j["ttft_ms_p99"] and j["output_tok_s"] > 0
+    assert j["greedy"] is True
+    # a sampling option makes every request sampled with it (penalties and logprobs included); --seed alone is the
+    # prompts' seed and keeps the run greedy
+    r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "3", "--input-len", "8", "--output-len", "4",
+           "--temp", "0.7", "--repeat-penalty", "1.2", "--logprobs", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["greedy"] is False and j["output_tokens"] == 12
+    r = tm("bench", "throughput", "-m", MODEL, "--num-prompts", "2", "--input-len", "8", "--output-len", "2",
+           "--seed", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["greedy"] is True
     r = tm("bench", "latency", "-m", MODEL, "--batch", "2", "--input-len", "16", "--output-len", "4", "--bw", "20",
            "--json")
     assert r.returncode == 0, r.stderr
