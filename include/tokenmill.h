@@ -130,9 +130,10 @@ typedef bool (*tm_token_cb)(void *user, const tm_token_event *ev);
 typedef struct tm_generate_result {
     int32_t prompt_tokens, tokens;
     double ttft_ms;             /* start -> first token */
-    double prefill_tok_s;       /* prompt tokens / prompt time */
+    double prefill_tok_s;       /* prompt tokens computed (not cached) / prompt time */
     double decode_tok_s;        /* (tokens - 1) / time after the first token */
     const char *finish_reason;  /* "stop", "length", "abort" (static string) */
+    int32_t cached_tokens;      /* prompt tokens served from the prefix cache (a multiple of the block size) */
 } tm_generate_result;
 
 /* Generate a continuation of prompt ids, streaming text through cb (may be NULL). */

@@ -212,7 +212,7 @@ EOF
   done
   row "e2e decode b=1 1B bf16 at depth 32768: bf16 / fp8 KV" "$(pair_tok_s lat_1b_d32k_bf16.json lat_1b_d32k_fp8.json)"
   # sampling settings at batch 1, every one drawn on the device (penalties and logprobs since the thirty-first
-  # session), then a penalty and logprobs by the host sampler (TM_HOST_SAMPLING=1: the step's logits rows go to the host)
+  # session), then a penalty and logprobs by the host sampler (TM_HOST_SAMPLING=1: the logits rows go to the host)
   r=""
   for f in "--temp 0" "" "--repeat-penalty 1.1" "--logprobs 5" "H --repeat-penalty 1.1" "H --logprobs 5"; do
     h=0

@@ -143,9 +143,10 @@ typedef struct gen_bridge {
 static void fill_result(tm_generate_result *res, const tm_gen_stats *st) {
     memset(res, 0, sizeof *res);
     res->prompt_tokens = st->prompt_tokens;
+    res->cached_tokens = st->cached_tokens;
     res->tokens = st->gen_tokens;
     res->ttft_ms = st->ttft_s * 1e3;
-    res->prefill_tok_s = st->prefill_s > 0 ? (double)st->prompt_tokens / st->prefill_s : 0.0;
+    res->prefill_tok_s = st->prefill_s > 0 ? (double)(st->prompt_tokens - st->cached_tokens) / st->prefill_s : 0.0;
     res->decode_tok_s = st->decode_s > 0 && st->gen_tokens > 1 ? (double)(st->gen_tokens - 1) / st->decode_s : 0.0;
     res->finish_reason = st->finish_reason ? st->finish_reason : "abort";
 }

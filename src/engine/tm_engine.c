@@ -86,6 +86,7 @@ struct tm_request {
     tm_req_timing timing;       /* feeds the metrics histograms */
     tm_logprob top[TM_MAX_LOGPROBS];
     int32_t row_in[2];          /* its logits row in e->pass[k] while that step is in flight, else -1 */
+    bool in_run;                /* admitted and not preempted since */
 };
 
 static void request_free(tm_request *q) {
@@ -517,12 +518,19 @@ tm_status tm_engine_step(tm_engine *e, tm_error *err) {
         tm_metrics_set_sched(e->metrics, (uint64_t)e->sched.n_running, (uint64_t)e->sched.n_waiting,
                              tm_kv_usage(&r->pool));
     }
+    for (int32_t k = 0; k < p->n_preempted; k++) ((tm_request *)p->preempted[k]->user)->in_run = false;
     if (p->n == 0) return TM_OK;
     int32_t n_want = 0;
     for (int32_t i = 0; i < p->n; i++) {
         tm_request *q = p->seqs[i]->user;
-        if (q->stats.first_scheduled_s == 0) q->stats.first_scheduled_s = now;
-        if (q->seq.n_computed == 0) tm_req_on_scheduled(&q->timing, now); /* an admission (or re-admission) */
+        if (!q->in_run) { /* an admission (or a re-admission after a preemption) */
+            q->in_run = true;
+            tm_req_on_scheduled(&q->timing, now);
+            if (q->stats.first_scheduled_s == 0) {
+                q->stats.first_scheduled_s = now;
+                q->stats.cached_tokens = q->seq.n_computed; /* what the prefix cache held of the prompt */
+            }
+        }
         e->st_kv[i] = &q->seq.kv;
         e->st_ids[i] = q->tokens + q->seq.n_computed;
         e->st_n[i] = p->n_new[i];

@@ -35,6 +35,7 @@ typedef bool (*tm_gen_cb)(void *user, const tm_gen_event *ev);
 
 typedef struct tm_gen_stats {
     int32_t prompt_tokens, gen_tokens;
+    int32_t cached_tokens;      /* prompt tokens found in the prefix cache at the first admission (not computed) */
     double arrival_s, first_scheduled_s, first_token_s, finish_s; /* engine clock (tm_time_s) */
     double ttft_s;              /* arrival -> first token */
     double prefill_s, decode_s; /* first scheduled -> first token, first token -> finish */

@@ -170,8 +170,8 @@ tm_status tm_runner_create(const tm_model *m, const tm_runner_cfg *cfg_in, tm_ru
     r->b_ctx = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_last = tm_malloc_array((size_t)r->max_seqs, sizeof(int32_t));
     r->b_btab = tm_malloc_array((size_t)r->max_seqs * (size_t)r->max_blocks, sizeof(int32_t));
-    if (!r->logits || !r->greedy || !r->sample_rows || !r->sample_lp || !r->b_ids || !r->b_src || !r->b_pos || !r->b_seq ||
-        !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
+    if (!r->logits || !r->greedy || !r->sample_rows || !r->sample_lp || !r->b_ids || !r->b_src || !r->b_pos ||
+        !r->b_seq || !r->b_logits_idx || !r->b_slots || !r->b_qstart ||
         !r->b_ctx || !r->b_last || !r->b_btab) {
         s = tm_err(err, TM_ERR_NOMEM, "out of memory allocating batch buffers");
         goto fail;

@@ -60,6 +60,7 @@ typedef struct srv_choice {
     bool done;                  /* its final event was read */
     const char *finish;         /* "stop", "length", "abort" */
     int32_t gen_tokens;
+    int32_t cached_tokens;      /* prompt tokens the prefix cache held (usage.prompt_tokens_details) */
     tm_srv_buf text;            /* non-streaming: the completion so far */
     size_t n_chars;             /* code points of the completion so far (completions' text_offset) */
     cJSON *lp;                  /* non-streaming logprobs: chat: the "content" array; completions: the object */
@@ -316,11 +317,21 @@ static cJSON *completion_lp_new(void) {
     return lp;
 }
 
-static cJSON *usage_json(int32_t prompt, int32_t completion) {
+static int32_t total_gen(const srv_req *r) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < r->n_ch; i++) n += r->ch[i].gen_tokens;
+    return n;
+}
+
+/* the request's usage; cached_tokens: what the first choice found of the prompt in the prefix cache */
+static cJSON *usage_json(const srv_req *r) {
+    const int32_t completion = total_gen(r);
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+    cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)prompt + (double)completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)r->n_prompt + (double)completion);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    if (d) cJSON_AddNumberToObject(d, "cached_tokens", r->n_ch > 0 ? r->ch[0].cached_tokens : 0);
     return u;
 }
 
@@ -388,12 +399,6 @@ static void emit_error_event(srv_req *r) {
     free(s);
 }
 
-static int32_t total_gen(const srv_req *r) {
-    int32_t n = 0;
-    for (int32_t i = 0; i < r->n_ch; i++) n += r->ch[i].gen_tokens;
-    return n;
-}
-
 /* The logprobs of one streamed token, in the request's shape. */
 static cJSON *stream_lp(srv_req *r, srv_choice *c, const tm_stream_event *ev) {
     const tm_server *s = r->srv;
@@ -419,6 +424,7 @@ static void pump_stream(srv_req *r) {
                 c->done = true;
                 c->finish = ev.finish_reason;
                 c->gen_tokens = ev.stats.gen_tokens;
+                c->cached_tokens = ev.stats.cached_tokens;
                 if (!strcmp(ev.finish_reason, "abort")) r->aborted = true;
                 else {
                     if (ev.text_len) emit_choice(r, i, ev.text, NULL, NULL, false);
@@ -437,7 +443,7 @@ static void pump_stream(srv_req *r) {
         emit_error_event(r);
     } else if (r->rq.include_usage) {
         cJSON *j = chunk_new(r);
-        cJSON_AddItemToObject(j, "usage", usage_json(r->n_prompt, total_gen(r)));
+        cJSON_AddItemToObject(j, "usage", usage_json(r));
         emit(r, j);
     }
     tm_srv_buf_append(&r->out, "data: [DONE]\n\n", 14);
@@ -486,6 +492,7 @@ static bool pump_collect(srv_req *r) {
                 c->done = true;
                 c->finish = ev.finish_reason;
                 c->gen_tokens = ev.stats.gen_tokens;
+                c->cached_tokens = ev.stats.cached_tokens;
                 if (!strcmp(ev.finish_reason, "abort")) r->aborted = true;
             }
             tm_stream_event_clear(&ev);
@@ -541,7 +548,7 @@ static enum MHD_Result answer_collected(srv_req *r) {
         cJSON_AddStringToObject(o, "finish_reason", c->finish);
         cJSON_AddItemToArray(choices, o);
     }
-    cJSON_AddItemToObject(j, "usage", usage_json(r->n_prompt, total_gen(r)));
+    cJSON_AddItemToObject(j, "usage", usage_json(r));
     return queue_json(r, 200, j);
 }
 

@@ -37,8 +37,8 @@ static const char *k_usage =
     "  inspect  MODEL [--no-tensors]\n"
     "  bench latency [-m MODEL] [--input-len I] [--output-len O] [-r REPS] [-t THREADS] [--json]\n"
     "           prefill (I-token prompt, one pass) and decode (O tokens from a 1-token prompt) speed, like\n"
-    "           llama-bench pp/tg; --depth D: the decode after a D-token prompt (contexts D+1 .. D+O, like\n"
-    "           llama-bench's tg at depth -d D)\n"
+    "           llama-bench pp/tg; --depth D: both after D tokens (llama-bench's -d D): tg after a D-token\n"
+    "           prompt (contexts D+1 .. D+O), pp of I more tokens after the D cached by the prefix cache\n"
     "           --batch B [--bw GB/s|auto] [--ceiling-gflop-s G]: B sequences decoded together, step time\n"
     "           against the roofline floor max(weights / bandwidth, step FLOPs / compute ceiling); --bw auto\n"
     "           probes the bandwidth next to every 8 decode steps and reports the median group\n"
@@ -530,12 +530,16 @@ static int cmd_bench(cli_opts *o) {
     int32_t I = o->input_len ? o->input_len : 512, O = o->output_len ? o->output_len : 128, R = o->reps ? o->reps : 3;
     const int32_t D = o->depth, G = D > 1 ? D : 1; /* tg's prompt: G ids */
     if (!o->load.max_batch_tokens) o->load.max_batch_tokens = I;
-    if (!o->load.n_ctx) o->load.n_ctx = (I > G + O ? I : G + O) + 16;
+    if (!o->load.n_ctx) {
+        int32_t need = I > G + O ? I : G + O;
+        if (D > 0 && D + I + 1 > need) need = D + I + 1; /* pp at depth: D cached ids, then I more */
+        o->load.n_ctx = need + 16;
+    }
     tm_error err = {0};
     tm_ctx *ctx = NULL;
     if (tm_load(&o->load, &ctx, &err) != TM_OK) return fail(&err);
     tm_model_info mi = tm_get_model_info(ctx);
-    const int32_t n_ids = I > G ? I : G;
+    const int32_t n_ids = D > 0 ? D + I : I > G ? I : G; /* at depth: ids[D ..) are pp's new ids */
     int32_t *ids = malloc((size_t)n_ids * sizeof(int32_t));
     float *logits = malloc((size_t)mi.n_vocab * sizeof(float));
     double pp[1000], tg[1000];
@@ -551,13 +555,27 @@ static int cmd_bench(cli_opts *o) {
     gp.max_tokens = O;
     /* warm-up: page in the weights, spin up the threads */
     if (!ids || !logits || tm_prompt_logits(ctx, ids, I < 16 ? (size_t)I : 16, logits, &err) != TM_OK) { rc = 1; goto done; }
+    int32_t pp_cached = 0; /* at depth: prompt tokens pp found in the prefix cache (its last rep) */
     for (int r = 0; r < R; r++) {
-        double t0 = tm_bench_now();
-        if (tm_prompt_logits(ctx, ids, (size_t)I, logits, &err) != TM_OK) { rc = 1; goto done; }
-        pp[r] = I / (tm_bench_now() - t0);
+        if (D == 0) {
+            double t0 = tm_bench_now();
+            if (tm_prompt_logits(ctx, ids, (size_t)I, logits, &err) != TM_OK) { rc = 1; goto done; }
+            pp[r] = I / (tm_bench_now() - t0);
+        }
         tm_generate_result res;
         if (tm_generate(ctx, ids, (size_t)G, &gp, NULL, NULL, &res, &err) != TM_OK) { rc = 1; goto done; }
         tg[r] = res.decode_tok_s;
+        if (D > 0) { /* pp at depth: the D ids are in the prefix cache now; the prompt goes on with I new ones */
+            for (int32_t i = D; i < D + I; i++) { /* fresh each rep: the last rep's blocks are cached too */
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                ids[i] = (int32_t)((st >> 33) % (uint64_t)mi.n_vocab);
+            }
+            tm_generate_params gp1 = gp;
+            gp1.max_tokens = 1;
+            if (tm_generate(ctx, ids, (size_t)(D + I), &gp1, NULL, NULL, &res, &err) != TM_OK) { rc = 1; goto done; }
+            pp[r] = res.prefill_tok_s; /* over the tokens computed: I and the depth's partial block, if any */
+            pp_cached = res.cached_tokens;
+        }
     }
     double ppm, pps, tgm, tgs;
     mean_std(pp, R, &ppm, &pps);
@@ -565,15 +583,20 @@ static int cmd_bench(cli_opts *o) {
     double ms_tok = 1e3 / tgm, gbs = (double)mi.weight_bytes / 1e9 * tgm;
     if (o->json) {
         printf("{\"model\": \"%s\", \"weight_bytes\": %llu, \"threads\": %d, \"act_bits\": %d, \"pp\": %d, \"tg\": %d, "
-               "\"depth\": %d, \"reps\": %d, "
+               "\"depth\": %d, \"pp_cached\": %d, \"reps\": %d, "
                "\"pp_tok_s\": %.2f, \"pp_tok_s_sd\": %.2f, \"tg_tok_s\": %.2f, \"tg_tok_s_sd\": %.2f, "
                "\"tg_ms_per_token\": %.3f, \"tg_weight_gb_s\": %.2f}\n",
-               mi.name, (unsigned long long)mi.weight_bytes, mi.n_threads, mi.act_bits, I, O, D, R, ppm, pps, tgm, tgs,
+               mi.name, (unsigned long long)mi.weight_bytes, mi.n_threads, mi.act_bits, I, O, D, pp_cached, R, ppm, pps,
+               tgm, tgs,
                ms_tok, gbs);
     } else {
         printf("model %s (%.1f MB of weights), threads %d, %d-bit activations\n", mi.name, (double)mi.weight_bytes / 1e6,
                mi.n_threads, mi.act_bits);
-        printf("pp%-5d %10.2f ± %.2f tok/s\n", I, ppm, pps);
+        char pp_name[48];
+        if (D > 0) snprintf(pp_name, sizeof pp_name, "pp%d @ d%d", I, D);
+        else snprintf(pp_name, sizeof pp_name, "pp%d", I);
+        printf("%-7s %10.2f ± %.2f tok/s%s\n", pp_name, ppm, pps,
+               D > 0 && pp_cached < D - D % 16 ? "  (the depth was not all in the prefix cache)" : "");
         char tg_name[32];
         if (D > 0) snprintf(tg_name, sizeof tg_name, "tg%d @ d%d", O, D);
         else snprintf(tg_name, sizeof tg_name, "tg%d", O);

@@ -185,12 +185,15 @@ def test_bench_latency_reports_json():
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["pp"] == 32 and j["tg"] == 4 and j["depth"] == 0 and j["pp_tok_s"] > 0 and j["tg_tok_s"] > 0
-    # --depth D: the decode after a D-token prompt (llama-bench's tg at depth); past the context, a clear error
-    r = tm("bench", "latency", "-m", MODEL, "--input-len", "16", "--output-len", "4", "--depth", "300", "-r", "1",
+    # --depth D: the decode after a D-token prompt, and the prefill of I more tokens after D cached ones (llama-bench's
+    # tg and pp at depth: the D tokens' full blocks come from the prefix cache, in every rep, and no more of them);
+    # past the context, a clear error
+    r = tm("bench", "latency", "-m", MODEL, "--input-len", "16", "--output-len", "4", "--depth", "300", "-r", "2",
            "--json")
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["depth"] == 300 and j["tg"] == 4 and j["tg_tok_s"] > 0
+    assert j["pp_cached"] == 288 and j["pp_tok_s"] > 0
     r = tm("bench", "latency", "-m", MODEL, "--input-len", "16", "--output-len", "4", "--depth", "8190", "-r", "1")
     assert r.returncode != 0 and "larger than the model's" in r.stderr
     r = tm("bench", "latency", "-m", MODEL, "--batch", "2", "--depth", "8")

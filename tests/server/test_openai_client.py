@@ -73,6 +73,20 @@ def test_prompt_as_token_ids(client, model_id, base):
     assert a.choices[0].text == b.choices[0].text
 
 
+def test_usage_reports_cached_prompt_tokens(client, model_id):
+    # a 40-token prompt no other test sends: the first request computes it all; the same prompt again finds its two
+    # full 16-token blocks in the prefix cache (usage.prompt_tokens_details.cached_tokens, as OpenAI and vLLM report)
+    prompt = [(i * 37 + 1001) % 40000 + 500 for i in range(40)]
+    a = client.completions.create(model=model_id, prompt=prompt, max_tokens=2, temperature=0)
+    assert a.usage.prompt_tokens == 40 and a.usage.prompt_tokens_details.cached_tokens == 0
+    b = client.completions.create(model=model_id, prompt=prompt, max_tokens=2, temperature=0)
+    assert b.usage.prompt_tokens_details.cached_tokens == 32
+    chunks = list(client.completions.create(model=model_id, prompt=prompt, max_tokens=2, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
+    assert b.choices[0].text == a.choices[0].text == "".join(c.choices[0].text for c in chunks if c.choices)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_strings(client, model_id, stream):
     full = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=12, temperature=0)

@@ -503,8 +503,8 @@ static tm_status cpu_argmax(tm_backend *be, const void *logits, int32_t n_rows, 
 
 /* a backend sampler that records the recipes it is given and draws the argmax */
 static int g_sample_calls, g_seen_seed5, g_max_offset5, g_bad_rows;
-static tm_status mock_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
-                             int32_t *out, tm_sample_lp *lp, tm_error *err) {
+static tm_status mock_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
+                             const tm_sample_set *set, int32_t *out, tm_sample_lp *lp, tm_error *err) {
     (void)lp;
     const tm_sample_row *rows = set->rows;
     g_sample_calls++;
@@ -678,8 +678,8 @@ static void pipe_record(const tm_sample_row *rows, int32_t n_rows) {
             g_offsets[g_n_offsets++][1] = (int)rows[r].offset;
         }
 }
-static tm_status pipe_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
-                             int32_t *out, tm_sample_lp *lp, tm_error *err) {
+static tm_status pipe_sample(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab,
+                             const tm_sample_set *set, int32_t *out, tm_sample_lp *lp, tm_error *err) {
     (void)lp;
     pipe_record(set->rows, n_rows);
     return cpu_argmax(be, logits, n_rows, vocab, out, err);

@@ -245,9 +245,19 @@ static void test_prefix_cache_hits_and_matches(void **st) {
         gp.sampling.temperature = 0.0f;
         gp.ignore_eos = true;
         gp.max_tokens = 10;
-        assert_int_equal(tm_engine_generate(e, p, 50, &gp, record, &a, NULL, &err), TM_OK);
-        assert_int_equal(tm_engine_generate(e, p, 50, &gp, record, &b, NULL, &err), TM_OK);
+        tm_gen_stats sa, sb;
+        assert_int_equal(tm_engine_generate(e, p, 50, &gp, record, &a, &sa, &err), TM_OK);
+        assert_int_equal(tm_engine_generate(e, p, 50, &gp, record, &b, &sb, &err), TM_OK);
         assert_int_equal(a.n, 10);
+        /* the request's own count of cached prompt tokens (the server's usage.prompt_tokens_details) */
+        assert_int_equal(sa.cached_tokens, 0);
+        assert_int_equal(sb.cached_tokens, no_cache ? 0 : 48);
+        /* both were admitted at once: their queue times are ~0, not their whole lives (an admission with a prefix
+         * hit counts as one) */
+        tm_hist_snapshot qs;
+        tm_histogram_snapshot(tm_metrics_get_std(mx)->queue, &qs);
+        assert_int_equal(qs.count, 2);
+        assert_true(qs.sum < 0.5 * (sb.finish_s - sb.arrival_s));
         assert_memory_equal(a.ids, b.ids, sizeof(int32_t) * 10);
         tm_metrics_std *ms = tm_metrics_get_std(mx);
         uint64_t hits = tm_counter_get(ms->prefix_hits);

@@ -388,7 +388,8 @@ static void test_server_requests(void **st) {
     r = http(ls.port, "POST", "/v1/completions", "{\"prompt\": [5, 6, 7, 8], \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true}");
     assert_non_null(strstr(r, "HTTP/1.1 200"));
     assert_non_null(strstr(r, "\"finish_reason\":\"length\""));
-    assert_non_null(strstr(r, "\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":4,\"total_tokens\":8}"));
+    assert_non_null(strstr(r, "\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":4,\"total_tokens\":8,"
+                              "\"prompt_tokens_details\":{\"cached_tokens\":0}}"));
     free(r);
     r = http(ls.port, "POST", "/v1/chat/completions",
              "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 3, \"stream\": true, \"seed\": 1}");

@@ -1571,7 +1571,7 @@ static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int
                                        c->stream), "sampling params") &&
            !(extra && cu_fail(c, cudaMemcpyAsync(c->d_sextra, hx, (size_t)n_rows * sizeof(*hx), cudaMemcpyHostToDevice,
                                                  c->stream), "sampling params")) &&
-           !(n_pen > 0 && cu_fail(c, cudaMemcpyAsync(c->d_pen, c->h_pen[slot], (size_t)n_pen * sizeof(tm_cuda_sample_pen),
+           !(n_pen > 0 && cu_fail(c, cudaMemcpyAsync(c->d_pen, c->h_pen[slot], (size_t)n_pen * sizeof(*c->d_pen),
                                                      cudaMemcpyHostToDevice, c->stream), "penalty entries")) &&
            !cu_fail(c, cudaEventRecord(c->sp_ev[slot], c->stream), "sampling params event") &&
            !(extra && cu_fail(c, tm_cuda_sample_prepare(lg, n_rows, vocab, c->d_sextra, c->d_pen, n_pen, c->d_pen_raw,

@@ -126,8 +126,8 @@ cudaError_t tm_cuda_sample_prepare(float *logits, int32_t n_rows, int32_t vocab,
                                    cudaStream_t stream);
 /* After the draw (ids, n_rows): out_lp[r].chosen = the log-softmax of row r's logits before its penalties at ids[r],
  * for rows with n_top > 0 (work and pen_raw as tm_cuda_sample_prepare left them). */
-cudaError_t tm_cuda_sample_finish(const float *logits, int32_t n_rows, int32_t vocab, const tm_cuda_sample_extra *params,
-                                  const tm_cuda_sample_pen *pen, const float *pen_raw, const int32_t *ids,
+cudaError_t tm_cuda_sample_finish(const float *logits, int32_t n_rows, int32_t vocab,
+                                  const tm_cuda_sample_extra *params, const tm_cuda_sample_pen *pen, const float *pen_raw, const int32_t *ids,
                                   const void *work, tm_cuda_sample_lp *out_lp, cudaStream_t stream);
 
 /* Fill n elements of type (TM_DT_F32, TM_DT_F16, TM_DT_BF16 or TM_DT_FP8_E4M3 numbers; fp8: e4m3 of the value)

@@ -1068,9 +1068,12 @@ extern "C" cudaError_t tm_cuda_sample_prepare(float *logits, int32_t n_rows, int
         const size_t smem = sizeof(SampleSmem);
         const float *x = logits;
         cudaError_t e = cudaErrorNotSupported;
-        if (cl == 8) e = launch_group(logprobs_kernel_v1<8>, 8, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
-        if (cl == 4) e = launch_group(logprobs_kernel_v1<4>, 4, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
-        if (cl == 2) e = launch_group(logprobs_kernel_v1<2>, 2, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
+        if (cl == 8)
+            e = launch_group(logprobs_kernel_v1<8>, 8, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
+        if (cl == 4)
+            e = launch_group(logprobs_kernel_v1<4>, 4, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
+        if (cl == 2)
+            e = launch_group(logprobs_kernel_v1<2>, 2, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
         if (e == cudaErrorNotSupported) /* one block per row */
             e = launch_group(logprobs_kernel_v1<1>, 1, n_rows, smem, stream, x, (int)vocab, vec, params, rw, out_lp);
         if (e != cudaSuccess) return e;
