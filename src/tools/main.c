@@ -553,8 +553,10 @@ static int cmd_bench(cli_opts *o) {
     gp.temperature = 0.0f;
     gp.ignore_eos = true;
     gp.max_tokens = O;
-    /* warm-up: page in the weights, spin up the threads */
-    if (!ids || !logits || tm_prompt_logits(ctx, ids, I < 16 ? (size_t)I : 16, logits, &err) != TM_OK) { rc = 1; goto done; }
+    /* warm-up, as llama-bench's: one pass of the timed size pages in the weights, spins up the threads and sets up
+     * the shape's products (on a GPU the first call of a shape picks its GEMM algorithms: with a 16-token warm-up
+     * the first timed rep was far slower than the rest, pp128 53k +- 39k tok/s over 3 reps on an H200) */
+    if (!ids || !logits || tm_prompt_logits(ctx, ids, (size_t)I, logits, &err) != TM_OK) { rc = 1; goto done; }
     int32_t pp_cached = 0; /* at depth: prompt tokens pp found in the prefix cache (its last rep) */
     for (int r = 0; r < R; r++) {
         if (D == 0) {
