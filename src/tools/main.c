@@ -529,7 +529,9 @@ static int cmd_bench(cli_opts *o) {
     }
     int32_t I = o->input_len ? o->input_len : 512, O = o->output_len ? o->output_len : 128, R = o->reps ? o->reps : 3;
     const int32_t D = o->depth, G = D > 1 ? D : 1; /* tg's prompt: G ids */
-    if (!o->load.max_batch_tokens) o->load.max_batch_tokens = I;
+    /* at depth, pp computes I tokens and the depth's last partial block (not cached): one pass for both */
+    const int32_t bs = o->load.block_size > 0 ? o->load.block_size : 16;
+    if (!o->load.max_batch_tokens) o->load.max_batch_tokens = I + (D > 0 ? bs - 1 : 0);
     if (!o->load.n_ctx) {
         int32_t need = I > G + O ? I : G + O;
         if (D > 0 && D + I + 1 > need) need = D + I + 1; /* pp at depth: D cached ids, then I more */
@@ -598,7 +600,7 @@ static int cmd_bench(cli_opts *o) {
         if (D > 0) snprintf(pp_name, sizeof pp_name, "pp%d @ d%d", I, D);
         else snprintf(pp_name, sizeof pp_name, "pp%d", I);
         printf("%-7s %10.2f ± %.2f tok/s%s\n", pp_name, ppm, pps,
-               D > 0 && pp_cached < D - D % 16 ? "  (the depth was not all in the prefix cache)" : "");
+               D > 0 && pp_cached < D - D % bs ? "  (the depth was not all in the prefix cache)" : "");
         char tg_name[32];
         if (D > 0) snprintf(tg_name, sizeof tg_name, "tg%d @ d%d", O, D);
         else snprintf(tg_name, sizeof tg_name, "tg%d", O);
