@@ -108,6 +108,7 @@ typedef struct tm_generate_params {
     const char *const *stop;    /* (n_stop) stop strings; output ends before the first match */
     size_t n_stop;
     int32_t priority;           /* lower = more urgent; FCFS within a priority (batch submission) */
+    int32_t repeat_last_n;      /* generated ids the repeat penalty looks back over: -1 all, 0 none (default 64) */
 } tm_generate_params;
 tm_generate_params tm_generate_params_default(void);
 

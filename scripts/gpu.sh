@@ -224,12 +224,14 @@ EOF
   done
   row "e2e decode b=1 1B: greedy / defaults / penalty / 5 logprobs; host: penalty / 5 logprobs" "$r tok/s"
   # penalties and logprobs on the device against the host sampler on the same logits: greedy with all three
-  # penalties and 3 logprobs on 4 of 8 prompts (the other 4: logprobs only, pipelined); the ids must be the same and
-  # the logprobs within 1e-4 (one prompt a run)
+  # penalties (all three, a short repeat window, frequency alone) and 3 logprobs on 6 of 8 prompts (the other 2:
+  # logprobs only); the ids must be the same and the logprobs within 1e-4 (one prompt a run)
   for h in 0 1; do
     for k in 0 1 2 3 4 5 6 7; do
       pen="--repeat-penalty 1.3 --presence-penalty 0.5 --frequency-penalty 0.3"
-      [ $((k % 2)) = 1 ] && pen=""
+      [ $((k % 4)) = 1 ] && pen=""
+      [ $((k % 4)) = 2 ] && pen="--repeat-penalty 1.5 --repeat-last-n 4"   # a short window, moving every step
+      [ $((k % 4)) = 3 ] && pen="--frequency-penalty 1.1"
       TM_HOST_SAMPLING=$h timeout 120 $TM run -m dummy:llama3.2-1b:bf16 --device cuda -p "penalties $k" -n 96 \
         --temp 0 --ignore-eos --json --logprobs 3 $pen 2>/dev/null | tail -n 1 >"$OUT/pen_${h}_$k.json"
     done
@@ -247,9 +249,9 @@ for k in range(8):
         lp_err = max([lp_err, abs(x["logprob"] - y["logprob"])] +
                      [abs(t["logprob"] - u["logprob"]) for t, u in zip(x["top"], y["top"]) if t["id"] == u["id"]])
         ids_bad += [t["id"] for t in x["top"]] != [u["id"] for u in y["top"]]
-    pen_moved += k % 2 == 0 and any(x["id"] != x["top"][0]["id"] for x in a)
+    pen_moved += k % 4 != 1 and any(x["id"] != x["top"][0]["id"] for x in a)
 print(("same ids" if ids_bad == 0 else f"{ids_bad} DIFFERENT") + f", logprobs within {lp_err:.1e}" +
-      (" FAIL" if ids_bad or lp_err > 1e-4 else "") + f"; penalties moved the pick in {pen_moved} of 4")
+      (" FAIL" if ids_bad or lp_err > 1e-4 else "") + f"; penalties moved the pick in {pen_moved} of 6")
 EOF2
 )
   row "penalties + logprobs 1B greedy: device vs host sampler" "$r"

@@ -128,7 +128,7 @@ tm_status tm_apply_chat_template(tm_ctx *c, const char *template_name, const tm_
 tm_generate_params tm_generate_params_default(void) {
     tm_generate_params p = {
         .max_tokens = 128, .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
-        .repeat_penalty = 1.0f, .seed = 0, .n_logprobs = 0,
+        .repeat_penalty = 1.0f, .seed = 0, .n_logprobs = 0, .repeat_last_n = 64,
     };
     return p;
 }
@@ -173,6 +173,7 @@ static tm_gen_params to_gen_params(const tm_generate_params *p) {
     gp.sampling.top_p = p->top_p;
     gp.sampling.min_p = p->min_p;
     gp.sampling.repeat_penalty = p->repeat_penalty;
+    gp.sampling.repeat_last_n = p->repeat_last_n;
     gp.sampling.presence_penalty = p->presence_penalty;
     gp.sampling.frequency_penalty = p->frequency_penalty;
     gp.sampling.seed = p->seed;

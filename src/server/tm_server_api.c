@@ -367,6 +367,8 @@ bool tm_srv_parse_request(tm_srv_kind kind, const char *body, size_t len, tm_srv
         }
         sp->repeat_penalty = (float)d;
     }
+    if (!get_int(root, "repeat_last_n", -1, INT32_MAX, &v, &given, e)) goto fail; /* extension (llama.cpp's name) */
+    if (given) sp->repeat_last_n = (int32_t)v;
     const cJSON *seed = field(root, "seed");
     if ((r->seed_given = seed != NULL)) { /* any integer in [-2^63, 2^64): negative ones wrap like int64 */
         double sd = seed->valuedouble;

@@ -26,7 +26,8 @@ static const char *k_usage =
     "usage: tokenmill <command> [options]\n"
     "commands:\n"
     "  run      -p PROMPT [-m MODEL] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
-    "           [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--stop STR]...\n"
+    "           [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P] [--frequency-penalty F]\n"
+    "           [--stop STR]...\n"
     "           [--ignore-eos] [--logprobs N] [--chat] [--system TEXT] [--chat-template NAME] [--json]\n"
     "           [-t THREADS] [-c CTX] [-b TOKENS_PER_PASS] [--act-bits 16|8] [--device cpu|cuda[:N]] [--no-graphs]\n"
     "           [--no-pipeline] [--block-size N]\n"
@@ -107,7 +108,7 @@ typedef struct cli_opts {
 } cli_opts;
 
 static bool is_sampling_opt(const char *a) {
-    static const char *const k[] = {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
+    static const char *const k[] = {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
                                     "--presence-penalty", "--frequency-penalty", "--logprobs"};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (!strcmp(a, k[i])) return true;
@@ -146,6 +147,10 @@ static int parse_opts(int argc, char **argv, cli_opts *o) {
             NEED_VALUE();
             if (!parse_f32(v, 0.0f, 100.0f, &o->gen.repeat_penalty) || o->gen.repeat_penalty <= 0.0f)
                 return usage_error("bad repeat penalty '%s'", v);
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            NEED_VALUE();
+            if (!tm_cli_parse_i32(v, -1, INT32_MAX, &o->gen.repeat_last_n))
+                return usage_error("bad repeat window '%s' (-1: all generated ids, 0: off)", v);
         } else if (!strcmp(a, "--presence-penalty")) {
             NEED_VALUE();
             if (!parse_f32(v, -2.0f, 2.0f, &o->gen.presence_penalty)) return usage_error("bad presence penalty '%s' (-2..2)", v);
@@ -500,6 +505,7 @@ static int cmd_bench(cli_opts *o) {
             sp.top_p = o->gen.top_p;
             sp.min_p = o->gen.min_p;
             sp.repeat_penalty = o->gen.repeat_penalty;
+            sp.repeat_last_n = o->gen.repeat_last_n;
             sp.presence_penalty = o->gen.presence_penalty;
             sp.frequency_penalty = o->gen.frequency_penalty;
             sp.seed = o->gen.seed;

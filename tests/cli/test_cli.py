@@ -200,6 +200,17 @@ def test_bench_latency_reports_json():
     assert r.returncode != 0 and "--depth is for the single-stream" in r.stderr
 
 
+def test_repeat_window():
+    # --repeat-last-n: 0 turns the repeat penalty off (the greedy text of no penalty), 4 changes the greedy text,
+    # out of range is a usage error
+    base = ["-p", "one two one two one two", "-n", "24", "--temp", "0"]
+    plain = run_json(*base)["text"]
+    assert run_json(*base, "--repeat-penalty", "3", "--repeat-last-n", "0")["text"] == plain
+    assert run_json(*base, "--repeat-penalty", "3", "--repeat-last-n", "4")["text"] != plain
+    r = tm("run", "-m", MODEL, *base, "--repeat-last-n", "-2")
+    assert r.returncode != 0 and "bad repeat window" in r.stderr
+
+
 def test_logprobs_in_json():
     r = run_json("-p", "The capital of France is", "-n", "3", "--temp", "0", "--logprobs", "5")
     assert len(r["logprobs"]) == 3

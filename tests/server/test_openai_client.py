@@ -134,6 +134,16 @@ def test_sampling_fields_are_accepted(client, model_id):
     k1 = client.completions.create(model=model_id, prompt="Hello", max_tokens=8, temperature=1.5,
                                    extra_body={"top_k": 1}).choices[0].text
     assert g == k1
+    # the extensions repetition_penalty and repeat_last_n (llama.cpp's window over the generated ids): a window of 0
+    # turns the penalty off, a window of 4 changes the greedy text (repeat_last_n out of range: a 400)
+    kw = dict(model=model_id, prompt="one two one two one two", max_tokens=24, temperature=0)
+    off = client.completions.create(extra_body={"repetition_penalty": 3.0, "repeat_last_n": 0}, **kw).choices[0].text
+    on = client.completions.create(extra_body={"repetition_penalty": 3.0, "repeat_last_n": 4}, **kw).choices[0].text
+    plain = client.completions.create(**kw).choices[0].text
+    assert off == plain and on != plain
+    with pytest.raises(Exception) as ex:
+        client.completions.create(extra_body={"repeat_last_n": -2}, **kw)
+    assert "repeat_last_n" in str(ex.value)
 
 
 def test_completion_logprobs(client, model_id):
