@@ -612,6 +612,26 @@ __device__ void emit_drawn(const Src &src, const Filter &flt, uint64_t prefix, u
     });
 }
 
+/* Pass 1 over the group's row: the row stats (max, sum exp(x - max), argmax; every thread gets them) and, when
+ * hist0, the count histogram of the first digit of a selection (key bits 53..63), merged in the leader */
+template <int CL>
+__device__ Stats first_pass(const RowSrc &src, bool hist0, SampleSmem &sm) {
+    if (hist0) {
+        for (int j = (int)threadIdx.x; j < kMaxBins; j += kThreads) sm.cnt[j] = 0;
+        Group<CL>::sync();
+    }
+    Stats st = {-INFINITY, 0.0f, -1};
+    for_each(src, [&](int i, float x) {
+        stats_push(st, i, x);
+        if (hist0) atomicAdd(&sm.cnt[xkey(x) >> 21], 1u);
+    });
+    if (hist0 && CL > 1) {
+        __syncthreads();
+        merge_hist<false, CL>(kMaxBins, sm);
+    }
+    return group_stats<CL>(st, sm);
+}
+
 /* v1: one block per row, thresholds bit by bit */
 __global__ void __launch_bounds__(kThreads) sample_kernel_v1(const float *logits, int V, bool vec,
                                                              const tm_cuda_sample_params *params, int32_t *out_ids,
@@ -664,21 +684,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel_v2(const float *logits
     float *out_lp = out_logprob ? out_logprob + rowi : nullptr;
 
     /* pass 1: max, sum exp(x - max), argmax, and the first count histogram of the first selection */
-    const bool hist0 = topk || (topp && V > kListCap);
-    if (hist0) {
-        for (int j = (int)threadIdx.x; j < kMaxBins; j += kThreads) sm.cnt[j] = 0;
-        Group<CL>::sync();
-    }
-    Stats st = {-INFINITY, 0.0f, -1};
-    for_each(src, [&](int i, float x) {
-        stats_push(st, i, x);
-        if (hist0) atomicAdd(&sm.cnt[xkey(x) >> 21], 1u); /* digit 0: key bits 53..63 */
-    });
-    if (hist0 && CL > 1) {
-        __syncthreads();
-        merge_hist<false, CL>(kMaxBins, sm);
-    }
-    st = group_stats<CL>(st, sm);
+    const Stats st = first_pass<CL>(src, topk || (topp && V > kListCap), sm);
     if (st.m == -INFINITY || greedy) { /* every logit -inf (id 0, uniform logprob), or greedy */
         if (rank == 0 && threadIdx.x == 0) {
             *out_id = st.m == -INFINITY ? 0 : st.a;
@@ -789,20 +795,7 @@ __global__ void __launch_bounds__(kThreads) logprobs_kernel_v1(const float *logi
     const int nb = V > 1 ? 32 - __clz(V - 1) : 0;
     const int k = min(n_top, V);
     const bool sel = k < V;
-    if (sel) {
-        for (int j = (int)threadIdx.x; j < kMaxBins; j += kThreads) sm.cnt[j] = 0;
-        Group<CL>::sync();
-    }
-    Stats st = {-INFINITY, 0.0f, -1};
-    for_each(src, [&](int i, float x) {
-        stats_push(st, i, x);
-        if (sel) atomicAdd(&sm.cnt[xkey(x) >> 21], 1u);
-    });
-    if (sel && CL > 1) {
-        __syncthreads();
-        merge_hist<false, CL>(kMaxBins, sm);
-    }
-    st = group_stats<CL>(st, sm);
+    const Stats st = first_pass<CL>(src, sel, sm);
     uint64_t lo = 0;
     if (sel) {
         uint64_t mask;
