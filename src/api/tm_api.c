@@ -1,4 +1,5 @@
 /* tm_api.c -- the public C API (include/tokenmill.h) over model, tokenizer, chat templates and runner. */
+#include "api/tm_api.h"
 #include "tokenmill.h"
 
 #include "engine/tm_engine.h"
@@ -165,7 +166,7 @@ static bool bridge_cb(void *user, const tm_gen_event *ev) {
     return gb->cb(gb->user, &te);
 }
 
-static tm_gen_params to_gen_params(const tm_generate_params *p) {
+tm_gen_params tm_api_gen_params(const tm_generate_params *p) {
     tm_gen_params gp = {0};
     gp.sampling = tm_sampling_default();
     gp.sampling.temperature = p->temperature;
@@ -201,7 +202,7 @@ tm_status tm_generate_batch(tm_ctx *c, const tm_request_spec *reqs, size_t n_req
         gb[i].user = reqs[i].user;
         gb[i].res = reqs[i].result;
         if (gb[i].res) memset(gb[i].res, 0, sizeof *gb[i].res);
-        tm_gen_params gp = to_gen_params(reqs[i].params);
+        tm_gen_params gp = tm_api_gen_params(reqs[i].params);
         s = tm_engine_add(c->engine, reqs[i].prompt, reqs[i].n_prompt, &gp, bridge_cb, &gb[i], NULL, err);
         if (s != TM_OK) tm_err_prefix(err, "request %zu", i);
     }

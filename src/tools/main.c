@@ -1,5 +1,6 @@
 /* main.c -- the tokenmill command line: run, chat, tokenize, inspect (over the public C API). */
 #include "tm_cli.h"
+#include "api/tm_api.h"
 #include "tokenmill.h"
 #include "tm_bench.h"
 #include "tm_bench_serve.h"
@@ -498,20 +499,8 @@ static int cmd_bench(cli_opts *o) {
             .no_prefix_cache = o->no_prefix_cache, .json = o->json, .seed = o->gen.seed,
             .sequential = o->sequential, .step_trace = o->step_trace,
         };
-        tm_sampling_params sp = tm_sampling_default();
-        if (o->sampling_set) { /* the run options' recipe for every request */
-            sp.temperature = o->gen.temperature;
-            sp.top_k = o->gen.top_k;
-            sp.top_p = o->gen.top_p;
-            sp.min_p = o->gen.min_p;
-            sp.repeat_penalty = o->gen.repeat_penalty;
-            sp.repeat_last_n = o->gen.repeat_last_n;
-            sp.presence_penalty = o->gen.presence_penalty;
-            sp.frequency_penalty = o->gen.frequency_penalty;
-            sp.seed = o->gen.seed;
-            sp.n_logprobs = o->gen.n_logprobs;
-            bc.sampling = &sp;
-        }
+        const tm_sampling_params sp = tm_api_gen_params(&o->gen).sampling; /* the run options' recipe */
+        if (o->sampling_set) bc.sampling = &sp;
         tm_error err = {0};
         if (tm_bench_throughput(&bc, &err) != TM_OK) return fail(&err);
         return 0;
