@@ -344,6 +344,17 @@ void tm_sampler_pen_apply(const tm_sampling_params *p, float *x, const tm_sample
     for (size_t j = 0; j < n; j++) x[e[j].id] = pen_one(p, x[e[j].id], e[j].count, e[j].in_window != 0);
 }
 
+size_t tm_sampler_pen_merge(const tm_sampling_params *p, tm_sample_pen *e, size_t n, int32_t id) {
+    const bool rep = p->repeat_penalty != 1.0f, pf = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    if (!rep && !pf) return n;
+    size_t j = 0;
+    while (j < n && e[j].id != id) j++;
+    if (j == n) e[n++] = (tm_sample_pen){id, 0, 0};
+    e[j].count += pf;
+    e[j].in_window |= rep;
+    return n;
+}
+
 /* log-softmax normaliser kept as (max, log sum exp(x - max)): x - lse computed as (x - max) - log_z keeps
  * the precision that max + log_z would lose when max is huge (FLT_MAX for +inf logits). */
 typedef struct lse_t {

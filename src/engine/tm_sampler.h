@@ -79,6 +79,11 @@ size_t tm_sampler_pen_entries(const tm_sampling_params *p, int32_t n_vocab, cons
 /* Apply entries to logits x as a backend does (tm_sample_row): the same float operations as step 3 of
  * tm_sampler_sample, so the result is bit-identical to it. */
 void tm_sampler_pen_apply(const tm_sampling_params *p, float *x, const tm_sample_pen *e, size_t n);
+/* The backend's merge of the id in flight (tm_sample_row.pen_src) into a row's entries e (n of them, room for one
+ * more), by the row's penalties p (the repeat penalty applies where repeat_penalty != 1): once more in its count
+ * when presence or frequency penalties apply, in the window when the repeat penalty does, a new entry when none
+ * holds it. Returns the new number of entries. The host's reference for what a backend does. */
+size_t tm_sampler_pen_merge(const tm_sampling_params *p, tm_sample_pen *e, size_t n, int32_t id);
 /* Does any penalty of p change logits once hist holds at least one id? */
 bool tm_sampling_has_penalties(const tm_sampling_params *p);
 /* Re-seed the sampler's RNG (a new request reusing a sampler). */

@@ -548,14 +548,8 @@ static void check_pen_logprobs(int rows, int V, bool ties, const char *cluster) 
                                  .frequency_penalty = e->frequency_penalty};
         size_t ne = (size_t)e->pen_n;
         memcpy(ent, c.pen + e->pen_first, ne * sizeof *ent);
-        const bool pf = sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f, rep = sp.repeat_penalty != 1.0f;
-        if (e->pen_src >= 0 && (pf || rep)) { /* the id in flight, merged as backend.h describes */
-            const int32_t t = c.prev[e->pen_src];
-            size_t j = 0;
-            while (j < ne && ent[j].id != t) j++;
-            if (j == ne) ent[ne++] = (tm_sample_pen){t, 0, 0};
-            ent[j].count += pf;
-            ent[j].in_window |= rep;
+        if (e->pen_src >= 0) { /* the id in flight, merged as backend.h describes */
+            ne = tm_sampler_pen_merge(&sp, ent, ne, c.prev[e->pen_src]);
             merged++;
         }
         tm_sampler_pen_apply(&sp, wr, ent, ne);

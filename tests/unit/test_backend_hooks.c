@@ -853,21 +853,15 @@ static void full_draw(const float *logits, int32_t n_rows, int32_t vocab, const 
         size_t n = (size_t)w->pen_n;
         assert_true(w->pen_first >= 0 && w->pen_first + w->pen_n <= set->n_pen);
         if (n > 0) memcpy(ent, set->pen + w->pen_first, n * sizeof *ent);
-        const bool pf = w->presence_penalty != 0.0f || w->frequency_penalty != 0.0f, rep = w->repeat_penalty != 1.0f;
-        if (w->pen_src >= 0 && (pf || rep)) { /* the id in flight ends the history (backend.h) */
+        const tm_sampling_params p = {.repeat_penalty = w->repeat_penalty, .presence_penalty = w->presence_penalty,
+                                      .frequency_penalty = w->frequency_penalty};
+        if (w->pen_src >= 0) { /* the id in flight ends the history (backend.h) */
             assert_non_null(prev);
-            const int32_t t = prev[w->pen_src];
-            size_t j = 0;
-            while (j < n && ent[j].id != t) j++;
-            if (j == n) ent[n++] = (tm_sample_pen){t, 0, 0};
-            ent[j].count += pf;
-            ent[j].in_window |= rep;
+            n = tm_sampler_pen_merge(&p, ent, n, prev[w->pen_src]);
             g_full_chained_pen_rows++;
         }
         if (n > 0) {
             g_full_pen_rows++;
-            tm_sampling_params p = {.repeat_penalty = w->repeat_penalty, .presence_penalty = w->presence_penalty,
-                                    .frequency_penalty = w->frequency_penalty};
             tm_sampler_pen_apply(&p, x, ent, n);
         }
         assert_true(w->temperature == 0.0f);

@@ -949,17 +949,10 @@ static void test_pen_entries(void **st) {
                     /* the same history with its last id in flight: entries over the rest (ahead 1), and the last
                      * id merged as a backend does (tm_sample_row.pen_src): the same logits */
                     if (n_hist == 0 || hist[n_hist - 1] >= V) continue;
-                    const bool rep = p.repeat_penalty != 1.0f && p.repeat_last_n != 0;
-                    const bool pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
                     n = tm_sampler_pen_entries(&p, V, hist, n_hist - 1, 1, mark, ent);
-                    const int32_t t = hist[n_hist - 1];
-                    size_t j = 0;
-                    while (j < n && ent[j].id != t) j++;
-                    if (j == n && (rep || pf)) ent[n++] = (tm_sample_pen){t, 0, 0};
-                    if (j < n) {
-                        ent[j].count += pf;
-                        ent[j].in_window |= rep;
-                    }
+                    tm_sampling_params row = p; /* as the engine fills a row: no window, no repeat penalty */
+                    if (row.repeat_last_n == 0) row.repeat_penalty = 1.0f;
+                    n = tm_sampler_pen_merge(&row, ent, n, hist[n_hist - 1]);
                     memcpy(got, before, sizeof got);
                     tm_sampler_pen_apply(&p, got, ent, n);
                     assert_memory_equal(got, want, sizeof want);
