@@ -110,20 +110,23 @@ typedef struct cu_backend {
     int64_t max_ffn_rows;
     int32_t max_tokens;
     int32_t *d_ids_out;          /* (cfg.max_logits) argmax / sampled ids */
-    tm_cuda_sample_params *d_sparams; /* (cfg.max_logits) per-row sampling recipes */
-    tm_cuda_sample_extra *d_sextra;   /* (cfg.max_logits) per-row penalties and logprobs */
-    /* pipelined sampling (argmax_start, sample_start, ids_wait), per slot: pinned ids and recipes, and the events of
-     * the ids' copy to the host and of the recipes' upload */
-    int32_t *h_ids[2];           /* (cfg.max_logits) */
-    tm_cuda_sample_params *h_sp[2]; /* (cfg.max_logits) */
-    tm_cuda_sample_extra *h_sx[2];  /* (cfg.max_logits) */
-    cudaEvent_t ids_ev[2], sp_ev[2];
-    bool sp_used[2];
-    /* penalties and logprobs (tm_cuda_sample_prepare / _finish): the step's entries, staged per slot, on the device
-     * with their values before the penalties; the rows' logprobs on the device and per slot on the host */
-    tm_cuda_sample_pen *h_pen[2];   /* (h_pen_cap[slot]) pinned */
-    int32_t h_pen_cap[2];
-    tm_cuda_sample_pen *d_pen;      /* (d_pen_cap) */
+    /* The sampling passes' copies run on a side stream (`copy`; TM_CUDA_SIDE_COPY=0: the compute stream), off the
+     * compute stream's path: the step's sampling inputs go up in one copy per pass, issued when the pass is queued
+     * (it runs under the forward), and the ids (and logprobs) come down while the next pass computes. Per slot
+     * (0/1, the pipelined passes; the synchronous ops use 0): the inputs' pinned staging and device buffer,
+     * [recipes (n_rows) | penalties and logprobs (n_rows) | penalty entries (n_pen)] (sin_room), and the events:
+     * sp_ev the upload done, done_ev the pass's sampling kernels done (the slot's next upload waits for it),
+     * ids_ev the copy to the host done (the next pass that rewrites d_ids_out / d_lp waits for it). */
+    cudaStream_t copy;
+    bool side_copy;
+    uint8_t *h_sin[2];           /* (sin_cap[slot]) pinned */
+    uint8_t *d_sin[2];           /* (sin_cap[slot]) */
+    size_t sin_cap[2];
+    int32_t *h_ids[2];           /* (cfg.max_logits) pinned */
+    cudaEvent_t ids_ev[2], sp_ev[2], done_ev[2];
+    bool sp_used[2], done_used[2], ids_used[2];
+    /* penalties and logprobs (tm_cuda_sample_prepare / _finish): the entries' values before the penalties; the
+     * rows' logprobs on the device and per slot on the host */
     float *d_pen_raw;               /* (d_pen_cap) */
     int32_t d_pen_cap;
     tm_cuda_sample_lp *d_lp;        /* (cfg.max_logits) */
@@ -1420,6 +1423,7 @@ static void cu_free(tm_backend *be) {
         if (g) cudaGraphDestroy(g);
     }
     cudaStreamSynchronize(c->stream);
+    if (c->copy) cudaStreamSynchronize(c->copy);
     if (c->timing) {
         if (c->t_steps > 0)
             tm_log(TM_LOG_WARN, "cuda step timing: %lld replayed decode steps, device %.3f ms a step (launch to ids); "
@@ -1450,20 +1454,17 @@ static void cu_free(tm_backend *be) {
     cudaFree(c->ffn_tmp);
     cudaFreeHost(c->host_stage);
     cudaFree(c->d_ids_out);
-    cudaFree(c->d_sparams);
-    cudaFree(c->d_sextra);
-    cudaFree(c->d_pen);
     cudaFree(c->d_pen_raw);
     cudaFree(c->d_lp);
     cudaFree(c->d_swork);
     for (int k = 0; k < 2; k++) {
         cudaFreeHost(c->h_ids[k]);
-        cudaFreeHost(c->h_sp[k]);
-        cudaFreeHost(c->h_sx[k]);
-        cudaFreeHost(c->h_pen[k]);
+        cudaFreeHost(c->h_sin[k]);
+        cudaFree(c->d_sin[k]);
         cudaFreeHost(c->h_lp[k]);
         if (c->ids_ev[k]) cudaEventDestroy(c->ids_ev[k]);
         if (c->sp_ev[k]) cudaEventDestroy(c->sp_ev[k]);
+        if (c->done_ev[k]) cudaEventDestroy(c->done_ev[k]);
     }
     cudaFree(c->norm_scratch);
     cudaFree(c->qg_work);
@@ -1472,6 +1473,7 @@ static void cu_free(tm_backend *be) {
     free(c->wgroups);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     tm_cuda_blas_free(c->blas);
+    if (c->copy && c->copy != c->stream) cudaStreamDestroy(c->copy);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -1498,12 +1500,22 @@ static tm_status ids_to_host(cu_backend *c, int32_t n_rows, int32_t *out_host, t
     return TM_OK;
 }
 
+/* d_ids_out and d_lp are about to be rewritten on the compute stream: the earlier passes' copies of them to the host
+ * (on the copy stream) come first; false on a device error (recorded) */
+static bool outs_free(cu_backend *c) {
+    for (int k = 0; k < 2; k++)
+        if (c->ids_used[k] && cu_fail(c, cudaStreamWaitEvent(c->stream, c->ids_ev[k], 0), "token ids wait"))
+            return false;
+    return true;
+}
+
 static tm_status cu_argmax(tm_backend *be, const void *logits, int32_t n_rows, int32_t vocab, int32_t *out_host,
                            tm_error *err) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return cu_last_error(be, err);
     if (n_rows > c->cfg.max_logits) return tm_err(err, TM_ERR_RANGE, "argmax over %d rows (at most %d)", n_rows, c->cfg.max_logits);
-    if (cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_ids_out, c->stream), "argmax")) return cu_last_error(be, err);
+    if (!outs_free(c) || cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_ids_out, c->stream), "argmax"))
+        return cu_last_error(be, err);
     return ids_to_host(c, n_rows, out_host, err);
 }
 
@@ -1511,39 +1523,56 @@ _Static_assert(sizeof(tm_sample_pen) == sizeof(tm_cuda_sample_pen), "penalty ent
 _Static_assert(sizeof(tm_sample_lp) == sizeof(tm_cuda_sample_lp) && TM_SAMPLE_MAX_TOP == TM_CUDA_SAMPLE_MAX_TOP,
                "logprob rows are copied as they are");
 
-/* room for n penalty entries in slot's pinned staging and on the device (grown geometrically; the device buffer
- * only after the stream is idle, since a queued pass may still read it) */
-static bool pen_room(cu_backend *c, int32_t slot, int32_t n) {
-    if (n > c->h_pen_cap[slot]) {
-        int32_t cap = n > 2 * c->h_pen_cap[slot] ? n : 2 * c->h_pen_cap[slot];
-        cudaFreeHost(c->h_pen[slot]);
-        c->h_pen[slot] = NULL;
-        c->h_pen_cap[slot] = 0;
-        if (cu_fail(c, cudaMallocHost((void **)&c->h_pen[slot], (size_t)cap * sizeof(tm_cuda_sample_pen)),
-                    "penalty staging"))
+static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* a pass's sampling inputs in slot's buffers: [recipes | penalties and logprobs | penalty entries] */
+typedef struct sin_layout {
+    size_t extra_at, pen_at, bytes;
+} sin_layout;
+
+static sin_layout sin_plan(int32_t n_rows, int32_t n_pen) {
+    sin_layout l;
+    l.extra_at = align16((size_t)n_rows * sizeof(tm_cuda_sample_params));
+    l.pen_at = l.extra_at + align16((size_t)n_rows * sizeof(tm_cuda_sample_extra));
+    l.bytes = l.pen_at + (size_t)n_pen * sizeof(tm_cuda_sample_pen);
+    return l;
+}
+
+/* room for `bytes` of sampling inputs in slot's pinned staging (its last upload waited for) and device buffer (grown
+ * once both streams are idle: a queued pass may still read it), and for n_pen entries' raw values; grown
+ * geometrically */
+static bool sin_room(cu_backend *c, int32_t slot, size_t bytes, int32_t n_pen) {
+    if (bytes > c->sin_cap[slot]) {
+        size_t cap = bytes > 2 * c->sin_cap[slot] ? bytes : 2 * c->sin_cap[slot];
+        if (cu_fail(c, cudaStreamSynchronize(c->stream), "sampling inputs") ||
+            cu_fail(c, cudaStreamSynchronize(c->copy), "sampling inputs"))
             return false;
-        c->h_pen_cap[slot] = cap;
+        cudaFreeHost(c->h_sin[slot]);
+        cudaFree(c->d_sin[slot]);
+        c->h_sin[slot] = c->d_sin[slot] = NULL;
+        c->sin_cap[slot] = 0;
+        if (cu_fail(c, cudaMallocHost((void **)&c->h_sin[slot], cap), "sampling inputs staging") ||
+            cu_fail(c, cudaMalloc((void **)&c->d_sin[slot], cap), "sampling inputs"))
+            return false;
+        c->sin_cap[slot] = cap;
     }
-    if (n > c->d_pen_cap) {
-        int32_t cap = n > 2 * c->d_pen_cap ? n : 2 * c->d_pen_cap;
+    if (n_pen > c->d_pen_cap) {
+        int32_t cap = n_pen > 2 * c->d_pen_cap ? n_pen : 2 * c->d_pen_cap;
         if (cu_fail(c, cudaStreamSynchronize(c->stream), "penalty entries")) return false;
-        cudaFree(c->d_pen);
         cudaFree(c->d_pen_raw);
-        c->d_pen = NULL;
         c->d_pen_raw = NULL;
         c->d_pen_cap = 0;
-        if (cu_fail(c, cudaMalloc((void **)&c->d_pen, (size_t)cap * sizeof(tm_cuda_sample_pen)), "penalty entries") ||
-            cu_fail(c, cudaMalloc((void **)&c->d_pen_raw, (size_t)cap * sizeof(float)), "penalty entries"))
-            return false;
+        if (cu_fail(c, cudaMalloc((void **)&c->d_pen_raw, (size_t)cap * sizeof(float)), "penalty entries")) return false;
         c->d_pen_cap = cap;
     }
     return true;
 }
 
-/* The step's recipes and penalty entries into slot's pinned staging (its previous upload waited for first), uploaded
- * (sp_ev[slot] recorded), then penalties and logprobs (tm_cuda_sample_prepare; a pipelined row's in-flight id is
- * read from d_ids_out, which still holds the previous pass's ids), one token per row into d_ids_out, and the
- * chosen ids' logprobs (tm_cuda_sample_finish); false on a device error (recorded) */
+/* The pass's recipes and penalty entries into slot's pinned staging (its previous upload waited for first) and up
+ * in one copy on the copy stream, after the slot's previous pass is done with its device buffer (done_ev); the
+ * compute stream waits for the upload (sp_ev), then penalties and logprobs (tm_cuda_sample_prepare; a pipelined
+ * row's in-flight id is read from d_ids_out, which still holds the previous pass's ids), one token per row into
+ * d_ids_out, and the chosen ids' logprobs (tm_cuda_sample_finish); false on a device error (recorded) */
 static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int32_t vocab, const tm_sample_set *set,
                           int32_t slot) {
     if (c->sp_used[slot] && cu_fail(c, cudaEventSynchronize(c->sp_ev[slot]), "sampling params")) return false;
@@ -1552,8 +1581,11 @@ static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int
     bool chained_pen = false; /* a row penalises the id the previous pass drew */
     for (int32_t r = 0; r < n_rows; r++) chained_pen |= rows[r].pen_src >= 0;
     const bool want_pen = n_pen > 0 || chained_pen, extra = want_pen || set->logprobs;
-    tm_cuda_sample_params *hp = c->h_sp[slot];
-    tm_cuda_sample_extra *hx = c->h_sx[slot];
+    const sin_layout l = sin_plan(n_rows, n_pen);
+    if (!sin_room(c, slot, l.bytes, n_pen)) return false;
+    uint8_t *h = c->h_sin[slot], *d = c->d_sin[slot];
+    tm_cuda_sample_params *hp = (tm_cuda_sample_params *)h;
+    tm_cuda_sample_extra *hx = (tm_cuda_sample_extra *)(h + l.extra_at);
     for (int32_t r = 0; r < n_rows; r++) {
         const tm_sample_row *w = &rows[r];
         hp[r] = (tm_cuda_sample_params){.temperature = w->temperature, .top_p = w->top_p, .min_p = w->min_p,
@@ -1563,24 +1595,23 @@ static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int
                                        .pen_n = n_pen > 0 ? w->pen_n : 0, .pen_src = w->pen_src,
                                        .n_top = set->logprobs ? w->n_logprobs : 0};
     }
-    if (n_pen > 0 && !pen_room(c, slot, n_pen)) return false;
-    if (n_pen > 0) memcpy(c->h_pen[slot], set->pen, (size_t)n_pen * sizeof(tm_cuda_sample_pen));
+    if (n_pen > 0) memcpy(h + l.pen_at, set->pen, (size_t)n_pen * sizeof(tm_cuda_sample_pen));
+    const size_t bytes = extra ? l.bytes : (size_t)n_rows * sizeof(tm_cuda_sample_params);
+    const tm_cuda_sample_params *d_params = (const tm_cuda_sample_params *)d;
+    const tm_cuda_sample_extra *d_extra = (const tm_cuda_sample_extra *)(d + l.extra_at);
+    const tm_cuda_sample_pen *d_pen = (const tm_cuda_sample_pen *)(d + l.pen_at);
     float *lg = (float *)(uintptr_t)logits; /* penalties apply in place (ops->sample) */
     c->sp_used[slot] = true;
-    return !cu_fail(c, cudaMemcpyAsync(c->d_sparams, hp, (size_t)n_rows * sizeof(*hp), cudaMemcpyHostToDevice,
-                                       c->stream), "sampling params") &&
-           !(extra && cu_fail(c, cudaMemcpyAsync(c->d_sextra, hx, (size_t)n_rows * sizeof(*hx), cudaMemcpyHostToDevice,
-                                                 c->stream), "sampling params")) &&
-           !(n_pen > 0 && cu_fail(c, cudaMemcpyAsync(c->d_pen, c->h_pen[slot], (size_t)n_pen * sizeof(*c->d_pen),
-                                                     cudaMemcpyHostToDevice, c->stream), "penalty entries")) &&
-           !cu_fail(c, cudaEventRecord(c->sp_ev[slot], c->stream), "sampling params event") &&
-           !(extra && cu_fail(c, tm_cuda_sample_prepare(lg, n_rows, vocab, c->d_sextra, c->d_pen, n_pen, c->d_pen_raw,
+    return !(c->done_used[slot] && cu_fail(c, cudaStreamWaitEvent(c->copy, c->done_ev[slot], 0), "sampling wait")) &&
+           !cu_fail(c, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, c->copy), "sampling params") &&
+           !cu_fail(c, cudaEventRecord(c->sp_ev[slot], c->copy), "sampling params event") &&
+           !cu_fail(c, cudaStreamWaitEvent(c->stream, c->sp_ev[slot], 0), "sampling params wait") && outs_free(c) &&
+           !(extra && cu_fail(c, tm_cuda_sample_prepare(lg, n_rows, vocab, d_extra, d_pen, n_pen, c->d_pen_raw,
                                                         want_pen, c->d_ids_out, set->logprobs, c->d_swork, c->d_lp,
                                                         c->stream), "sample prepare")) &&
-           !cu_fail(c, tm_cuda_sample(lg, n_rows, vocab, c->d_sparams, NULL, c->d_ids_out, NULL, c->stream),
-                    "sample") &&
+           !cu_fail(c, tm_cuda_sample(lg, n_rows, vocab, d_params, NULL, c->d_ids_out, NULL, c->stream), "sample") &&
            !(set->logprobs &&
-             cu_fail(c, tm_cuda_sample_finish(lg, n_rows, vocab, c->d_sextra, c->d_pen, c->d_pen_raw, c->d_ids_out,
+             cu_fail(c, tm_cuda_sample_finish(lg, n_rows, vocab, d_extra, d_pen, c->d_pen_raw, c->d_ids_out,
                                               c->d_swork, c->d_lp, c->stream), "sample logprobs"));
 }
 
@@ -1600,16 +1631,20 @@ static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, i
 
 /* ---- pipelined sampling ---------------------------------------------------------------------------- */
 
-/* the ids in d_ids_out (and with lp the logprobs in d_lp) go to slot's pinned buffers; the pass's timing event */
+/* The pass's sampling kernels are queued (done_ev[slot] recorded after them); the ids in d_ids_out (and with lp the
+ * logprobs in d_lp) go to slot's pinned buffers on the copy stream (ids_ev[slot]); the pass's timing event */
 static tm_status ids_copy_start(cu_backend *c, int32_t slot, int32_t n_rows, bool lp, tm_error *err) {
     c->lp_pend[slot] = lp;
-    if (cu_fail(c, cudaMemcpyAsync(c->h_ids[slot], c->d_ids_out, (size_t)n_rows * sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, c->stream), "token ids") ||
+    c->done_used[slot] = c->ids_used[slot] = true;
+    if (cu_fail(c, cudaEventRecord(c->done_ev[slot], c->stream), "sampling done event") ||
+        cu_fail(c, cudaStreamWaitEvent(c->copy, c->done_ev[slot], 0), "sampling done wait") ||
+        cu_fail(c, cudaMemcpyAsync(c->h_ids[slot], c->d_ids_out, (size_t)n_rows * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, c->copy), "token ids") ||
         (lp && cu_fail(c, cudaMemcpyAsync(c->h_lp[slot], c->d_lp, (size_t)n_rows * sizeof(tm_cuda_sample_lp),
-                                          cudaMemcpyDeviceToHost, c->stream), "logprobs")) ||
-        cu_fail(c, cudaEventRecord(c->ids_ev[slot], c->stream), "token ids event"))
+                                          cudaMemcpyDeviceToHost, c->copy), "logprobs")) ||
+        cu_fail(c, cudaEventRecord(c->ids_ev[slot], c->copy), "token ids event"))
         return cu_last_error(&c->base, err);
-    if (c->timing && cudaEventRecord(c->t_pev[c->t_plaunched % 4], c->stream) == cudaSuccess)
+    if (c->timing && cudaEventRecord(c->t_pev[c->t_plaunched % 4], c->copy) == cudaSuccess)
         c->t_prep[c->t_plaunched++ % 4] = c->t_replay;
     return TM_OK;
 }
@@ -1627,7 +1662,8 @@ static tm_status cu_argmax_start(tm_backend *be, const void *logits, int32_t n_r
     cu_backend *c = cu(be);
     tm_status s = start_check(c, n_rows, slot, err);
     if (s != TM_OK) return s;
-    if (cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_ids_out, c->stream), "argmax")) return cu_last_error(be, err);
+    if (!outs_free(c) || cu_fail(c, tm_cuda_argmax(logits, n_rows, vocab, c->d_ids_out, c->stream), "argmax"))
+        return cu_last_error(be, err);
     return ids_copy_start(c, slot, n_rows, false, err);
 }
 
@@ -1743,7 +1779,9 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     c->max_tokens = cfg->max_tokens;
     if (getenv("TM_CUDA_NO_GRAPHS")) c->cfg.no_graphs = true;
     tm_status s;
+    c->side_copy = !env_is("TM_CUDA_SIDE_COPY", "0");
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (c->side_copy && (e = cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking)) != cudaSuccess) ||
         (e = cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming)) != cudaSuccess) {
         s = tm_err(err, TM_ERR_DEVICE, "cuda stream: %s", cudaGetErrorString(e));
         goto fail;
@@ -1760,9 +1798,8 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     if (getenv("TM_CUDA_BLAS_ALGO")) tm_cuda_blas_set_algo_index(c->blas, atoi(getenv("TM_CUDA_BLAS_ALGO")));
     size_t rows = (size_t)(cfg->max_logits > 0 ? cfg->max_logits : cfg->max_tokens);
     c->cfg.max_logits = (int32_t)rows;
+    if (!c->side_copy) c->copy = c->stream;
     if ((e = cudaMalloc((void **)&c->d_ids_out, rows * sizeof(int32_t))) != cudaSuccess ||
-        (e = cudaMalloc((void **)&c->d_sparams, rows * sizeof(tm_cuda_sample_params))) != cudaSuccess ||
-        (e = cudaMalloc((void **)&c->d_sextra, rows * sizeof(tm_cuda_sample_extra))) != cudaSuccess ||
         (e = cudaMalloc((void **)&c->d_lp, rows * sizeof(tm_cuda_sample_lp))) != cudaSuccess ||
         (e = cudaMalloc(&c->d_swork, tm_cuda_sample_work_bytes((int32_t)rows, 1))) != cudaSuccess) {
         cudaGetLastError();
@@ -1771,15 +1808,17 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     }
     for (int k = 0; k < 2; k++)
         if ((e = cudaMallocHost((void **)&c->h_ids[k], rows * sizeof(int32_t))) != cudaSuccess ||
-            (e = cudaMallocHost((void **)&c->h_sp[k], rows * sizeof(tm_cuda_sample_params))) != cudaSuccess ||
-            (e = cudaMallocHost((void **)&c->h_sx[k], rows * sizeof(tm_cuda_sample_extra))) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&c->h_sin[k], sin_plan((int32_t)rows, 0).bytes)) != cudaSuccess ||
+            (e = cudaMalloc((void **)&c->d_sin[k], sin_plan((int32_t)rows, 0).bytes)) != cudaSuccess ||
             (e = cudaMallocHost((void **)&c->h_lp[k], rows * sizeof(tm_cuda_sample_lp))) != cudaSuccess ||
             (e = cudaEventCreateWithFlags(&c->ids_ev[k], cudaEventDisableTiming)) != cudaSuccess ||
-            (e = cudaEventCreateWithFlags(&c->sp_ev[k], cudaEventDisableTiming)) != cudaSuccess) {
+            (e = cudaEventCreateWithFlags(&c->sp_ev[k], cudaEventDisableTiming)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&c->done_ev[k], cudaEventDisableTiming)) != cudaSuccess) {
             cudaGetLastError();
             s = tm_err(err, TM_ERR_NOMEM, "pipelined sampling buffers for %zu rows: %s", rows, cudaGetErrorString(e));
             goto fail;
         }
+    c->sin_cap[0] = c->sin_cap[1] = sin_plan((int32_t)rows, 0).bytes;
     c->no_fuse_gemm = env_is("TM_CUDA_NO_FUSE_GEMM", "1"); /* weights placed together still run one product each */
     c->no_fp8_left = env_is("TM_CUDA_FP8_LEFT", "0");      /* no producer leaves the next product's e4m3 input */
     c->no_fp8_left_small = env_is("TM_CUDA_FP8_LEFT_SMALL", "0"); /* not at batch <= 8 */
