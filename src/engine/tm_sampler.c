@@ -324,7 +324,7 @@ size_t tm_sampler_pen_entries(const tm_sampling_params *p, int32_t n_vocab, cons
         start = win < n_hist ? n_hist - win : 0;
     }
     size_t n = 0;
-    for (size_t i = 0; i < n_hist; i++) {
+    for (size_t i = pf ? 0 : start; i < n_hist; i++) { /* the repeat penalty alone reads its window only */
         const int32_t id = hist[i];
         const bool win = rep && i >= start;
         if (id < 0 || id >= n_vocab || (!pf && !win)) continue;
