@@ -502,6 +502,7 @@ int main(void) {
         goto done;
     }
 
+    if (getenv("TB_TIME_ONLY")) goto timing; /* the timings alone (an A/B of a launch setting) */
     static const int c8b[] = {1, 15, 16, 17, 100, 1000, 4100};
     static const int csm[] = {1, 2, 63, 64, 65, 777, 2048, 4097};
     static const int cmha[] = {1, 7, 8, 9, 513, 3000};
@@ -537,11 +538,26 @@ int main(void) {
         mk8("8b-peaky-q8", 3, 32, 8, 128, 16, cpk, 4096, 8.0f, true),
     };
     for (size_t i = 0; i < sizeof cc / sizeof cc[0]; i++) correctness_case(&cc[i]);
+    /* one split a sequence, so that a split runs chunk by chunk through the staged block ids (chunks of 16320 tokens
+     * over a bf16 cache, 4032 with the small table, 8128 over fp8) */
+    setenv("TM_CUDA_ATTN_DECODE_SPLITS", "1", 1);
+    static const int cchk[] = {9000, 4033, 4032, 17000};
+    dcase ck[] = {mk("hd64-chunks", 4, 32, 8, 64, 16, cchk, 17000, 1.0f, true),
+                  mk("8b-chunks", 4, 32, 8, 128, 16, cchk, 17000, 1.0f, true),
+                  mk8("8b-chunks", 4, 32, 8, 128, 16, cchk, 17000, 1.0f, true)};
+    for (size_t i = 0; i < sizeof ck / sizeof ck[0]; i++) correctness_case(&ck[i]);
+    /* the small table (the launcher's at head_dim <= 64 when the CTAs fill every slot unsplit) */
+    setenv("TM_CUDA_DEC_TBL", "256", 1);
+    dcase ck256 = mk("hd64-chunks tbl256", 4, 32, 8, 64, 16, cchk, 17000, 1.0f, true);
+    correctness_case(&ck256);
+    unsetenv("TM_CUDA_DEC_TBL");
+    unsetenv("TM_CUDA_ATTN_DECODE_SPLITS");
     dcase gc = mk("8b-replay", 4, 32, 8, 128, 16, crep, 8192, 1.0f, true);
     graph_case(&gc);
     dcase gc8 = mk8("8b-replay", 4, 32, 8, 128, 16, crep, 8192, 1.0f, true);
     graph_case(&gc8);
 
+timing:;
     /* timing */
     static int c64[64], c1[1], c8[8], c256x[256], c32k[1];
     for (int i = 0; i < 64; i++) c64[i] = 4096;
@@ -572,6 +588,9 @@ int main(void) {
     for (int i = 0; i < 512; i++) cr[i] = 1024 + (int)(tb_rand_u64() % 1024);
     dcase oc = mk8("8b 512x1024..2047", 512, 32, 8, 128, 16, cr, 2048, 1.0f, false);
     timing_case(&oc);
+    dcase oc1[] = {mk("1b 512x1024..2047", 512, 32, 8, 64, 16, cr, 2048, 1.0f, false),
+                   mk8("1b 512x1024..2047", 512, 32, 8, 64, 16, cr, 2048, 1.0f, false)};
+    for (size_t i = 0; i < sizeof oc1 / sizeof oc1[0]; i++) timing_case(&oc1[i]);
     /* the same two key shapes with the running max moved on every growth (the rescale every stage) */
     setenv("TM_CUDA_ATTN_DECODE_LAZY", "0", 1);
     dcase ec[] = {mk8("8b 512x1024..2047 eager max", 512, 32, 8, 128, 16, cr, 2048, 1.0f, false),

@@ -30,7 +30,8 @@
  *     one kv head (GQA: the group shares every K/V load; group > 8 takes several head chunks);
  *   - the split's tokens run through a 3-stage ring of 64-token stages in shared memory, filled by 16-byte
  *     cp.async (zero-filled past the context, so masked tokens never read memory); the block ids of up to
- *     DEC_TBL blocks are staged once in shared memory (long splits go chunk by chunk), so the table is read once
+ *     DEC_TBL blocks (DEC_TBL_SMALL at head_dim <= 64 over a bf16 cache: the 4th CTA an SM) are staged once in
+ *     shared memory (long splits go chunk by chunk), so the table is read once
  *     per block; rows are padded by 16 bytes, which makes every ldmatrix conflict-free for any head_dim;
  *   - warp w owns tokens 16 w .. 16 w + 15 of each stage: S = Q K^T by mma.sync m16n8k16 (bf16 in, f32 out;
  *     A = Q fragments kept in registers for the whole CTA, rows 0..7 = heads, rows 8..15 zero; B = K rows by
@@ -92,6 +93,13 @@ constexpr int DEC_ROWS = 8;              /* query heads per CTA (v2, v3) */
 constexpr int DEC_STAGE_TOK = 64;        /* tokens per pipeline stage (v3) = split granularity */
 constexpr int DEC_NST = 3;               /* pipeline stages (v3) */
 constexpr int DEC_TBL = 1024;            /* block ids staged in shared memory at a time (v3) */
+constexpr int DEC_TBL_SMALL = 256;       /* the same at head_dim <= 64 over a bf16 cache when the CTAs fill the
+                                            * slots without splits: 4 CTAs then fit an SM (4 x (54 KB ring + 1 KB
+                                            * + 1 KB reserved); with 1024, 3 do). Thirty-second session, 1B
+                                            * geometry: 512 x 1024..2047 449 -> 389-399 us, 64 x 4096 151 -> 143;
+                                            * but one sequence of 4096 in 16 splits (128 CTAs) 17.2 -> 19.6, so
+                                            * grids that splitting fills keep the large table. TM_CUDA_DEC_TBL=n
+                                            * sets the table for every bf16 launch (measurements) */
 constexpr int DEC_TBL8 = 512;            /* the same over an fp8 cache: 4 CTAs then fit an SM (4 x (54 KB ring + 2 KB
                                             * + 1 KB reserved) = 228 KB; at 3, ncu found the kernel short of eligible
                                             * warps: 49% of cycles without one) */
@@ -454,7 +462,7 @@ template <int HD> struct v3_cfg {
     static constexpr int RPP = DEC_THREADS / TPR;                               /* rows per copy pass */
     static constexpr int PASSES = DEC_STAGE_TOK / RPP;
     static constexpr size_t RING_BYTES = (size_t)DEC_NST * 2 * STAGE * 2;
-    static constexpr size_t SMEM = RING_BYTES + (size_t)DEC_TBL * 4;
+    static constexpr size_t SMEM = RING_BYTES; /* + the block-id table (dec_tbl_entries) */
     static_assert(HD % 32 == 0 && HD >= 32 && HD <= 256, "head_dim");
     static_assert(TPR >= CH && DEC_STAGE_TOK % RPP == 0, "copies");
     static_assert(DEC_STAGE_TOK == DEC_WARPS * 16, "a warp owns 16 tokens of a stage");
@@ -494,7 +502,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     if constexpr (W8) smem += (128u - (smem_u32(smem) & 127u)) & 127u; /* addresses XOR-ed in bits 5-6 below */
     /* bf16: ring (DEC_NST, 2 (K, V), DEC_STAGE_TOK, RS) bf16; fp8: ring (DEC_NST, 2, DEC_STAGE_TOK, RS8) e4m3;
      * W8: (DEC_NST, 2, DEC_STAGE_TOK, HD) e4m3, swizzled */
-    int *tbl = (int *)(smem + (W8 ? C::W8_RING : FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (DEC_TBL, fp8: DEC_TBL8) */
+    int *tbl = (int *)(smem + (W8 ? C::W8_RING : FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (dec_tbl_entries) */
     /* fp8: a lane's K and V bytes are words of WW x 4 bytes (W8: 8-byte loads) */
     constexpr int WW = W8 ? 2 : 1;
     /* the scores transposed, S^T = K Q^T (W8 and bf16; the padded fp8 ring keeps S = Q K^T): see st_m */
@@ -976,15 +984,25 @@ int env_int(const char *name, int dflt) {
     return s && *s ? atoi(s) : dflt;
 }
 
+/* block ids a v3 CTA stages in shared memory at a time (after its ring), before the launcher's choice of the small
+ * table (TM_CUDA_DEC_TBL=n: n, and no choice) */
+int dec_tbl_entries(bool fp8) {
+    if (fp8) return DEC_TBL8;
+    const int n = env_int("TM_CUDA_DEC_TBL", 0);
+    if (n > 0) return n < 128 ? 128 : n > 4096 ? 4096 : n; /* >= 128: a chunk holds a stage at block size 1 */
+    return DEC_TBL;
+}
+
 dec_kernel_fn v3_kernel(int hd, bool fp8, size_t *smem) {
     if (fp8 && hd == 128 && !tm_env_is_0("TM_CUDA_DEC_W8")) {
         *smem = DEC_W8_SMEM;
         return attn_decode_kernel_v3<128, true, true>;
     }
+    const size_t tbl = (size_t)dec_tbl_entries(fp8) * 4;
     switch (hd) {
 #define TM_DEC_V3_CASE(H)                                                                                            \
     case H:                                                                                                          \
-        *smem = fp8 ? v3_cfg<H>::SMEM8 : v3_cfg<H>::SMEM;                                                            \
+        *smem = fp8 ? v3_cfg<H>::SMEM8 : v3_cfg<H>::SMEM + tbl;                                                      \
         return fp8 ? attn_decode_kernel_v3<H, true> : attn_decode_kernel_v3<H, false>;
         TM_DEC_V3_CASE(32)
         TM_DEC_V3_CASE(64)
@@ -1102,6 +1120,20 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
     if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, DEC_THREADS, smem)) != cudaSuccess) return e;
     if (occ < 1) occ = 1;
+    const int64_t ctas = (int64_t)a->n_seqs * a->n_kv_heads * p.hchunks;
+    int tbl_n = dec_tbl_entries(p.fp8);
+    const bool tbl_forced = env_int("TM_CUDA_DEC_TBL", 0) > 0;
+    if (ver >= 3 && !p.fp8 && hd <= 64 && !tbl_forced && ctas >= (int64_t)sms * occ) { /* DEC_TBL_SMALL */
+        const size_t small = smem - (size_t)(DEC_TBL - DEC_TBL_SMALL) * 4;
+        int occ_small = 0;
+        if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_small, fn, DEC_THREADS, small)) != cudaSuccess)
+            return e;
+        if (occ_small > occ) {
+            smem = small;
+            occ = occ_small;
+            tbl_n = DEC_TBL_SMALL;
+        }
+    }
 
     /* split count: fill the slots once when the CTAs alone don't, within the caps */
     const int L = dec_stages(a->max_context_len);
@@ -1109,7 +1141,6 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     int64_t cap_work = 0;
     if (a->work && a->work_bytes > (size_t)DEC_WORK_SLACK)
         cap_work = (int64_t)((a->work_bytes - DEC_WORK_SLACK) / ((size_t)pairs * ((size_t)hd + 1) * sizeof(float)));
-    const int64_t ctas = (int64_t)a->n_seqs * a->n_kv_heads * p.hchunks;
     const int64_t slots = (int64_t)sms * occ;
     int64_t s;
     const int forced = env_int("TM_CUDA_ATTN_DECODE_SPLITS", 0);
@@ -1146,7 +1177,7 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     if (s > cap_work) s = cap_work;
     if (s < 1) s = 1;
     p.n_splits = (int)s;
-    if (p.bs_log2 >= 0) p.chunk_tok = (((p.fp8 ? DEC_TBL8 : DEC_TBL) - 2) * a->block_size) / DEC_STAGE_TOK * DEC_STAGE_TOK;
+    if (p.bs_log2 >= 0) p.chunk_tok = ((tbl_n - 2) * a->block_size) / DEC_STAGE_TOK * DEC_STAGE_TOK;
     if (s > 1) {
         const uintptr_t base = ((uintptr_t)a->work + 15) & ~(uintptr_t)15;
         const size_t n_lse = (size_t)pairs * (size_t)s;
