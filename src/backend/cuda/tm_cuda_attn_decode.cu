@@ -462,7 +462,7 @@ template <int HD> struct v3_cfg {
     static constexpr int RPP = DEC_THREADS / TPR;                               /* rows per copy pass */
     static constexpr int PASSES = DEC_STAGE_TOK / RPP;
     static constexpr size_t RING_BYTES = (size_t)DEC_NST * 2 * STAGE * 2;
-    static constexpr size_t SMEM = RING_BYTES; /* + the block-id table (dec_tbl_entries) */
+    static constexpr size_t SMEM = RING_BYTES; /* + the block-id table (v3_kernel) */
     static_assert(HD % 32 == 0 && HD >= 32 && HD <= 256, "head_dim");
     static_assert(TPR >= CH && DEC_STAGE_TOK % RPP == 0, "copies");
     static_assert(DEC_STAGE_TOK == DEC_WARPS * 16, "a warp owns 16 tokens of a stage");
@@ -502,7 +502,7 @@ __device__ __forceinline__ void v3_item(const dec_params &p, unsigned char *smem
     if constexpr (W8) smem += (128u - (smem_u32(smem) & 127u)) & 127u; /* addresses XOR-ed in bits 5-6 below */
     /* bf16: ring (DEC_NST, 2 (K, V), DEC_STAGE_TOK, RS) bf16; fp8: ring (DEC_NST, 2, DEC_STAGE_TOK, RS8) e4m3;
      * W8: (DEC_NST, 2, DEC_STAGE_TOK, HD) e4m3, swizzled */
-    int *tbl = (int *)(smem + (W8 ? C::W8_RING : FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (dec_tbl_entries) */
+    int *tbl = (int *)(smem + (W8 ? C::W8_RING : FP8 ? C::RAW_BYTES : C::RING_BYTES)); /* (the launcher's tbl_n) */
     /* fp8: a lane's K and V bytes are words of WW x 4 bytes (W8: 8-byte loads) */
     constexpr int WW = W8 ? 2 : 1;
     /* the scores transposed, S^T = K Q^T (W8 and bf16; the padded fp8 ring keeps S = Q K^T): see st_m */
@@ -985,20 +985,23 @@ int env_int(const char *name, int dflt) {
 }
 
 /* block ids a v3 CTA stages in shared memory at a time (after its ring), before the launcher's choice of the small
- * table (TM_CUDA_DEC_TBL=n: n, and no choice) */
-int dec_tbl_entries(bool fp8) {
+ * table; *forced: TM_CUDA_DEC_TBL=n set it (n, and no choice) */
+int dec_tbl_entries(bool fp8, bool *forced) {
+    const int n = fp8 ? 0 : env_int("TM_CUDA_DEC_TBL", 0);
+    *forced = n > 0;
     if (fp8) return DEC_TBL8;
-    const int n = env_int("TM_CUDA_DEC_TBL", 0);
     if (n > 0) return n < 128 ? 128 : n > 4096 ? 4096 : n; /* >= 128: a chunk holds a stage at block size 1 */
     return DEC_TBL;
 }
 
-dec_kernel_fn v3_kernel(int hd, bool fp8, size_t *smem) {
+/* the v3 kernel and its shared memory with a block-id table of tbl_n entries over a bf16 cache (an fp8 cache's
+ * table is DEC_TBL8) */
+dec_kernel_fn v3_kernel(int hd, bool fp8, int tbl_n, size_t *smem) {
     if (fp8 && hd == 128 && !tm_env_is_0("TM_CUDA_DEC_W8")) {
         *smem = DEC_W8_SMEM;
         return attn_decode_kernel_v3<128, true, true>;
     }
-    const size_t tbl = (size_t)dec_tbl_entries(fp8) * 4;
+    const size_t tbl = (size_t)tbl_n * 4;
     switch (hd) {
 #define TM_DEC_V3_CASE(H)                                                                                            \
     case H:                                                                                                          \
@@ -1094,8 +1097,10 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     const bool kv16 = (((uintptr_t)a->k_cache | (uintptr_t)a->v_cache) & 15) == 0;
     size_t smem = 0;
     dec_kernel_fn fn = NULL;
+    bool tbl_forced = false;
+    int tbl_n = dec_tbl_entries(p.fp8, &tbl_forced);
     if (ver >= 3) {
-        fn = (p.bs_log2 >= 0 && a->block_size <= 65536 && q4 && kv16) ? v3_kernel(hd, p.fp8, &smem) : NULL;
+        fn = (p.bs_log2 >= 0 && a->block_size <= 65536 && q4 && kv16) ? v3_kernel(hd, p.fp8, tbl_n, &smem) : NULL;
         if (!fn) ver = 2;
     }
     if (ver == 2) {
@@ -1121,10 +1126,9 @@ extern "C" cudaError_t tm_cuda_attn_decode(const tm_cuda_attn_args *a, cudaStrea
     if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, DEC_THREADS, smem)) != cudaSuccess) return e;
     if (occ < 1) occ = 1;
     const int64_t ctas = (int64_t)a->n_seqs * a->n_kv_heads * p.hchunks;
-    int tbl_n = dec_tbl_entries(p.fp8);
-    const bool tbl_forced = env_int("TM_CUDA_DEC_TBL", 0) > 0;
     if (ver >= 3 && !p.fp8 && hd <= 64 && !tbl_forced && ctas >= (int64_t)sms * occ) { /* DEC_TBL_SMALL */
-        const size_t small = smem - (size_t)(DEC_TBL - DEC_TBL_SMALL) * 4;
+        size_t small = 0;
+        v3_kernel(hd, false, DEC_TBL_SMALL, &small);
         int occ_small = 0;
         if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_small, fn, DEC_THREADS, small)) != cudaSuccess)
             return e;
