@@ -124,7 +124,7 @@ typedef struct cu_backend {
     size_t sin_cap[2];
     int32_t *h_ids[2];           /* (cfg.max_logits) pinned */
     cudaEvent_t ids_ev[2], sp_ev[2], done_ev[2];
-    bool sp_used[2], done_used[2], ids_used[2];
+    bool sp_used[2], copied[2]; /* recorded: sp_ev; done_ev and ids_ev (ids_copy_start records both) */
     /* penalties and logprobs (tm_cuda_sample_prepare / _finish): the entries' values before the penalties; the
      * rows' logprobs on the device and per slot on the host */
     float *d_pen_raw;               /* (d_pen_cap) */
@@ -1504,7 +1504,7 @@ static tm_status ids_to_host(cu_backend *c, int32_t n_rows, int32_t *out_host, t
  * (on the copy stream) come first; false on a device error (recorded) */
 static bool outs_free(cu_backend *c) {
     for (int k = 0; k < 2; k++)
-        if (c->ids_used[k] && cu_fail(c, cudaStreamWaitEvent(c->stream, c->ids_ev[k], 0), "token ids wait"))
+        if (c->copied[k] && cu_fail(c, cudaStreamWaitEvent(c->stream, c->ids_ev[k], 0), "token ids wait"))
             return false;
     return true;
 }
@@ -1602,7 +1602,7 @@ static bool sample_launch(cu_backend *c, const void *logits, int32_t n_rows, int
     const tm_cuda_sample_pen *d_pen = (const tm_cuda_sample_pen *)(d + l.pen_at);
     float *lg = (float *)(uintptr_t)logits; /* penalties apply in place (ops->sample) */
     c->sp_used[slot] = true;
-    return !(c->done_used[slot] && cu_fail(c, cudaStreamWaitEvent(c->copy, c->done_ev[slot], 0), "sampling wait")) &&
+    return !(c->copied[slot] && cu_fail(c, cudaStreamWaitEvent(c->copy, c->done_ev[slot], 0), "sampling wait")) &&
            !cu_fail(c, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, c->copy), "sampling params") &&
            !cu_fail(c, cudaEventRecord(c->sp_ev[slot], c->copy), "sampling params event") &&
            !cu_fail(c, cudaStreamWaitEvent(c->stream, c->sp_ev[slot], 0), "sampling params wait") && outs_free(c) &&
@@ -1635,7 +1635,7 @@ static tm_status cu_sample(tm_backend *be, const void *logits, int32_t n_rows, i
  * logprobs in d_lp) go to slot's pinned buffers on the copy stream (ids_ev[slot]); the pass's timing event */
 static tm_status ids_copy_start(cu_backend *c, int32_t slot, int32_t n_rows, bool lp, tm_error *err) {
     c->lp_pend[slot] = lp;
-    c->done_used[slot] = c->ids_used[slot] = true;
+    c->copied[slot] = true;
     if (cu_fail(c, cudaEventRecord(c->done_ev[slot], c->stream), "sampling done event") ||
         cu_fail(c, cudaStreamWaitEvent(c->copy, c->done_ev[slot], 0), "sampling done wait") ||
         cu_fail(c, cudaMemcpyAsync(c->h_ids[slot], c->d_ids_out, (size_t)n_rows * sizeof(int32_t),
