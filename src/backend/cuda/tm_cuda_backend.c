@@ -117,8 +117,7 @@ typedef struct cu_backend {
      * [recipes (n_rows) | penalties and logprobs (n_rows) | penalty entries (n_pen)] (sin_room), and the events:
      * sp_ev the upload done, done_ev the pass's sampling kernels done (the slot's next upload waits for it),
      * ids_ev the copy to the host done (the next pass that rewrites d_ids_out / d_lp waits for it). */
-    cudaStream_t copy;
-    bool side_copy;
+    cudaStream_t copy;           /* the compute stream itself with TM_CUDA_SIDE_COPY=0 */
     uint8_t *h_sin[2];           /* (sin_cap[slot]) pinned */
     uint8_t *d_sin[2];           /* (sin_cap[slot]) */
     size_t sin_cap[2];
@@ -1779,9 +1778,9 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     c->max_tokens = cfg->max_tokens;
     if (getenv("TM_CUDA_NO_GRAPHS")) c->cfg.no_graphs = true;
     tm_status s;
-    c->side_copy = !env_is("TM_CUDA_SIDE_COPY", "0");
+    const bool side_copy = !env_is("TM_CUDA_SIDE_COPY", "0");
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-        (c->side_copy && (e = cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking)) != cudaSuccess) ||
+        (side_copy && (e = cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking)) != cudaSuccess) ||
         (e = cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming)) != cudaSuccess) {
         s = tm_err(err, TM_ERR_DEVICE, "cuda stream: %s", cudaGetErrorString(e));
         goto fail;
@@ -1798,7 +1797,7 @@ tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_er
     if (getenv("TM_CUDA_BLAS_ALGO")) tm_cuda_blas_set_algo_index(c->blas, atoi(getenv("TM_CUDA_BLAS_ALGO")));
     size_t rows = (size_t)(cfg->max_logits > 0 ? cfg->max_logits : cfg->max_tokens);
     c->cfg.max_logits = (int32_t)rows;
-    if (!c->side_copy) c->copy = c->stream;
+    if (!side_copy) c->copy = c->stream;
     if ((e = cudaMalloc((void **)&c->d_ids_out, rows * sizeof(int32_t))) != cudaSuccess ||
         (e = cudaMalloc((void **)&c->d_lp, rows * sizeof(tm_cuda_sample_lp))) != cudaSuccess ||
         (e = cudaMalloc(&c->d_swork, tm_cuda_sample_work_bytes((int32_t)rows, 1))) != cudaSuccess) {
