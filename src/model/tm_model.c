@@ -25,8 +25,10 @@ static const dummy_shape k_dummy[] = {
     {"llama3.2-1b", 128256, 2048, 16, 32, 8, 8192, 131072, 500000.0f, true, 32.0f},
     {"llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8192, 500000.0f, false, 0.0f},
     {"llama2-7b", 32000, 4096, 32, 32, 32, 11008, 4096, 10000.0f, false, 0.0f},
+    /* not a real model: small enough that a step costs the engine's and the server's host work, not the forward */
+    {"tiny", 512, 64, 2, 4, 2, 128, 8192, 10000.0f, true, 0.0f},
 };
-static const char *const k_dummy_names[] = {"smollm2-135m", "llama3.2-1b", "llama3-8b", "llama2-7b", NULL};
+static const char *const k_dummy_names[] = {"smollm2-135m", "llama3.2-1b", "llama3-8b", "llama2-7b", "tiny", NULL};
 
 const char *const *tm_model_dummy_names(void) { return k_dummy_names; }
 
@@ -395,7 +397,7 @@ static tm_status parse_dummy(const char *spec, const dummy_shape **shape, tm_dty
         if (strlen(k_dummy[i].name) == nlen && !strncmp(k_dummy[i].name, name, nlen)) sh = &k_dummy[i];
     if (!sh)
         return tm_err(err, TM_ERR_INVALID,
-                      "unknown dummy model '%.*s' (known: smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b)", (int)nlen,
+                      "unknown dummy model '%.*s' (known: smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b, tiny)", (int)nlen,
                       name);
     tm_dtype wt = TM_DT_F16;
     if (colon) {

@@ -53,7 +53,7 @@ typedef struct tm_model {
 } tm_model;
 
 /* Load a GGUF file (path) or a dummy model ("dummy:NAME[:TYPE]", NAME in smollm2-135m, llama3.2-1b,
- * llama3-8b, llama2-7b; TYPE in f32,f16,bf16,q8_0,q4_0,q4_1,q4_K,q6_K,fp8 (= fp8_e4m3) (default f16)). fp8: the seven
+ * llama3-8b, llama2-7b, tiny; TYPE in f32,f16,bf16,q8_0,q4_0,q4_1,q4_K,q6_K,fp8 (= fp8_e4m3) (default f16)). fp8: the seven
  * linear weights of each layer are e4m3 with per-tensor scales (W8A8, tm_weight's scale and act_scale); the token
  * embedding and the output projection are bf16. */
 tm_status tm_model_load(const char *spec, tm_model **out, tm_error *err);

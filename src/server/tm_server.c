@@ -1122,7 +1122,12 @@ tm_status tm_server_create(const tm_model *m, const tm_engine_cfg *ec, const tm_
         st = tm_err(err, TM_ERR_INVALID, "cannot resolve the address '%s': %s", host, gai_strerror(gai));
         goto fail;
     }
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* poll(), not epoll: the HTTP library's epoll loop (0.9.75 and later) drains events 128 at a time and calls
+     * epoll_wait again with the full connection timeout after a full batch. When exactly 128 (256, ...) requests
+     * were ready at once, the second call sleeps with every one of them read but unhandled, until a new event or
+     * the 300 s timeout: a burst of 512 streams stalled in 1 of 5-40 runs. Level-triggered poll() has no such
+     * batch; it scans every live connection a wake-up, which cost no throughput at 512 streams (PERFORMANCE.md). */
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     unsigned threads = cfg->http_threads ? cfg->http_threads : 1;
     struct MHD_OptionItem opts[] = {

@@ -6,7 +6,7 @@
 #include "tokenizer/tm_chat.h"
 
 /*
- * Threads: libmicrohttpd's internal epoll thread (or a small pool) owns every connection; no thread per
+ * Threads: libmicrohttpd's internal poll() thread (or a small pool) owns every connection; no thread per
  * connection. A generation request submits to tm_async and suspends its connection; the stream's notify
  * hook (engine thread) resumes it, and the connection drains the stream without blocking: streaming
  * responses through a content-reader callback (SSE), the others by answering once every stream has
@@ -23,7 +23,7 @@ typedef struct tm_server_cfg {
     const char *api_key;        /* NULL or "": no authentication */
     size_t max_body;            /* request body limit in bytes (413 above it); 0 = TM_SERVER_DEFAULT_MAX_BODY */
     unsigned max_connections;   /* 0 = TM_SERVER_DEFAULT_MAX_CONNECTIONS */
-    unsigned http_threads;      /* polling threads (epoll each); 0 = 1 */
+    unsigned http_threads;      /* polling threads (poll() each); 0 = 1 */
     unsigned conn_timeout_s;    /* idle keep-alive timeout; 0 = 300 */
     const char *model_id;       /* the id in /v1/models and responses; NULL = the model file's base name */
     const char *model_alias;    /* another accepted name (the -m argument), may be NULL */

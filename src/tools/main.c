@@ -60,7 +60,7 @@ static const char *k_usage =
     "           --max-seqs S [--kv-blocks K] [-b T]: all prompts at once through the engine, greedy ids only\n"
     "  serve    [-m MODEL] [--host ADDR] [--port N] [--api-key KEY] [engine options]   OpenAI-compatible\n"
     "           HTTP server (tokenmill serve --help)\n"
-    "MODEL is a GGUF file or dummy:NAME[:TYPE] (smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b).\n"
+    "MODEL is a GGUF file or dummy:NAME[:TYPE] (smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b, tiny).\n"
     "Without -m the model is $TOKENMILL_MODEL or the bundled SmolLM2-135M-Instruct Q4_1.\n";
 
 static int usage_error(const char *fmt, const char *arg) {

@@ -156,3 +156,78 @@ def test_a_thousand_concurrent_streams():
         assert srv.stop() == 0
     finally:
         srv.cleanup()
+
+
+def test_a_burst_of_exactly_128_ready_requests_is_answered(server):
+    """128 requests that become readable at once, while the server cannot run (SIGSTOP), all get their answers.
+    An event loop that drains readiness in batches of 128 and then waits again with the full connection timeout
+    (the HTTP library's epoll loop) leaves every one of them unanswered until a new event comes: the server once
+    stalled this way under a burst of 512 streams."""
+    import signal
+    import socket
+
+    host, port = "127.0.0.1", server.port
+    socks = []
+    try:
+        for _ in range(128):
+            socks.append(socket.create_connection((host, port), timeout=10))
+        deadline = time.time() + 10  # every connection accepted: the server holds 128 more sockets
+        while time.time() < deadline and len(_server_sockets(server.proc.pid)) < 129:
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.time() + 10  # every thread stopped, the polling one too
+            while time.time() < deadline and not _stopped(server.proc.pid):
+                time.sleep(0.01)
+            for s in socks:
+                s.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            time.sleep(0.3)  # every request in its socket's queue before the server runs again
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        import selectors
+        sel = selectors.DefaultSelector()
+        data = {}
+        for s in socks:
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+            data[s] = b""
+        deadline = time.time() + 10  # one deadline for all: a stalled server fails in 10 s, not 128 x 10
+        while sel.get_map() and time.time() < deadline:
+            for key, _ in sel.select(timeout=max(0.0, deadline - time.time())):
+                chunk = key.fileobj.recv(4096)
+                data[key.fileobj] += chunk
+                if not chunk:
+                    sel.unregister(key.fileobj)
+        sel.close()
+        answered = sum(d.startswith(b"HTTP/1.1 200") for d in data.values())
+        assert answered == 128, f"{128 - answered} of 128 requests unanswered"
+    finally:
+        for s in socks:
+            s.close()
+    wait_idle(server.url)
+
+
+def _server_sockets(pid):
+    """The process's open sockets (from /proc)."""
+    import os
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
+                out.append(fd)
+        except OSError:
+            pass
+    return out
+
+
+def _stopped(pid):
+    """Every thread of the process stopped by a signal."""
+    import os
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                    return False
+        except OSError:
+            pass
+    return True
