@@ -395,10 +395,12 @@ static tm_status parse_dummy(const char *spec, const dummy_shape **shape, tm_dty
     const dummy_shape *sh = NULL;
     for (size_t i = 0; i < sizeof k_dummy / sizeof k_dummy[0]; i++)
         if (strlen(k_dummy[i].name) == nlen && !strncmp(k_dummy[i].name, name, nlen)) sh = &k_dummy[i];
-    if (!sh)
-        return tm_err(err, TM_ERR_INVALID,
-                      "unknown dummy model '%.*s' (known: smollm2-135m, llama3.2-1b, llama3-8b, llama2-7b, tiny)", (int)nlen,
-                      name);
+    if (!sh) {
+        char known[128] = ""; /* the table's names, so the message lists every shape */
+        for (size_t i = 0, at = 0; i < sizeof k_dummy / sizeof k_dummy[0] && at < sizeof known; i++)
+            at += (size_t)snprintf(known + at, sizeof known - at, "%s%s", i ? ", " : "", k_dummy[i].name);
+        return tm_err(err, TM_ERR_INVALID, "unknown dummy model '%.*s' (known: %s)", (int)nlen, name, known);
+    }
     tm_dtype wt = TM_DT_F16;
     if (colon) {
         const char *tn = colon + 1;
