@@ -120,6 +120,7 @@ def test_max_tokens_out_of_range(base):
         status, _, data = request(base, "POST", COMP, {"prompt": "hi", "max_tokens": mt})
         assert error_of(status, data, 400)["param"] == "max_tokens"
     status, tok = post_json(base, "/tokenize", {"prompt": "hello " * 1100})
+    assert status == 200
     prompt = tok["tokens"][:1000]  # fits the context of 1024, not with 100 more (any tokenizer)
     n = len(prompt)
     status, _, data = request(base, "POST", COMP, {"prompt": prompt, "max_tokens": 100})

@@ -2,7 +2,11 @@
 and a thousand streams open at once, without a thread per connection."""
 import asyncio
 import json
+import os
 import resource
+import selectors
+import signal
+import socket
 import time
 
 import httpx
@@ -163,9 +167,6 @@ def test_a_burst_of_exactly_128_ready_requests_is_answered(server):
     An event loop that drains readiness in batches of 128 and then waits again with the full connection timeout
     (the HTTP library's epoll loop) leaves every one of them unanswered until a new event comes: the server once
     stalled this way under a burst of 512 streams."""
-    import signal
-    import socket
-
     host, port = "127.0.0.1", server.port
     socks = []
     try:
@@ -184,7 +185,6 @@ def test_a_burst_of_exactly_128_ready_requests_is_answered(server):
             time.sleep(0.3)  # every request in its socket's queue before the server runs again
         finally:
             server.proc.send_signal(signal.SIGCONT)
-        import selectors
         sel = selectors.DefaultSelector()
         data = {}
         for s in socks:
@@ -209,7 +209,6 @@ def test_a_burst_of_exactly_128_ready_requests_is_answered(server):
 
 def _server_sockets(pid):
     """The process's open sockets (from /proc)."""
-    import os
     out = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -222,7 +221,6 @@ def _server_sockets(pid):
 
 def _stopped(pid):
     """Every thread of the process stopped by a signal."""
-    import os
     for t in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{t}/stat") as f:
