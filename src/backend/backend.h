@@ -52,6 +52,9 @@ typedef struct tm_batch {
 /* The first sequence, not before lo, from which every sequence to the end of the batch is fresh (no cached prefix:
  * context_len equals its query length); n_seqs when the last one is not (or lo >= n_seqs). */
 int32_t tm_batch_fresh_from(const tm_batch *b, int32_t lo);
+/* Every row wants its logits, in row order (logits_index is 0 .. n_tokens - 1): the logits rows are the batch's
+ * rows, with no gather between the last norm and the output projection. */
+bool tm_batch_logits_all(const tm_batch *b);
 
 /* Attention geometry and RoPE parameters, fixed per model. */
 typedef struct tm_attn_cfg {
@@ -195,6 +198,11 @@ typedef struct tm_backend_ops {
      * left unwritten (their values reach the cache only). */
     bool (*matmul_qkv_rope)(tm_backend *be, const tm_matmul_job *jobs, const void *x, int32_t n, const tm_attn_cfg *a,
                             int32_t layer, const tm_batch *b, void *q, void *k, void *v);
+    /* embed(table, ids, n, x) then rmsnorm(x, norm_w, eps, n, out): the pass's first two ops. `next` is the weight
+     * of the product that reads out first (cuda: one of up to 8 rows and 16-bit or f32 weights norms x as it reads
+     * it, and out holds x rounded to bf16 until another op reads it: tm_cuda_lazy.h). */
+    bool (*embed_rmsnorm)(tm_backend *be, const tm_weight *table, const int32_t *ids, int32_t n, void *x,
+                          const tm_weight *norm_w, float eps, void *out, const tm_weight *next);
     /* A whole decoder layer as one unit, where the backend can (cuda: a one-token step, tm_cuda_layer_decode): x (n,
      * dim) is the residual stream before the layer; on true it holds the stream after the layer (attention and MLP
      * added) and the layer's K and V are in the cache; q, att and h are activation buffers of the pass used as

@@ -9,6 +9,13 @@ int32_t tm_batch_fresh_from(const tm_batch *b, int32_t lo) {
     return f;
 }
 
+bool tm_batch_logits_all(const tm_batch *b) {
+    if (b->n_logits != b->n_tokens) return false;
+    for (int32_t i = 0; i < b->n_logits; i++)
+        if (b->logits_index[i] != i) return false;
+    return true;
+}
+
 #ifndef TM_HAVE_CUDA
 tm_status tm_backend_cuda_create(const tm_cuda_cfg *cfg, tm_backend **out, tm_error *err) {
     (void)cfg;

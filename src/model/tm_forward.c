@@ -89,8 +89,11 @@ again:;
     if (plan.replayed) goto done;
     const int32_t n = plan.n_tokens;
 
-    op->embed(be, &m->tok_embd, b->token_ids, n, ws->x); /* x = embed(ids) */
-    bool have_xb = false;                                  /* xb = norm(x) for the next layer (or the output) */
+    /* x = embed(ids); xb = norm(x) for the next layer (or the output) */
+    bool have_xb = hp->n_layers > 0 && op->embed_rmsnorm &&
+                   op->embed_rmsnorm(be, &m->tok_embd, b->token_ids, n, ws->x, &m->layers[0].attn_norm, hp->norm_eps,
+                                     ws->xb, &m->layers[0].wq);
+    if (!have_xb) op->embed(be, &m->tok_embd, b->token_ids, n, ws->x);
     for (int32_t l = 0; l < hp->n_layers; l++) {
         const tm_layer *L = &m->layers[l];
         const tm_layer_weights lw = {&L->attn_norm, &L->wq, &L->wk, &L->wv, opt(&L->bq), opt(&L->bk), opt(&L->bv),
@@ -139,9 +142,13 @@ again:;
     if (!have_xb) op->rmsnorm(be, ws->x, &m->output_norm, hp->norm_eps, n, ws->xb); /* the last layer ran whole */
     /* the output projection is replicated: rank 0 computes the logits */
     if (r == 0 && plan.n_logits > 0) {
-        op->get_rows(be, ws->xb, b->logits_index, plan.n_logits, hp->dim, ws->hsel);
+        const void *h = ws->xb; /* every row wants its logits, in order (a decode step): xb's rows are the ones */
+        if (plan.n_logits != plan.n_tokens || !tm_batch_logits_all(b)) {
+            op->get_rows(be, ws->xb, b->logits_index, plan.n_logits, hp->dim, ws->hsel);
+            h = ws->hsel;
+        }
         tm_matmul_job head = {&m->output, NULL, ws->logits, true};
-        op->matmul(be, &head, 1, ws->hsel, plan.n_logits);
+        op->matmul(be, &head, 1, h, plan.n_logits);
     }
     if (op->end_step && (s = op->end_step(be, &rerun, err)) != TM_OK) return s;
     if (rerun) goto again; /* this rank's graph capture failed: run the pass eagerly (its collectives pair with

@@ -1,4 +1,4 @@
-/* tb_dequant.c -- tm_cuda_dequant_bf16 and tm_cuda_embed (every weight type) against the CPU tm_dequant_row. */
+/* tb_dequant.c -- tm_cuda_dequant_bf16 and tm_cuda_embed(_ex) (every weight type) against the CPU tm_dequant_row. */
 #include "backend/cpu/tm_quant.h"
 #include "backend/cuda/tm_cuda_kernels.h"
 #include "core/tm_dtype.h"
@@ -12,7 +12,9 @@
  * values (tolerance 1e-6). Weights: random floats through the CPU quantizer, and random block bytes with sane
  * fp16 scales for the quantized types. Shapes: one block, several blocks, 1184/1280 columns, 4096; rows 1, 5, 33;
  * float cols that are not a multiple of 8 (fallback to v1); both versions (TM_CUDA_DEQUANT_V=1 and the default).
- * Embed: ids in random order with repeats, the first and last rows, n = 1 and 37. Timing: dequant of the 8B
+ * Embed: ids in random order with repeats, the first and last rows, n = 1 and 37; tm_cuda_embed_ex with a
+ * pipelined step's sources (a quarter of the rows keep their own id, the rest take prev[src]) and the raw bf16
+ * copy, which must be the expected rows rounded to bf16 bit for bit. Timing: dequant of the 8B
  * shapes per type (bytes = weights + bf16 output) and embedding 512 tokens of a 128256 x 4096 table (bytes = the
  * rows read + f32 output). Robustness (tb_guard.h): checked allocations, "CASE <name>" before each case, crash and
  * hang reports naming the case, timing skipped past TB_BUDGET_S seconds (default 25). */
@@ -67,6 +69,41 @@ static void check_case(int32_t t, int64_t rows, int64_t cols, bool random_bytes)
         snprintf(name, sizeof name, "v%d %s%s %lldx%lld n%d", v, type_name(t), random_bytes ? "r" : "",
                  (long long)rows, (long long)cols, n_ids);
         tb_result("embed", name, tb_rel_err(xh, xref, (size_t)n_ids * cols), 1e-6, 0, 0, 0, 'm');
+
+        /* chained ids and the raw copy: row i is prev[src[i]] (src[i] >= 0) or ids[i] */
+        int32_t *src = tb_xmalloc((size_t)n_ids * sizeof(int32_t)), *prev = tb_xmalloc((size_t)n_ids * sizeof(int32_t));
+        float *xref2 = tb_xmalloc((size_t)n_ids * cols * sizeof(float));
+        uint16_t *rawh = tb_xmalloc((size_t)n_ids * cols * 2);
+        for (int i = 0; i < n_ids; i++) {
+            prev[i] = (int32_t)(tb_rand_u64() % (uint64_t)rows);
+            src[i] = tb_rand_u64() % 4 == 0 ? -1 : (int32_t)(tb_rand_u64() % (uint64_t)n_ids);
+        }
+        for (int i = 0; i < n_ids; i++) {
+            const int32_t id = src[i] >= 0 ? prev[src[i]] : ids[i];
+            memcpy(xref2 + (size_t)i * cols, ref + (size_t)id * cols, (size_t)cols * sizeof(float));
+        }
+        int32_t *src_d = tb_upload(src, (size_t)n_ids * 4), *prev_d = tb_upload(prev, (size_t)n_ids * 4);
+        uint16_t *raw_d = tb_dev((size_t)n_ids * cols * 2);
+        tb_poison(x_d, (size_t)n_ids * cols * sizeof(float));
+        tb_poison(raw_d, (size_t)n_ids * cols * 2);
+        TB_RUN(tm_cuda_embed_ex(w_d, t, cols, ids_d, src_d, prev_d, n_ids, x_d, raw_d, 0));
+        tb_download(xh, x_d, (size_t)n_ids * cols * sizeof(float));
+        tb_download(rawh, raw_d, (size_t)n_ids * cols * 2);
+        size_t raw_bad = 0;
+        for (size_t i = 0; i < (size_t)n_ids * cols; i++) raw_bad += rawh[i] != tb_f32_to_bf16(xref2[i]);
+        snprintf(name, sizeof name, "v%d %s%s %lldx%lld n%d chained", v, type_name(t), random_bytes ? "r" : "",
+                 (long long)rows, (long long)cols, n_ids);
+        tb_result("embed", name, tb_rel_err(xh, xref2, (size_t)n_ids * cols), 1e-6, 0, 0, 0, 'm');
+        snprintf(name, sizeof name, "v%d %s%s %lldx%lld n%d raw bf16 (%zu differ)", v, type_name(t),
+                 random_bytes ? "r" : "", (long long)rows, (long long)cols, n_ids, raw_bad);
+        tb_result("embed", name, (double)raw_bad, 0, 0, 0, 0, 'm');
+        TB_CHECK(cudaFree(src_d));
+        TB_CHECK(cudaFree(prev_d));
+        TB_CHECK(cudaFree(raw_d));
+        free(src);
+        free(prev);
+        free(xref2);
+        free(rawh);
     }
     set_version(2);
     TB_CHECK(cudaFree(w_d));
@@ -106,6 +143,8 @@ static void check_all(void) {
     bad += tm_cuda_dequant_bf16(o, TM_DT_Q5_1, 1, 32, o, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_embed(o, TM_DT_Q8_0, 48, (const int32_t *)o, 1, (float *)o, 0) != cudaErrorInvalidValue;
     bad += tm_cuda_embed(o, TM_DT_BF16, 8, NULL, 1, (float *)o, 0) != cudaErrorInvalidValue;
+    bad += tm_cuda_embed_ex(o, TM_DT_BF16, 8, (const int32_t *)o, (const int32_t *)o, NULL, 1, (float *)o, NULL, 0) !=
+           cudaErrorInvalidValue; /* sources without the ids they index */
     bad += tm_cuda_dequant_bf16(o, TM_DT_BF16, 0, 8, o, 0) != cudaSuccess;
     TB_CHECK(cudaDeviceSynchronize());
     tb_result("dequant_bf16", "argument checks", bad, 0, 0, 0, 0, 'm');

@@ -1205,8 +1205,8 @@ static double time_graph_us(targ *a, bool pdl) {
 
 /* ---- norm-in: the product norms its raw input as it reads it ------------------------------------------------- */
 
-/* A group of one job and a SwiGLU pair with norm-in against the double reference on the normed input (x rounded to
- * bf16 is the raw residual; xn = x * norm_w / rms(x)), at n = 1..8 (row b of an n-row call equals the 8-row call's);
+/* A group of one job (bf16 and f32 output: the output projection's) and a SwiGLU pair with norm-in against the double
+ * reference on the normed input (x rounded to bf16 is the raw residual; xn = x * norm_w / rms(x)), at n = 1..8 (row b of an n-row call equals the 8-row call's);
  * the o/down epilogue's raw mode (gemv_add_rmsnorm with norm_w NULL): the same residual as the norming mode, bit for
  * bit, and norm_out = that residual rounded to bf16; a type that cannot norm (q4_K) answers NotSupported. */
 static void check_nin(int32_t t, int64_t rows, int64_t cols) {
@@ -1233,38 +1233,41 @@ static void check_nin(int32_t t, int64_t rows, int64_t cols) {
     void *wg_d = tb_upload(wg, rb * (size_t)rows), *wu_d = tb_upload(wu, rb * (size_t)rows);
     uint16_t *x_d = tb_upload(xh, (size_t)MAX_N * cols * 2);
     float *nw_d = tb_upload(nw, (size_t)cols * sizeof(float));
-    uint16_t *o_d = tb_dev((size_t)MAX_N * rows * 2);
-    uint16_t *o8 = tb_xmalloc((size_t)MAX_N * rows * 2), *on = tb_xmalloc((size_t)MAX_N * rows * 2);
+    uint16_t *o_d = tb_dev((size_t)MAX_N * rows * 4); /* room for an f32 output */
+    uint16_t *o8 = tb_xmalloc((size_t)MAX_N * rows * 4), *on = tb_xmalloc((size_t)MAX_N * rows * 4);
     float *got = tb_xmalloc((size_t)MAX_N * rows * sizeof(float));  /* (8, rows) */
     float *want = tb_xmalloc((size_t)MAX_N * rows * sizeof(float)); /* (8, rows) */
     char name[160];
-    for (int sw = 0; sw < 2; sw++) {
+    for (int way = 0; way < 3; way++) { /* the group with a bf16 output, the SwiGLU pair, the group with f32 */
+        const bool sw = way == 1, f32 = way == 2;
+        const size_t esz = f32 ? 4 : 2;
+        const char *what = sw ? "swiglu" : f32 ? "group f32" : "group";
         double worst = 0.0;
         int not_inv = 0;
         for (int n = MAX_N; n >= 1; n--) {
-            tb_poison(o_d, (size_t)MAX_N * rows * 2);
+            tb_poison(o_d, (size_t)MAX_N * rows * 4);
             if (sw) {
                 TB_RUN(tm_cuda_gemv_swiglu_nin(wg_d, wu_d, t, rows, cols, x_d, n, o_d, nw_d, eps, 0));
             } else {
                 const tm_cuda_gemv_job job = {wg_d, rows, NULL, o_d, 0, 0, nw_d, eps, NULL};
-                TB_RUN(tm_cuda_gemv_group(&job, 1, t, cols, x_d, n, false, 0));
+                TB_RUN(tm_cuda_gemv_group(&job, 1, t, cols, x_d, n, f32, 0));
             }
-            tb_download(on, o_d, (size_t)n * rows * 2);
+            tb_download(on, o_d, (size_t)n * rows * esz);
             for (int64_t i = 0; i < n * rows; i++) {
-                got[i] = tb_bf16_to_f32(on[i]);
+                got[i] = f32 ? ((const float *)on)[i] : tb_bf16_to_f32(on[i]);
                 const double g = rg[i], u = ru[i];
                 want[i] = (float)(sw ? g / (1.0 + exp(-g)) * u : g);
             }
             const double e = tb_rel_err(got, want, (size_t)(n * rows));
             if (!isnan(worst) && (isnan(e) || e > worst)) worst = e;
             if (n == MAX_N)
-                memcpy(o8, on, (size_t)MAX_N * rows * 2);
+                memcpy(o8, on, (size_t)MAX_N * rows * esz);
             else
-                not_inv += memcmp(o8, on, (size_t)n * rows * 2) != 0;
+                not_inv += memcmp(o8, on, (size_t)n * rows * esz) != 0;
         }
-        snprintf(name, sizeof name, "%s %s n1-8", sw ? "swiglu" : "group", tag);
+        snprintf(name, sizeof name, "%s %s n1-8", what, tag);
         tb_result("gemv_nin", name, worst, 1e-2, 0, 0, 0, 'm');
-        snprintf(name, sizeof name, "%s %s: %d n differ from n=8", sw ? "swiglu" : "group", tag, not_inv);
+        snprintf(name, sizeof name, "%s %s: %d n differ from n=8", what, tag, not_inv);
         tb_result("gemv_nin", name, not_inv ? 1.0 : 0.0, 0.0, 0, 0, 0, 'm');
     }
     /* the raw epilogue: rows = cols here (o-like), residual as the norming mode leaves it, norm_out its bf16 */

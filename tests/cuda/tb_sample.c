@@ -624,39 +624,8 @@ static void time_sample(const char *label, int rows, int V, tm_cuda_sample_param
     free(hp);
 }
 
-/* A pipelined step's ids: rows with a source take the previous pass's sampled id, the others keep theirs. */
-static void check_ids_gather(int n, int n_prev) {
-    int32_t *ids = tb_xmalloc((size_t)n * sizeof(int32_t)), *src = tb_xmalloc((size_t)n * sizeof(int32_t)),
-            *prev = tb_xmalloc((size_t)n_prev * sizeof(int32_t)), *got = tb_xmalloc((size_t)n * sizeof(int32_t));
-    for (int i = 0; i < n; i++) {
-        ids[i] = (int32_t)(tb_rand_u64() % 128256);
-        src[i] = tb_rand_u64() % 4 == 0 ? -1 : (int32_t)(tb_rand_u64() % (uint64_t)n_prev);
-    }
-    for (int j = 0; j < n_prev; j++) prev[j] = (int32_t)(tb_rand_u64() % 128256);
-    int32_t *ids_d = tb_upload(ids, (size_t)n * 4), *src_d = tb_upload(src, (size_t)n * 4),
-            *prev_d = tb_upload(prev, (size_t)n_prev * 4);
-    TB_CHECK(tm_cuda_ids_gather(ids_d, src_d, prev_d, n, 0));
-    TB_CHECK(cudaDeviceSynchronize());
-    tb_download(got, ids_d, (size_t)n * 4);
-    int bad = 0;
-    for (int i = 0; i < n; i++) bad += got[i] != (src[i] >= 0 ? prev[src[i]] : ids[i]);
-    char name[64];
-    snprintf(name, sizeof name, "ids gather n=%d of %d", n, n_prev);
-    tb_result("pipeline", name, bad, 0, 0, 0, 0, 'm');
-    cudaFree(ids_d);
-    cudaFree(src_d);
-    cudaFree(prev_d);
-    free(ids);
-    free(src);
-    free(prev);
-    free(got);
-}
-
 int main(void) {
     tb_seed();
-    check_ids_gather(1, 1);
-    check_ids_gather(512, 512);
-    check_ids_gather(1000, 300);
     check_argmax(1, 128256, false);
     check_argmax(7, 32000, false);
     check_argmax(3, 50, true);

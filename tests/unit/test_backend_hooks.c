@@ -20,7 +20,7 @@ typedef struct hook_be {
     tm_backend base;
     tm_backend *cpu;
     tm_backend_ops ops;
-    int placed, released, begins, ends, reruns_left, swiglus, embeds;
+    int placed, released, begins, ends, reruns_left, swiglus, embeds, gathers;
     bool fail_begin;  /* begin_step fails (a rank that cannot run the step) */
     float *tmp;       /* (tmp_n) scratch for matmul_swiglu */
     size_t tmp_n;
@@ -70,6 +70,7 @@ static void h_swiglu(tm_backend *be, const void *g, const void *u, int32_t n, in
     H(be)->cpu->ops->swiglu(H(be)->cpu, g, u, n, f, out);
 }
 static void h_get_rows(tm_backend *be, const void *x, const int32_t *idx, int32_t ni, int32_t w, void *out) {
+    H(be)->gathers++;
     H(be)->cpu->ops->get_rows(H(be)->cpu, x, idx, ni, w, out);
 }
 static void h_to_host(tm_backend *be, const void *x, size_t n, float *dst) { H(be)->cpu->ops->to_host(H(be)->cpu, x, n, dst); }
@@ -1039,8 +1040,54 @@ static void test_batch_fresh_from(void **state) {
     assert_int_equal(tm_batch_fresh_from(&b, 0), 0);
 }
 
+/* The logits rows: a batch that wants every row in order (a decode step) projects xb itself, any other index goes
+ * through the row gather; the rows are the same either way. */
+static void test_logits_rows(void **state) {
+    (void)state;
+    const int32_t idx[] = {0, 1, 2, 3}, rev[] = {3, 2, 1, 0}, last[] = {3};
+    tm_batch b = {.n_tokens = 4, .n_logits = 4, .logits_index = idx};
+    assert_true(tm_batch_logits_all(&b));
+    b.logits_index = rev;
+    assert_false(tm_batch_logits_all(&b));
+    b.logits_index = idx;
+    b.n_logits = 3; /* a prefix of the rows */
+    assert_false(tm_batch_logits_all(&b));
+
+    tiny_opts o = tiny_default();
+    tm_model *m = load_tiny(&o);
+    hook_be *h = hook_create();
+    tm_error err;
+    const int32_t n = 4, V = m->hp.n_vocab;
+    tm_workspace ws;
+    assert_int_equal(tm_workspace_init(&ws, m, &h->base, n, n, &err), TM_OK);
+    tm_kv_cfg kc = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, 16, 4, TM_DT_F32};
+    int32_t ids[4] = {5, 17, 2, 9}, pos[4], seq[4], qs[2] = {0, n}, ctx[1] = {n}, bt[4] = {0, 1, 2, 3};
+    int64_t slots[4];
+    for (int32_t i = 0; i < n; i++) pos[i] = i, seq[i] = 0, slots[i] = i;
+    float *all = malloc(sizeof(float) * (size_t)(n * V)), *got = malloc(sizeof(float) * (size_t)(n * V));
+    const int32_t *orders[3] = {idx, rev, last};
+    const int32_t counts[3] = {4, 4, 1};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(h->base.ops->kv_init(&h->base, &kc, &err), TM_OK); /* the same cache state each pass */
+        tm_batch p = {.n_tokens = n, .token_ids = ids, .positions = pos, .seq_index = seq, .n_seqs = 1,
+                      .query_start = qs, .context_len = ctx, .max_blocks = 4, .block_table = bt,
+                      .slot_mapping = slots, .n_logits = counts[k], .logits_index = orders[k]};
+        h->gathers = 0;
+        assert_int_equal(tm_model_forward(m, &h->base, &ws, &p, k == 0 ? all : got, &err), TM_OK);
+        assert_int_equal(h->gathers, k == 0 ? 0 : 1);
+        for (int32_t r = 0; k > 0 && r < counts[k]; r++)
+            assert_memory_equal(got + (size_t)r * V, all + (size_t)orders[k][r] * V, sizeof(float) * (size_t)V);
+    }
+    free(all);
+    free(got);
+    tm_workspace_free(&ws, &h->base);
+    h->base.ops->free(&h->base);
+    tm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logits_rows),
         cmocka_unit_test(test_device_parse),
         cmocka_unit_test(test_batch_fresh_from),
         cmocka_unit_test(test_placed_model_forward_is_identical),

@@ -54,6 +54,7 @@ typedef struct cu_backend {
     /* device views of the current step (into meta_dev) */
     int32_t n_tokens, n_seqs, n_logits, stride, max_q, max_ctx, ctx_bucket;
     int32_t *d_ids, *d_pos, *d_seq, *d_qstart, *d_ctx, *d_btab, *d_lidx;
+    int32_t *d_src;              /* (n_tokens) a pipelined step's sources in d_ids_out (-1: the id in d_ids), or NULL */
     /* a mixed step (decode sequences first, then prefill chunks): the first n_dec sequences go to the decode
      * kernel, the rest to the prefill kernel with their own query starts and sequence indices (rebased) */
     int32_t n_dec, max_ctx_dec;
@@ -528,8 +529,9 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     if (!mixed) n_dec = 0;
     const int32_t fresh_from = max_q > 1 ? tm_batch_fresh_from(b, n_dec) : ns;
     int32_t cap_ctx = b->max_blocks * c->kv.block_size;
-    /* decode-only steps that want every row's logits run as CUDA graphs, padded to a bucket */
-    bool graph = !c->cfg.no_graphs && !c->graphs_off && max_q == 1 && b->n_logits == n && n == ns;
+    /* decode-only steps that want every row's logits, in row order, run as CUDA graphs padded to a bucket (the
+     * forward skips the row gather there: tm_batch_logits_all) */
+    bool graph = !c->cfg.no_graphs && !c->graphs_off && max_q == 1 && n == ns && tm_batch_logits_all(b);
     int32_t nt = graph ? bucket_tokens(n) : n, nsp = graph ? nt : ns, nl = graph ? nt : b->n_logits;
     if (nt > c->max_tokens || nl > c->cfg.max_logits) {
         graph = false;
@@ -571,7 +573,7 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
            o_bt = align8(o_ctx + (size_t)nsp * 4), o_qst = align8(o_bt + (size_t)nsp * (size_t)stride * 4),
            o_sqt = align8(o_qst + (size_t)(mixed ? ns - n_dec + 1 : 0) * 4),
            o_src = align8(o_sqt + (size_t)(mixed ? n - n_dec : 0) * 4),
-           total = align8(o_src + (size_t)(b->token_src ? nt : 0) * 4);
+           total = align8(o_src + (size_t)(b->token_src || graph ? nt : 0) * 4);
     if (total > c->meta_cap) {
         graphs_reset(c);
         cudaStreamSynchronize(c->stream);
@@ -620,9 +622,10 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
             for (int32_t j = 0; j < stride; j++) row[j] = c->kv.n_blocks;
         }
     }
-    if (b->token_src) { /* a pipelined step: these ids come from the previous pass's, on the device */
+    if (b->token_src || graph) { /* a pipelined step: these ids come from the previous pass's, on the device (a
+                                  * graph reads the sources at every replay: -1 where there are none) */
         int32_t *src = (int32_t *)(h + o_src);
-        for (int32_t i = 0; i < nt; i++) src[i] = i < n ? b->token_src[i] : -1;
+        for (int32_t i = 0; i < nt; i++) src[i] = i < n && b->token_src ? b->token_src[i] : -1;
     }
     if (mixed) { /* the prefill part as a batch of its own */
         int32_t *qst = (int32_t *)(h + o_qst), *sqt = (int32_t *)(h + o_sqt);
@@ -632,14 +635,11 @@ static tm_status cu_begin_step(tm_backend *be, const tm_batch *b, tm_step_plan *
     if (cu_fail(c, cudaMemcpyAsync(c->meta_dev, h, total, cudaMemcpyHostToDevice, c->stream), "batch upload") ||
         cu_fail(c, cudaEventRecord(c->meta_done, c->stream), "batch upload event"))
         return tm_err(err, c->err_code, "%s", c->err.msg);
-    if (b->token_src && cu_fail(c, tm_cuda_ids_gather((int32_t *)(c->meta_dev + o_ids), (int32_t *)(c->meta_dev + o_src),
-                                                      c->d_ids_out, nt, c->stream),
-                                "pipelined token ids"))
-        return tm_err(err, c->err_code, "%s", c->err.msg);
     c->meta_pending = true;
     uint8_t *d = c->meta_dev;
     c->d_slots = (int64_t *)(d + o_slots);
     c->d_ids = (int32_t *)(d + o_ids);
+    c->d_src = b->token_src || graph ? (int32_t *)(d + o_src) : NULL;
     c->d_pos = (int32_t *)(d + o_pos);
     c->d_seq = (int32_t *)(d + o_seq);
     c->d_lidx = (int32_t *)(d + o_lidx);
@@ -741,16 +741,24 @@ static const int32_t *dev_ids(cu_backend *c, const int32_t *host) {
     return NULL;
 }
 
-static void cu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids, int32_t n, void *x) {
-    cu_backend *c = cu(be);
-    if (cu_failed(c)) return;
+/* x = the rows of ids (a pipelined step's from the previous pass's ids, d_src), and raw (or NULL) x in bf16 */
+static void embed_run(cu_backend *c, const tm_weight *table, const int32_t *ids, int32_t n, void *x, uint16_t *raw) {
     const int32_t *d = dev_ids(c, ids);
     if (!d) {
         cu_fail(c, cudaErrorInvalidValue, "embed: ids are not the step's token ids");
         return;
     }
-    cu_fail(c, tm_cuda_embed(table->data, (int32_t)table->type, table->cols, d, n, x, c->stream), "embed");
+    cu_fail(c, tm_cuda_embed_ex(table->data, (int32_t)table->type, table->cols, d, c->d_src, c->d_ids_out, n, x, raw,
+                                c->stream),
+            "embed");
     buf_mark(c, x, true);
+    if (raw) buf_mark(c, raw, false);
+}
+
+static void cu_embed(tm_backend *be, const tm_weight *table, const int32_t *ids, int32_t n, void *x) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return;
+    embed_run(c, table, ids, n, x, NULL);
 }
 
 /* src's op also wrote e4m3(src / act) for elems elements at `at` in xq8 (after its buf_mark of src) */
@@ -826,6 +834,26 @@ static void cu_rmsnorm(tm_backend *be, const void *x, const tm_weight *w, float 
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
     norm_run(c, NULL, x, w, eps, n, out);
+}
+
+/* The pass's embedding and first norm. Where the first product norms its input (norm-in, as after down: a batch
+ * the GEMV takes with 16-bit or f32 weights), the embedding kernel also writes x rounded to bf16 into out and no
+ * norm kernel runs; any other reader of out gets the norm made first (lazy_read). */
+static bool cu_embed_rmsnorm(tm_backend *be, const tm_weight *table, const int32_t *ids, int32_t n, void *x,
+                             const tm_weight *norm_w, float eps, void *out, const tm_weight *next) {
+    cu_backend *c = cu(be);
+    if (cu_failed(c)) return true;
+    const int32_t dim = (int32_t)table->cols;
+    const bool raw = c->norm_in && !c->no_fuse && c->norm_in_sel != NORM_IN_AFTER_O && n >= 1 &&
+                     n <= TM_CUDA_GEMV_MAX_N && n < tm_cuda_gemv_tc_min_n((int32_t)next->type) &&
+                     nin_type((int32_t)next->type) && next->cols == dim && norm_w->cols == dim;
+    embed_run(c, table, ids, n, x, raw ? out : NULL);
+    if (cu_failed(c)) return true;
+    if (raw)
+        lazy_add_raw(c, out, x, norm_w, eps, n, dim);
+    else
+        norm_run(c, NULL, x, norm_w, eps, n, out);
+    return true;
 }
 
 static void cu_add_rmsnorm(tm_backend *be, void *residual, const void *x, const tm_weight *w, float eps, int32_t n,
@@ -938,8 +966,9 @@ static void matmul_one(cu_backend *c, const tm_weight *w, const tm_weight *bias,
 static void cu_matmul(tm_backend *be, const tm_matmul_job *jobs, int32_t n_jobs, const void *x, int32_t n) {
     cu_backend *c = cu(be);
     if (cu_failed(c)) return;
-    /* small batches: jobs of one type and width (q, k, v) go out as one grouped GEMV launch */
-    bool group = n_jobs > 1 && n_jobs <= TM_CUDA_GEMV_MAX_JOBS && n <= TM_CUDA_GEMV_MAX_N;
+    /* small batches: jobs of one type and width (q, k, v) go out as one grouped GEMV launch (one job too: the
+     * output projection after a raw residual norms it as it reads it) */
+    bool group = n_jobs >= 1 && n_jobs <= TM_CUDA_GEMV_MAX_JOBS && n <= TM_CUDA_GEMV_MAX_N;
     for (int32_t j = 1; j < n_jobs && group; j++)
         group = jobs[j].w->type == jobs[0].w->type && jobs[j].w->cols == jobs[0].w->cols &&
                 jobs[j].out_f32 == jobs[0].out_f32;
@@ -1728,6 +1757,7 @@ static const tm_backend_ops k_cuda_ops = {
     .release = cu_release,
     .kv_init = cu_kv_init,
     .embed = cu_embed,
+    .embed_rmsnorm = cu_embed_rmsnorm,
     .rmsnorm = cu_rmsnorm,
     .add_rmsnorm = cu_add_rmsnorm,
     .matmul = cu_matmul,

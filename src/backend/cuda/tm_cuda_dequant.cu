@@ -57,34 +57,50 @@ __global__ void __launch_bounds__(kThreads) dequant_bf16_kernel_v2(const uint8_t
 
 /* ---- embedding ------------------------------------------------------------------------------------------------- */
 
-/* x (n, cols) f32 = table[ids[i], :]; one block per token, one element per thread-iteration */
+/* row i's id: prev[src[i]] where src has src[i] >= 0 (a pipelined step's ids, drawn by the pass before), else ids[i] */
+__device__ __forceinline__ int64_t embed_id(const int32_t *ids, const int32_t *src, const int32_t *prev, int64_t i) {
+    const int32_t s = src ? src[i] : -1;
+    return s >= 0 ? prev[s] : ids[i];
+}
+
+/* x (n, cols) f32 = table[id(i), :] (raw: also bf16); one block per token, one element per thread-iteration */
 __global__ void embed_kernel_v1(const uint8_t *__restrict__ table, int32_t type, int64_t cols, int64_t row_bytes,
-                                const int32_t *__restrict__ ids, float *__restrict__ x) {
+                                const int32_t *ids, const int32_t *src, const int32_t *prev, float *__restrict__ x,
+                                uint16_t *__restrict__ raw) {
     const int64_t i = blockIdx.x;
-    const uint8_t *row = table + (int64_t)ids[i] * row_bytes;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) x[i * cols + c] = tmq::deq_elem(type, row, c);
+    const uint8_t *row = table + embed_id(ids, src, prev, i) * row_bytes;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float v = tmq::deq_elem(type, row, c);
+        x[i * cols + c] = v;
+        if (raw) raw[i * cols + c] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
 }
 
 /* one block per token, one unit per thread-iteration */
 template <class T>
 __global__ void __launch_bounds__(kThreads) embed_kernel_v2(const uint8_t *__restrict__ table, int cols,
-                                                            int64_t row_bytes, const int32_t *ids,
-                                                            float *__restrict__ x) {
-    tm_pdl_enter();
+                                                            int64_t row_bytes, const int32_t *ids, const int32_t *src,
+                                                            const int32_t *prev, float *__restrict__ x,
+                                                            uint16_t *__restrict__ raw) {
+    tm_pdl_enter(); /* prev: the previous pass's ids */
     const int64_t i = blockIdx.x;
-    const uint8_t *row = table + (int64_t)ids[i] * row_bytes;
+    const uint8_t *row = table + embed_id(ids, src, prev, i) * row_bytes;
     float *o = x + i * cols;
+    uint16_t *ob = raw ? raw + i * cols : nullptr;
     const int nu = T::units(cols);
     for (int u = threadIdx.x; u < nu; u += blockDim.x) {
-        typename T::Raw raw;
-        T::load(row, u, raw);
+        typename T::Raw r;
+        T::load(row, u, r);
 #pragma unroll
         for (int k = 0; k < T::RUNS; k++) {
             float v[8];
-            T::vals(raw, k, v);
+            T::vals(r, k, v);
             float4 *p = (float4 *)(o + T::xoff(u, k));
             p[0] = make_float4(v[0], v[1], v[2], v[3]);
             p[1] = make_float4(v[4], v[5], v[6], v[7]);
+            if (ob)
+                *(uint4 *)(ob + T::xoff(u, k)) = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                                            pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
         }
     }
 }
@@ -133,24 +149,33 @@ extern "C" cudaError_t tm_cuda_dequant_bf16(const void *w, int32_t type, int64_t
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t cols, const int32_t *ids, int32_t n,
-                                     float *x, cudaStream_t stream) {
+extern "C" cudaError_t tm_cuda_embed_ex(const void *table, int32_t type, int64_t cols, const int32_t *ids,
+                                        const int32_t *src, const int32_t *prev, int32_t n, float *x, uint16_t *raw,
+                                        cudaStream_t stream) {
     tmq::info ti;
     if (!table || !ids || !x || n < 0 || cols <= 0 || type == TM_DT_FP8_E4M3 || !tmq::type_info(type, &ti) ||
-        cols % ti.qk)
+        cols % ti.qk || (src && !prev))
         return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
     const int64_t row_bytes = cols / ti.qk * ti.bytes;
     const uint8_t *tb = (const uint8_t *)table;
-    if (tm_env_is_1("TM_CUDA_DEQUANT_V") || !fast_ok(type, table, cols) || !tm_aligned16(x)) {
-        embed_kernel_v1<<<n, kThreads, 0, stream>>>(tb, type, cols, row_bytes, ids, x);
+    if (tm_env_is_1("TM_CUDA_DEQUANT_V") || !fast_ok(type, table, cols) || !tm_aligned16(x) ||
+        (raw && !tm_aligned16(raw))) {
+        embed_kernel_v1<<<n, kThreads, 0, stream>>>(tb, type, cols, row_bytes, ids, src, prev, x, raw);
         return cudaGetLastError();
     }
     switch (type) {
-#define TMQ_LAUNCH(T) return tm_launch(embed_kernel_v2<T>, dim3((unsigned)n), dim3(kThreads), 0, stream, tb, (int)cols, row_bytes, ids, x)
+#define TMQ_LAUNCH(T)                                                                                              \
+    return tm_launch(embed_kernel_v2<T>, dim3((unsigned)n), dim3(kThreads), 0, stream, tb, (int)cols, row_bytes, ids, \
+                     src, prev, x, raw)
         TMQ_TYPE_CASES(type, TMQ_LAUNCH)
 #undef TMQ_LAUNCH
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t cols, const int32_t *ids, int32_t n,
+                                     float *x, cudaStream_t stream) {
+    return tm_cuda_embed_ex(table, type, cols, ids, NULL, NULL, n, x, NULL, stream);
 }

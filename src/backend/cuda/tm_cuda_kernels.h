@@ -78,9 +78,6 @@ cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStream_t strea
 /* out_ids[r] = argmax_j logits[r, j] (lowest index on ties); logits (n_rows, vocab) f32 */
 cudaError_t tm_cuda_argmax(const float *logits, int32_t n_rows, int32_t vocab, int32_t *out_ids, cudaStream_t stream);
 
-/* A pipelined step's token ids: ids[i] = prev[src[i]] where src[i] >= 0, unchanged where it is -1; prev holds the
- * ids the previous pass sampled (n_prev rows: src[i] < n_prev) */
-cudaError_t tm_cuda_ids_gather(int32_t *ids, const int32_t *src, const int32_t *prev, int32_t n, cudaStream_t stream);
 
 /* Per-row sampling parameters (device array, one per row). temperature <= 0 means greedy. */
 typedef struct tm_cuda_sample_params {
@@ -150,6 +147,11 @@ bool tm_cuda_weight_type_supported(int32_t type);
 /* x (n, cols) f32 = rows ids[i] of table (n_vocab, cols) dequantized */
 cudaError_t tm_cuda_embed(const void *table, int32_t type, int64_t cols, const int32_t *ids, int32_t n, float *x,
                           cudaStream_t stream);
+/* The same, where row i's id is prev[src[i]] when src (NULL: none) has src[i] >= 0: a pipelined step's ids, drawn by
+ * the pass before it into prev (which must then be set); raw (NULL: none) (n, cols) bf16 also gets x rounded to
+ * bf16, the raw residual of a product that norms its input (tm_cuda_gemv_job.norm_w) */
+cudaError_t tm_cuda_embed_ex(const void *table, int32_t type, int64_t cols, const int32_t *ids, const int32_t *src,
+                             const int32_t *prev, int32_t n, float *x, uint16_t *raw, cudaStream_t stream);
 /* The scales of an fp8_e4m3 weight (backend.h's tm_weight scale and act_scale; w_up: the SwiGLU up weight's
  * scale). Launchers take NULL for the other types. Two optional buffers let a chain of small-batch fp8 products
  * skip rounding x in every product (both NULL: nothing changes):

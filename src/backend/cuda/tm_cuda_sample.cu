@@ -967,13 +967,6 @@ int blocks_per_row(int32_t n_rows, int32_t vocab, const char *force_env, bool si
     return n_rows * 8 <= sms ? 8 : n_rows * 4 <= sms ? 4 : n_rows * 2 <= sms ? 2 : 1;
 }
 
-/* ids[i] = prev[src[i]] where src[i] >= 0 (a pipelined step's tokens, sampled by the pass before it) */
-__global__ void ids_gather_kernel_v1(int32_t *ids, const int32_t *__restrict__ src, const int32_t *__restrict__ prev,
-                                     int32_t n) {
-    int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
-    if (i < n && src[i] >= 0) ids[i] = prev[src[i]];
-}
-
 bool env_is(const char *name, const char *value) {
     const char *s = getenv(name);
     return s && !strcmp(s, value);
@@ -1001,13 +994,6 @@ extern "C" cudaError_t tm_cuda_argmax(const float *logits, int32_t n_rows, int32
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t tm_cuda_ids_gather(int32_t *ids, const int32_t *src, const int32_t *prev, int32_t n,
-                                          cudaStream_t stream) {
-    if (n < 0 || (n > 0 && (!ids || !src || !prev))) return cudaErrorInvalidValue;
-    if (n == 0) return cudaSuccess;
-    ids_gather_kernel_v1<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(ids, src, prev, n);
-    return cudaGetLastError();
-}
 
 extern "C" size_t tm_cuda_sample_work_bytes(int32_t n_rows, int32_t vocab) {
     (void)vocab;
