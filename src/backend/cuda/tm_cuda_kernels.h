@@ -78,7 +78,6 @@ cudaError_t tm_cuda_rope_kv_write(const tm_cuda_rope_args *a, cudaStream_t strea
 /* out_ids[r] = argmax_j logits[r, j] (lowest index on ties); logits (n_rows, vocab) f32 */
 cudaError_t tm_cuda_argmax(const float *logits, int32_t n_rows, int32_t vocab, int32_t *out_ids, cudaStream_t stream);
 
-
 /* Per-row sampling parameters (device array, one per row). temperature <= 0 means greedy. */
 typedef struct tm_cuda_sample_params {
     float temperature, top_p, min_p;
