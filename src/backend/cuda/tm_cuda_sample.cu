@@ -994,7 +994,6 @@ extern "C" cudaError_t tm_cuda_argmax(const float *logits, int32_t n_rows, int32
     return cudaGetLastError();
 }
 
-
 extern "C" size_t tm_cuda_sample_work_bytes(int32_t n_rows, int32_t vocab) {
     (void)vocab;
     return (size_t)(n_rows > 0 ? n_rows : 0) * sizeof(RowWork);
