@@ -28,9 +28,6 @@ static const dummy_shape k_dummy[] = {
     /* not a real model: small enough that a step costs the engine's and the server's host work, not the forward */
     {"tiny", 512, 64, 2, 4, 2, 128, 8192, 10000.0f, true, 0.0f},
 };
-static const char *const k_dummy_names[] = {"smollm2-135m", "llama3.2-1b", "llama3-8b", "llama2-7b", "tiny", NULL};
-
-const char *const *tm_model_dummy_names(void) { return k_dummy_names; }
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 

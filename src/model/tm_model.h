@@ -72,8 +72,6 @@ bool tm_model_has_deferred(const tm_model *m);
  * (for planning); the shape tm_model_load would give. weight_type is the linears' type (TM_DT_FP8_E4M3 for fp8,
  * whose embedding and output projection are bf16). */
 tm_status tm_model_dummy_hparams(const char *spec, tm_hparams *hp, tm_dtype *weight_type, tm_error *err);
-/* Names of the dummy shapes, NULL-terminated. */
-const char *const *tm_model_dummy_names(void);
 
 /* Activation workspace of a forward pass for up to max_tokens tokens per step. */
 typedef struct tm_workspace {
