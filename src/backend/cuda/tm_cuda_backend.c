@@ -246,11 +246,15 @@ static void lazy_add_raw(cu_backend *c, const void *buf, const void *src, const 
 /* the weight types whose GEMV takes norm-in */
 static bool nin_type(int32_t t) { return t == TM_DT_F32 || t == TM_DT_F16 || t == TM_DT_BF16; }
 
+/* a GEMV of weight type t at n rows can norm a raw residual as it reads it (norm-in) */
+static bool nin_reads(const cu_backend *c, int32_t t, int32_t n) {
+    return c->norm_in && !c->no_fuse && n >= 1 && n <= TM_CUDA_GEMV_MAX_N && nin_type(t);
+}
+
 /* x holds a raw residual (lazy_add_raw) and a GEMV of weight type t at n rows can norm it as it reads it: *r is the
  * record (left in place) */
 static bool nin_take(cu_backend *c, const void *x, int32_t t, int32_t n, tm_lazy_rec *r) {
-    return c->norm_in && !c->no_fuse && n >= 1 && n <= TM_CUDA_GEMV_MAX_N && nin_type(t) &&
-           tm_lazy_peek_raw(&c->lazy, x, r);
+    return nin_reads(c, t, n) && tm_lazy_peek_raw(&c->lazy, x, r);
 }
 
 /* Captured graphs hold raw device addresses (metadata, scratch, KV pool, rope table): whenever one of those is
@@ -844,9 +848,8 @@ static bool cu_embed_rmsnorm(tm_backend *be, const tm_weight *table, const int32
     cu_backend *c = cu(be);
     if (cu_failed(c)) return true;
     const int32_t dim = (int32_t)table->cols;
-    const bool raw = c->norm_in && !c->no_fuse && c->norm_in_sel != NORM_IN_AFTER_O && n >= 1 &&
-                     n <= TM_CUDA_GEMV_MAX_N && n < tm_cuda_gemv_tc_min_n((int32_t)next->type) &&
-                     nin_type((int32_t)next->type) && next->cols == dim && norm_w->cols == dim;
+    const bool raw = nin_reads(c, (int32_t)next->type, n) && c->norm_in_sel != NORM_IN_AFTER_O &&
+                     n < tm_cuda_gemv_tc_min_n((int32_t)next->type) && next->cols == dim && norm_w->cols == dim;
     embed_run(c, table, ids, n, x, raw ? out : NULL);
     if (cu_failed(c)) return true;
     if (raw)
